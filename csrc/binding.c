@@ -1,0 +1,384 @@
+/* sinklab._core: the CPython/NumPy binding. It converts and checks arguments, releases the GIL
+ * around every computation and turns core status codes into Python exceptions. No numerics. */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#define PY_ARRAY_UNIQUE_SYMBOL sinklab_ARRAY_API
+#include <numpy/arrayobject.h>
+
+#include <string.h>
+
+#include "cpu.h"
+#include "model.h"
+#include "ops.h"
+#include "quant.h"
+#include "sgemm.h"
+#include "sl_common.h"
+
+#if SL_HAVE_OPENMP
+#include <omp.h>
+#endif
+
+/* ---------------------------------------------------------------- errors and array checks */
+
+static PyObject *raise_status(int rc) {
+    PyObject *type = rc == SL_ERR_MEMORY ? PyExc_MemoryError
+                     : rc == SL_ERR_INTERNAL ? PyExc_RuntimeError
+                                             : PyExc_ValueError;
+    PyErr_SetString(type, sl_last_error());
+    return NULL;
+}
+
+/* Checks that obj is a C-contiguous, aligned ndarray of dtype `type` with `ndim` dims; dims[i]
+ * >= 0 must match exactly, -1 accepts any size. Never copies: a silent copy of an output buffer
+ * would lose what the core writes, and of a weight would double memory. */
+static PyArrayObject *check_array(PyObject *obj, const char *name, int type, int ndim,
+                                  const npy_intp *dims, int writable) {
+    if (!PyArray_Check(obj)) {
+        PyErr_Format(PyExc_TypeError, "%s must be a numpy array, got %s", name, Py_TYPE(obj)->tp_name);
+        return NULL;
+    }
+    PyArrayObject *a = (PyArrayObject *)obj;
+    if (PyArray_TYPE(a) != type) {
+        PyArray_Descr *want = PyArray_DescrFromType(type);
+        PyErr_Format(PyExc_TypeError, "%s must have dtype %S, got %S", name, (PyObject *)want,
+                     (PyObject *)PyArray_DESCR(a));
+        Py_XDECREF(want);
+        return NULL;
+    }
+    if (PyArray_NDIM(a) != ndim) {
+        PyErr_Format(PyExc_ValueError, "%s must have %d dimensions, got %d", name, ndim, PyArray_NDIM(a));
+        return NULL;
+    }
+    for (int i = 0; i < ndim; i++)
+        if (dims && dims[i] >= 0 && PyArray_DIM(a, i) != dims[i]) {
+            PyErr_Format(PyExc_ValueError, "%s has size %zd on axis %d, expected %zd", name,
+                         (Py_ssize_t)PyArray_DIM(a, i), i, (Py_ssize_t)dims[i]);
+            return NULL;
+        }
+    if (!PyArray_IS_C_CONTIGUOUS(a) || !PyArray_ISALIGNED(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be C-contiguous and aligned (use np.ascontiguousarray)", name);
+        return NULL;
+    }
+    if (writable && !PyArray_ISWRITEABLE(a)) {
+        PyErr_Format(PyExc_ValueError, "%s must be writeable", name);
+        return NULL;
+    }
+    return a;
+}
+
+/* ---------------------------------------------------------------- threads and SIMD */
+
+static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 1) return PyErr_Format(PyExc_ValueError, "number of threads must be >= 1, got %ld", n);
+#if SL_HAVE_OPENMP
+    omp_set_num_threads((int)n);
+#endif
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+#if SL_HAVE_OPENMP
+    return PyLong_FromLong(omp_get_max_threads());
+#else
+    return PyLong_FromLong(1);
+#endif
+}
+
+static PyObject *py_simd(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyUnicode_FromString(sl_simd_name(sl_simd()));
+}
+
+static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    sl_simd_level level;
+    if (!strcmp(name, "generic")) level = SL_SIMD_GENERIC;
+    else if (!strcmp(name, "avx2")) level = SL_SIMD_AVX2;
+    else if (!strcmp(name, "auto")) level = sl_cpu_has_avx2_fma() ? SL_SIMD_AVX2 : SL_SIMD_GENERIC;
+    else return PyErr_Format(PyExc_ValueError, "unknown SIMD level %R (use 'generic', 'avx2' or 'auto')", arg);
+    return PyUnicode_FromString(sl_simd_name(sl_set_simd(level)));
+}
+
+/* ---------------------------------------------------------------- SGEMM */
+
+static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"A", "B", "C", "accumulate", NULL};
+    PyObject *ao, *bo, *co = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op", kwlist, &ao, &bo, &co, &accumulate)) return NULL;
+    PyArrayObject *a = check_array(ao, "A", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    PyArrayObject *b = check_array(bo, "B", NPY_FLOAT32, 2, NULL, 0);
+    if (!b) return NULL;
+    npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1), N = PyArray_DIM(b, 0);
+    if (PyArray_DIM(b, 1) != K)
+        return PyErr_Format(PyExc_ValueError, "A is (%zd, %zd) but B is (%zd, %zd): inner sizes differ",
+                            (Py_ssize_t)M, (Py_ssize_t)K, (Py_ssize_t)N, (Py_ssize_t)PyArray_DIM(b, 1));
+    PyArrayObject *c;
+    if (co == Py_None) {
+        if (accumulate) return PyErr_Format(PyExc_ValueError, "accumulate=True needs C");
+        npy_intp dims[2] = {M, N};
+        c = (PyArrayObject *)PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+        if (!c) return NULL;
+    } else {
+        npy_intp dims[2] = {M, N};
+        if (!check_array(co, "C", NPY_FLOAT32, 2, dims, 1)) return NULL;
+        c = (PyArrayObject *)co;
+        Py_INCREF(c);
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sl_sgemm_nt(M, N, K, PyArray_DATA(a), K, PyArray_DATA(b), K, PyArray_DATA(c), N, accumulate, 1);
+    Py_END_ALLOW_THREADS
+    if (rc != SL_OK) {
+        Py_DECREF(c);
+        return raise_status(rc);
+    }
+    return (PyObject *)c;
+}
+
+/* ---------------------------------------------------------------- dequantisation */
+
+static PyObject *py_quant_block_size(PyObject *self, PyObject *arg) {
+    (void)self;
+    long type = PyLong_AsLong(arg);
+    if (type == -1 && PyErr_Occurred()) return NULL;
+    int64_t be = sl_quant_block_elems((int)type), bb = sl_quant_block_bytes((int)type);
+    if (be <= 0 || bb <= 0) return PyErr_Format(PyExc_ValueError, "unsupported ggml tensor type %ld", type);
+    return Py_BuildValue("(LL)", (long long)be, (long long)bb);
+}
+
+static PyObject *py_dequantize(PyObject *self, PyObject *args) {
+    (void)self;
+    int type;
+    PyObject *data;
+    long long n;
+    if (!PyArg_ParseTuple(args, "iOL", &type, &data, &n)) return NULL;
+    PyArrayObject *src = check_array(data, "data", NPY_UINT8, 1, NULL, 0);
+    if (!src) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "n_elements must be >= 0, got %lld", n);
+    npy_intp dims[1] = {(npy_intp)n};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
+    if (!out) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = sl_dequantize(type, PyArray_DATA(src), PyArray_DIM(src, 0), PyArray_DATA(out), n, 1);
+    Py_END_ALLOW_THREADS
+    if (rc != SL_OK) {
+        Py_DECREF(out);
+        return raise_status(rc);
+    }
+    return (PyObject *)out;
+}
+
+/* ---------------------------------------------------------------- model handle */
+
+/* The handle owns the C structs and a reference to every weight array they point into. */
+typedef struct {
+    sl_model model;
+    sl_layer_weights *layers;
+    PyObject *keep; /* list of the arrays */
+} model_handle;
+
+static void handle_destroy(PyObject *capsule) {
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return;
+    Py_XDECREF(h->keep);
+    PyMem_Free(h->layers);
+    PyMem_Free(h);
+}
+
+static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    if (!v) {
+        PyErr_Format(PyExc_KeyError, "model config is missing %s", key);
+        return 0;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) return 0;
+    if (x <= 0 || x > (1LL << 40)) {
+        PyErr_Format(PyExc_ValueError, "model config %s=%lld is out of range", key, x);
+        return 0;
+    }
+    *out = x;
+    return 1;
+}
+
+/* Fetches tensors[name], checks dtype float32 and exact shape, keeps a reference. */
+static const float *weight(PyObject *tensors, PyObject *keep, const char *name, int ndim, npy_intp d0,
+                           npy_intp d1) {
+    PyObject *o = PyDict_GetItemString(tensors, name);
+    if (!o) {
+        PyErr_Format(PyExc_KeyError, "missing tensor %s", name);
+        return NULL;
+    }
+    npy_intp dims[2] = {d0, d1};
+    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 0);
+    if (!a || PyList_Append(keep, o) < 0) return NULL;
+    return PyArray_DATA(a);
+}
+
+static PyObject *py_model_new(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cfg, *tensors;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &cfg, &PyDict_Type, &tensors)) return NULL;
+    model_handle *h = PyMem_Calloc(1, sizeof *h);
+    if (!h) return PyErr_NoMemory();
+    sl_model *m = &h->model;
+    PyObject *capsule = NULL;
+    int64_t layout = 0;
+    if (!(h->keep = PyList_New(0))) goto fail;
+    if (!cfg_int(cfg, "n_layers", &m->n_layers) || !cfg_int(cfg, "n_heads", &m->n_heads) ||
+        !cfg_int(cfg, "n_kv_heads", &m->n_kv_heads) || !cfg_int(cfg, "d_model", &m->d_model) ||
+        !cfg_int(cfg, "head_dim", &m->head_dim) || !cfg_int(cfg, "d_ff", &m->d_ff) ||
+        !cfg_int(cfg, "vocab_size", &m->vocab_size))
+        goto fail;
+    PyObject *eps = PyDict_GetItemString(cfg, "norm_eps"), *lay = PyDict_GetItemString(cfg, "rope_layout");
+    if (!eps || !lay) {
+        PyErr_SetString(PyExc_KeyError, "model config needs norm_eps and rope_layout");
+        goto fail;
+    }
+    m->norm_eps = (float)PyFloat_AsDouble(eps);
+    layout = PyLong_AsLongLong(lay);
+    if (PyErr_Occurred()) goto fail;
+    if (layout != SL_ROPE_HALF_SPLIT && layout != SL_ROPE_ADJACENT) {
+        PyErr_Format(PyExc_ValueError, "rope_layout must be 0 or 1, got %lld", (long long)layout);
+        goto fail;
+    }
+    m->rope_layout = (int)layout;
+    if (m->n_heads % m->n_kv_heads || m->head_dim % 2) {
+        PyErr_Format(PyExc_ValueError, "n_heads (%lld) must be a multiple of n_kv_heads (%lld) and head_dim even",
+                     (long long)m->n_heads, (long long)m->n_kv_heads);
+        goto fail;
+    }
+    const npy_intp d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const npy_intp F = m->d_ff, V = m->vocab_size;
+    if (!(m->rope_inv_freq = weight(tensors, h->keep, "rope_inv_freq", 1, m->head_dim / 2, 0)) ||
+        !(m->tok_embd = weight(tensors, h->keep, "tok_embd", 2, V, d)) ||
+        !(m->out_norm = weight(tensors, h->keep, "out_norm", 1, d, 0)) ||
+        !(m->lm_head = weight(tensors, h->keep, "lm_head", 2, V, d)))
+        goto fail;
+    if (!(h->layers = PyMem_Calloc((size_t)m->n_layers, sizeof *h->layers))) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        sl_layer_weights *lw = &h->layers[l];
+        char name[64];
+#define W(field, key, nd, a, b)                                             \
+    snprintf(name, sizeof name, "blk.%lld." key, (long long)l);            \
+    if (!(lw->field = weight(tensors, h->keep, name, nd, a, b))) goto fail;
+        W(attn_norm, "attn_norm", 1, d, 0)
+        W(wq, "attn_q", 2, qd, d)
+        W(wk, "attn_k", 2, kvd, d)
+        W(wv, "attn_v", 2, kvd, d)
+        W(wo, "attn_output", 2, d, qd)
+        W(ffn_norm, "ffn_norm", 1, d, 0)
+        W(w_gate, "ffn_gate", 2, F, d)
+        W(w_up, "ffn_up", 2, F, d)
+        W(w_down, "ffn_down", 2, d, F)
+#undef W
+    }
+    m->layers = h->layers;
+    capsule = PyCapsule_New(h, "sinklab.model", handle_destroy);
+    if (capsule) return capsule;
+fail:
+    Py_XDECREF(h->keep);
+    PyMem_Free(h->layers);
+    PyMem_Free(h);
+    return NULL;
+}
+
+/* Fills ptrs[0..n) from a list of None-or-array with the given per-entry shape. */
+static int capture_list(PyObject *lst, const char *name, Py_ssize_t n, int ndim, const npy_intp *dims,
+                        float **ptrs) {
+    for (Py_ssize_t i = 0; i < n; i++) ptrs[i] = NULL;
+    if (lst == Py_None) return 1;
+    if (!PyList_Check(lst) || PyList_GET_SIZE(lst) != n) {
+        PyErr_Format(PyExc_ValueError, "%s must be a list of %zd entries (None or array)", name, n);
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *o = PyList_GET_ITEM(lst, i);
+        if (o == Py_None) continue;
+        PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
+        if (!a) return 0;
+        ptrs[i] = PyArray_DATA(a);
+    }
+    return 1;
+}
+
+static PyObject *py_model_forward(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule, *ids_o, *attn_o, *resid_o, *logits_o;
+    if (!PyArg_ParseTuple(args, "OOOOO", &capsule, &ids_o, &attn_o, &resid_o, &logits_o)) return NULL;
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    const sl_model *m = &h->model;
+    PyArrayObject *ids = check_array(ids_o, "ids", NPY_INT64, 1, NULL, 0);
+    if (!ids) return NULL;
+    const npy_intp T = PyArray_DIM(ids, 0);
+    if (T == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
+    const npy_intp L = m->n_layers;
+    float **ptrs = PyMem_Calloc((size_t)(2 * L + 1), sizeof(float *));
+    if (!ptrs) return PyErr_NoMemory();
+    sl_capture cap = {ptrs, ptrs + L, NULL};
+    npy_intp attn_dims[3] = {m->n_heads, T, T}, resid_dims[2] = {T, m->d_model},
+             logit_dims[2] = {T, m->vocab_size};
+    int ok = capture_list(attn_o, "attn", L, 3, attn_dims, cap.attn) &&
+             capture_list(resid_o, "resid", L + 1, 2, resid_dims, cap.resid);
+    if (ok && logits_o != Py_None) {
+        PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, 2, logit_dims, 1);
+        ok = lg != NULL;
+        if (ok) cap.logits = PyArray_DATA(lg);
+    }
+    int rc = SL_OK;
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_model_forward(m, PyArray_DATA(ids), T, &cap);
+        Py_END_ALLOW_THREADS
+    }
+    PyMem_Free(ptrs);
+    if (!ok) return NULL;
+    if (rc != SL_OK) return raise_status(rc);
+    Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- module */
+
+static PyMethodDef methods[] = {
+    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): OpenMP threads for all kernels."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' | 'generic': the kernel family in use."},
+    {"set_simd", py_set_simd, METH_O, "set_simd('generic' | 'avx2' | 'auto') -> the level now in use."},
+    {"sgemm_nt", (PyCFunction)(void (*)(void))py_sgemm_nt, METH_VARARGS | METH_KEYWORDS,
+     "sgemm_nt(A (M,K) f32, B (N,K) f32, C=None, accumulate=False) -> C (M,N) = A @ B.T (+ C)."},
+    {"quant_block_size", py_quant_block_size, METH_O, "quant_block_size(ggml_type) -> (elements, bytes) per block."},
+    {"dequantize", py_dequantize, METH_VARARGS,
+     "dequantize(ggml_type, data uint8 (nbytes,), n_elements) -> float32 (n_elements,)."},
+    {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
+    {"model_forward", py_model_forward, METH_VARARGS,
+     "model_forward(handle, ids int64 (T,), attn list|None, resid list|None, logits|None)."},
+    {NULL, NULL, 0, NULL}};
+
+static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_core",
+                                       "sinklab C core (kernels and the transformer forward).", -1,
+                                       methods, NULL, NULL, NULL, NULL};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    import_array();
+    PyObject *mod = PyModule_Create(&moduledef);
+    if (!mod) return NULL;
+    if (PyModule_AddIntConstant(mod, "has_openmp", SL_HAVE_OPENMP) < 0) {
+        Py_DECREF(mod);
+        return NULL;
+    }
+    return mod;
+}

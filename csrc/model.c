@@ -1,0 +1,103 @@
+/* The transformer forward, layer by layer, in the order of Hugging Face's LlamaDecoderLayer:
+ *   x += Wo · attention(rope(Wq·n1(x)), rope(Wk·n1(x)), Wv·n1(x))
+ *   x += Wdown · (silu(Wgate·n2(x)) * Wup·n2(x))
+ * Activations live in one workspace allocated per call; weights are only read. */
+#include "model.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "attention.h"
+#include "ops.h"
+#include "sgemm.h"
+#include "sl_common.h"
+
+typedef struct {
+    float *x, *xb, *q, *k, *v, *att, *gate, *up, *cosv, *sinv;
+} workspace;
+
+static void workspace_free(workspace *w) {
+    float **p = (float **)w;
+    for (size_t i = 0; i < sizeof *w / sizeof(float *); i++) sl_free(p[i]);
+    memset(w, 0, sizeof *w);
+}
+
+static int workspace_alloc(workspace *w, const sl_model *m, int64_t T) {
+    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t sizes[] = {d, d, qd, kvd, kvd, qd, m->d_ff, m->d_ff, m->head_dim / 2, m->head_dim / 2};
+    float **p = (float **)w;
+    memset(w, 0, sizeof *w);
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        int64_t n;
+        if (!sl_mul_size(sizes[i], T, &n) || !(p[i] = sl_alloc_floats(n))) {
+            workspace_free(w);
+            return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate activations for T=%lld",
+                           (long long)T);
+        }
+    }
+    return SL_OK;
+}
+
+static int check_model(const sl_model *m) {
+    if (m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 || m->d_model <= 0 ||
+        m->head_dim <= 0 || m->head_dim % 2 || m->d_ff <= 0 || m->vocab_size <= 0 ||
+        m->n_heads % m->n_kv_heads)
+        return sl_fail(SL_ERR_VALUE, "forward: inconsistent model dimensions");
+    return SL_OK;
+}
+
+static int attention_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T,
+                           float *attn_capture) {
+    const int64_t d = m->d_model, hd = m->head_dim;
+    const int64_t qd = m->n_heads * hd, kvd = m->n_kv_heads * hd;
+    sl_rmsnorm(w->xb, w->x, lw->attn_norm, T, d, m->norm_eps);
+    SL_TRY(sl_sgemm_nt(T, qd, d, w->xb, d, lw->wq, d, w->q, qd, 0, 1));
+    SL_TRY(sl_sgemm_nt(T, kvd, d, w->xb, d, lw->wk, d, w->k, kvd, 0, 1));
+    SL_TRY(sl_sgemm_nt(T, kvd, d, w->xb, d, lw->wv, d, w->v, kvd, 0, 1));
+    sl_rope_apply(w->q, T, qd, m->n_heads, hd, w->cosv, w->sinv, m->rope_layout);
+    sl_rope_apply(w->k, T, kvd, m->n_kv_heads, hd, w->cosv, w->sinv, m->rope_layout);
+    sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, hd, (float)(1.0 / sqrt((double)hd))};
+    SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, attn_capture));
+    return sl_sgemm_nt(T, d, qd, w->att, qd, lw->wo, qd, w->x, d, 1, 1);
+}
+
+static int mlp_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T) {
+    const int64_t d = m->d_model, F = m->d_ff;
+    sl_rmsnorm(w->xb, w->x, lw->ffn_norm, T, d, m->norm_eps);
+    SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_gate, d, w->gate, F, 0, 1));
+    SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_up, d, w->up, F, 0, 1));
+    sl_swiglu(w->gate, w->gate, w->up, T * F);
+    return sl_sgemm_nt(T, d, F, w->gate, F, lw->w_down, F, w->x, d, 1, 1);
+}
+
+static void capture_resid(const sl_capture *cap, int64_t l, const float *x, int64_t T, int64_t d) {
+    if (cap && cap->resid && cap->resid[l]) memcpy(cap->resid[l], x, (size_t)(T * d) * sizeof(float));
+}
+
+int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap) {
+    SL_TRY(check_model(m));
+    if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] < 0 || ids[t] >= m->vocab_size)
+            return sl_fail(SL_ERR_VALUE, "forward: token id %lld at position %lld is outside [0, %lld)",
+                           (long long)ids[t], (long long)t, (long long)m->vocab_size);
+    workspace w;
+    SL_TRY(workspace_alloc(&w, m, T));
+    const int64_t d = m->d_model;
+    int rc = SL_OK;
+    sl_embed(w.x, m->tok_embd, ids, T, d);
+    sl_rope_tables(w.cosv, w.sinv, m->rope_inv_freq, T, m->head_dim / 2);
+    for (int64_t l = 0; l < m->n_layers && rc == SL_OK; l++) {
+        capture_resid(cap, l, w.x, T, d);
+        float *attn = cap && cap->attn ? cap->attn[l] : NULL;
+        rc = attention_block(m, &m->layers[l], &w, T, attn);
+        if (rc == SL_OK) rc = mlp_block(m, &m->layers[l], &w, T);
+    }
+    if (rc == SL_OK) capture_resid(cap, m->n_layers, w.x, T, d);
+    if (rc == SL_OK && cap && cap->logits) {
+        sl_rmsnorm(w.xb, w.x, m->out_norm, T, d, m->norm_eps);
+        rc = sl_sgemm_nt(T, m->vocab_size, d, w.xb, d, m->lm_head, d, cap->logits, m->vocab_size, 0, 1);
+    }
+    workspace_free(&w);
+    return rc;
+}

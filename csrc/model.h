@@ -1,0 +1,37 @@
+/* The LLaMA-family transformer forward pass with capture of what the paper measures. */
+#ifndef SL_MODEL_H
+#define SL_MODEL_H
+
+#include <stdint.h>
+
+typedef struct {
+    const float *attn_norm;              /* (d) */
+    const float *wq, *wk, *wv, *wo;      /* (H*hd, d), (G*hd, d), (G*hd, d), (d, H*hd) */
+    const float *ffn_norm;               /* (d) */
+    const float *w_gate, *w_up, *w_down; /* (F, d), (F, d), (d, F) */
+} sl_layer_weights;
+
+typedef struct {
+    int64_t n_layers, n_heads, n_kv_heads, d_model, head_dim, d_ff, vocab_size;
+    float norm_eps;
+    int rope_layout;            /* SL_ROPE_HALF_SPLIT or SL_ROPE_ADJACENT */
+    const float *rope_inv_freq; /* (head_dim/2), any frequency scaling already applied */
+    const float *tok_embd;      /* (V, d) */
+    const float *out_norm;      /* (d) */
+    const float *lm_head;       /* (V, d); may be tok_embd (tied) */
+    const sl_layer_weights *layers; /* n_layers entries */
+} sl_model;
+
+/* Where the forward writes what it captures; every pointer may be NULL. Buffers belong to the
+ * caller and must hold the documented number of floats. */
+typedef struct {
+    float **attn;   /* n_layers entries: NULL or (H, T, T) attention probabilities */
+    float **resid;  /* n_layers+1 entries: NULL or (T, d), the stream entering layer l;
+                       entry n_layers is the last layer's output before the final norm */
+    float *logits;  /* NULL or (T, V) */
+} sl_capture;
+
+/* Runs the model on ids[0..T) (each already checked to be in [0, vocab)). */
+int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap);
+
+#endif

@@ -1,0 +1,30 @@
+/* Elementwise and row-wise ops of the LLaMA block, each next to the backward it will need. */
+#ifndef SL_OPS_H
+#define SL_OPS_H
+
+#include <stdint.h>
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of width d (out may alias x). */
+void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d, float eps);
+
+/* Rotary tables for positions 0..T-1: cos/sin[t*half + i] of angle t * inv_freq[i].
+ * The angle is rounded to fp32 first, as the reference implementations do. */
+void sl_rope_tables(float *cosv, float *sinv, const float *inv_freq, int64_t T, int64_t half);
+
+enum { SL_ROPE_HALF_SPLIT = 0, /* pairs (i, i+hd/2): Hugging Face layout */
+       SL_ROPE_ADJACENT = 1 /* pairs (2i, 2i+1): GGUF/llama.cpp layout (Q/K rows permuted) */ };
+
+/* Rotates n_heads heads of head_dim in each of T rows (row stride `stride` floats) in place. */
+void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
+                   const float *cosv, const float *sinv, int layout);
+
+/* h = silu(g) * u elementwise (SwiGLU); h may alias g. */
+void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
+
+/* Numerically safe softmax of x[0..n) in place (max subtracted, sum in double). */
+void sl_softmax_inplace(float *x, int64_t n);
+
+/* out[t] = table[ids[t]]; every id must already be checked against vocab (done by the caller). */
+void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d);
+
+#endif

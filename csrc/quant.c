@@ -1,0 +1,390 @@
+/* Dequantisation of GGUF/ggml tensor block formats to fp32.
+ *
+ * Each decoder follows ggml's reference dequantize_row_* (ggml-quants.c) operation for operation,
+ * in float32 and in the same order (e.g. Q4_K: (d*sc)*q - dmin*m), so the result is bit-identical
+ * to ggml's scalar path and to gguf-py's gguf.quants.dequantize. That requires that the compiler
+ * does not contract a*b+c into an FMA: GCC in ISO C mode (-std=c11, as setup.py builds) defaults
+ * to -ffp-contract=off, and for clang the pragma below says so.
+ *
+ * All reads of the source go byte by byte (little-endian, any alignment), so a tensor that sits at
+ * an odd offset in a memory-mapped file is fine. Nothing here depends on the floating-point
+ * environment (rounding mode, FTZ/DAZ): see sl_fp16_to_fp32_bits.
+ *
+ * Block layouts (bytes; f16 = IEEE half, little-endian):
+ *   Q4_0  32 elems 18 B: f16 d; u8 qs[16]                      y = (q - 8) * d
+ *   Q4_1  32 elems 20 B: f16 d, m; u8 qs[16]                   y = q * d + m
+ *   Q5_0  32 elems 22 B: f16 d; u8 qh[4]; u8 qs[16]            y = (q - 16) * d
+ *   Q5_1  32 elems 24 B: f16 d, m; u8 qh[4]; u8 qs[16]         y = q * d + m
+ *   Q8_0  32 elems 34 B: f16 d; i8 qs[32]                      y = q * d
+ *   Q4_K 256 elems 144 B: f16 d, dmin; u8 scales[12]; u8 qs[128]
+ *   Q5_K 256 elems 176 B: f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
+ *   Q6_K 256 elems 210 B: u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d
+ * In the 32-element formats the low nibbles of qs[0..15] are elements 0..15 and the high nibbles
+ * elements 16..31; bit j of the little-endian uint32 qh is the fifth bit of element j.
+ */
+#include "quant.h"
+
+#include <string.h>
+
+#include "sl_common.h"
+
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+#define QK_K 256
+
+/* ------------------------------------------------------------------------------------------ */
+/* scalar helpers                                                                             */
+
+static inline uint16_t rd_u16(const uint8_t *p) { return (uint16_t)(p[0] | ((unsigned)p[1] << 8)); }
+
+static inline uint32_t rd_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
+
+static inline float f32_from_bits(uint32_t u) {
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* Exact IEEE binary16 -> binary32 widening. Every half value is representable as a float, so
+ * this is a pure re-encoding: zeros keep their sign, subnormals become the equal normal float,
+ * infinities stay infinite, and NaNs keep sign and payload (the payload is shifted into the top
+ * of the float mantissa; the quiet bit is not forced, as NumPy's float16 -> float32 does).
+ * Written without branches so the F16 loop vectorises. The subnormal case uses one float
+ * multiply, (float)m * 2^-24 with integer 1 <= m < 1024: exact, and both operand and result are
+ * normal floats, so neither rounding mode nor FTZ/DAZ can change it. */
+static inline uint32_t sl_fp16_to_fp32_bits(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    const uint32_t em = h & 0x7fffu; /* exponent and mantissa */
+    /* normal: shift into place and rebias the exponent 15 -> 127 */
+    const uint32_t normal = (em << 13) + ((uint32_t)(127 - 15) << 23);
+    /* inf/nan: exponent 31 -> 255, i.e. rebias by a further 112 */
+    const uint32_t infnan = normal + ((uint32_t)(127 - 15) << 23);
+    /* zero and subnormal: value = em * 2^-24 */
+    uint32_t sub;
+    const float fsub = (float)(int32_t)em * 0x1p-24f;
+    memcpy(&sub, &fsub, sizeof sub);
+    const uint32_t is_infnan = 0u - (uint32_t)(em >= 0x7c00u); /* all ones or zero */
+    const uint32_t is_normal = (0u - (uint32_t)(em >= 0x0400u)) & ~is_infnan;
+    const uint32_t is_sub = ~(is_infnan | is_normal);
+    return sign | (infnan & is_infnan) | (normal & is_normal) | (sub & is_sub);
+}
+
+static inline float sl_fp16_to_fp32(uint16_t h) { return f32_from_bits(sl_fp16_to_fp32_bits(h)); }
+
+static inline float rd_f16(const uint8_t *p) { return sl_fp16_to_fp32(rd_u16(p)); }
+
+/* ggml's get_scale_min_k4: 8 pairs of 6-bit (scale, min) packed into 12 bytes. */
+static inline void get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m) {
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (uint8_t)((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4));
+        *m = (uint8_t)((q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4));
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* per-type decoders: nb blocks from src into dst                                             */
+
+typedef void (*sl_dequant_fn)(const uint8_t *restrict src, float *restrict dst, int64_t nb);
+
+static void deq_f32(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+#if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    memcpy(dst, src, (size_t)nb * sizeof(float));
+#else
+    for (int64_t i = 0; i < nb; ++i) dst[i] = f32_from_bits(rd_u32(src + 4 * i));
+#endif
+}
+
+static void deq_f16(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) dst[i] = rd_f16(src + 2 * i);
+}
+
+static void deq_bf16(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) dst[i] = f32_from_bits((uint32_t)rd_u16(src + 2 * i) << 16);
+}
+
+static void deq_q4_0(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 18 * i;
+        float *y = dst + 32 * i;
+        const float d = rd_f16(b);
+        const uint8_t *qs = b + 2;
+        for (int j = 0; j < 16; ++j) {
+            const int x0 = (qs[j] & 0x0F) - 8;
+            const int x1 = (qs[j] >> 4) - 8;
+            y[j] = (float)x0 * d;
+            y[j + 16] = (float)x1 * d;
+        }
+    }
+}
+
+static void deq_q4_1(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 20 * i;
+        float *y = dst + 32 * i;
+        const float d = rd_f16(b);
+        const float m = rd_f16(b + 2);
+        const uint8_t *qs = b + 4;
+        for (int j = 0; j < 16; ++j) {
+            const int x0 = qs[j] & 0x0F;
+            const int x1 = qs[j] >> 4;
+            y[j] = (float)x0 * d + m;
+            y[j + 16] = (float)x1 * d + m;
+        }
+    }
+}
+
+static void deq_q5_0(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 22 * i;
+        float *y = dst + 32 * i;
+        const float d = rd_f16(b);
+        const uint32_t qh = rd_u32(b + 2);
+        const uint8_t *qs = b + 6;
+        for (int j = 0; j < 16; ++j) {
+            const int xh0 = (int)(((qh >> j) << 4) & 0x10);
+            const int xh1 = (int)((qh >> (j + 12)) & 0x10);
+            const int x0 = ((qs[j] & 0x0F) | xh0) - 16;
+            const int x1 = ((qs[j] >> 4) | xh1) - 16;
+            y[j] = (float)x0 * d;
+            y[j + 16] = (float)x1 * d;
+        }
+    }
+}
+
+static void deq_q5_1(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 24 * i;
+        float *y = dst + 32 * i;
+        const float d = rd_f16(b);
+        const float m = rd_f16(b + 2);
+        const uint32_t qh = rd_u32(b + 4);
+        const uint8_t *qs = b + 8;
+        for (int j = 0; j < 16; ++j) {
+            const int xh0 = (int)(((qh >> j) << 4) & 0x10);
+            const int xh1 = (int)((qh >> (j + 12)) & 0x10);
+            const int x0 = (qs[j] & 0x0F) | xh0;
+            const int x1 = (qs[j] >> 4) | xh1;
+            y[j] = (float)x0 * d + m;
+            y[j + 16] = (float)x1 * d + m;
+        }
+    }
+}
+
+static void deq_q8_0(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 34 * i;
+        float *y = dst + 32 * i;
+        const float d = rd_f16(b);
+        for (int j = 0; j < 32; ++j) {
+            const int q = (int)b[2 + j] - ((b[2 + j] & 0x80) ? 256 : 0); /* int8 */
+            y[j] = (float)q * d;
+        }
+    }
+}
+
+static void deq_q4_k(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 144 * i;
+        float *y = dst + QK_K * i;
+        const float d = rd_f16(b);
+        const float min = rd_f16(b + 2);
+        const uint8_t *scales = b + 4;
+        const uint8_t *q = b + 16;
+        int is = 0;
+        uint8_t sc, m;
+        for (int j = 0; j < QK_K; j += 64) {
+            get_scale_min_k4(is + 0, scales, &sc, &m);
+            const float d1 = d * (float)sc;
+            const float m1 = min * (float)m;
+            get_scale_min_k4(is + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc;
+            const float m2 = min * (float)m;
+            for (int l = 0; l < 32; ++l) *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * (float)(q[l] >> 4) - m2;
+            q += 32;
+            is += 2;
+        }
+    }
+}
+
+static void deq_q5_k(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 176 * i;
+        float *y = dst + QK_K * i;
+        const float d = rd_f16(b);
+        const float min = rd_f16(b + 2);
+        const uint8_t *scales = b + 4;
+        const uint8_t *qh = b + 16;
+        const uint8_t *ql = b + 48;
+        int is = 0;
+        unsigned u1 = 1, u2 = 2;
+        uint8_t sc, m;
+        for (int j = 0; j < QK_K; j += 64) {
+            get_scale_min_k4(is + 0, scales, &sc, &m);
+            const float d1 = d * (float)sc;
+            const float m1 = min * (float)m;
+            get_scale_min_k4(is + 1, scales, &sc, &m);
+            const float d2 = d * (float)sc;
+            const float m2 = min * (float)m;
+            for (int l = 0; l < 32; ++l) *y++ = d1 * (float)((ql[l] & 0xF) + ((qh[l] & u1) ? 16 : 0)) - m1;
+            for (int l = 0; l < 32; ++l) *y++ = d2 * (float)((ql[l] >> 4) + ((qh[l] & u2) ? 16 : 0)) - m2;
+            ql += 32;
+            is += 2;
+            u1 <<= 2;
+            u2 <<= 2;
+        }
+    }
+}
+
+static void deq_q6_k(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 210 * i;
+        float *y = dst + QK_K * i;
+        const uint8_t *ql = b;
+        const uint8_t *qh = b + 128;
+        const uint8_t *scb = b + 192;
+        const float d = rd_f16(b + 208);
+        int sc[16];
+        for (int k = 0; k < 16; ++k) sc[k] = (int)scb[k] - ((scb[k] & 0x80) ? 256 : 0); /* int8 */
+        const int *s = sc;
+        for (int n = 0; n < QK_K; n += 128) {
+            for (int l = 0; l < 32; ++l) {
+                const int is = l / 16;
+                const int q1 = ((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                const int q3 = ((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                /* ggml: y = d * sc[is] * q, i.e. (d * sc) * q in float */
+                y[l + 0] = d * (float)s[is + 0] * (float)q1;
+                y[l + 32] = d * (float)s[is + 2] * (float)q2;
+                y[l + 64] = d * (float)s[is + 4] * (float)q3;
+                y[l + 96] = d * (float)s[is + 6] * (float)q4;
+            }
+            y += 128;
+            ql += 64;
+            qh += 32;
+            s += 8;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* type table                                                                                 */
+
+typedef struct {
+    int64_t elems, bytes;
+    sl_dequant_fn fn;
+} sl_qtype;
+
+static int sl_qtype_get(int type, sl_qtype *out) {
+    switch (type) {
+    case SL_GGML_F32: *out = (sl_qtype){1, 4, deq_f32}; return 1;
+    case SL_GGML_F16: *out = (sl_qtype){1, 2, deq_f16}; return 1;
+    case SL_GGML_BF16: *out = (sl_qtype){1, 2, deq_bf16}; return 1;
+    case SL_GGML_Q4_0: *out = (sl_qtype){32, 18, deq_q4_0}; return 1;
+    case SL_GGML_Q4_1: *out = (sl_qtype){32, 20, deq_q4_1}; return 1;
+    case SL_GGML_Q5_0: *out = (sl_qtype){32, 22, deq_q5_0}; return 1;
+    case SL_GGML_Q5_1: *out = (sl_qtype){32, 24, deq_q5_1}; return 1;
+    case SL_GGML_Q8_0: *out = (sl_qtype){32, 34, deq_q8_0}; return 1;
+    case SL_GGML_Q4_K: *out = (sl_qtype){QK_K, 144, deq_q4_k}; return 1;
+    case SL_GGML_Q5_K: *out = (sl_qtype){QK_K, 176, deq_q5_k}; return 1;
+    case SL_GGML_Q6_K: *out = (sl_qtype){QK_K, 210, deq_q6_k}; return 1;
+    default: return 0;
+    }
+}
+
+/* Names of ggml type ids (ggml.h), for error messages; NULL for ids never or no longer used. */
+static const char *sl_ggml_type_name(int type) {
+    static const char *const names[] = {
+        "F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2 (removed)", "Q4_3 (removed)", "Q5_0",
+        "Q5_1",    "Q8_0",   "Q8_1",    "Q2_K",  "Q3_K",           "Q4_K",           "Q5_K",
+        "Q6_K",    "Q8_K",   "IQ2_XXS", "IQ2_XS", "IQ3_XXS",       "IQ1_S",          "IQ4_NL",
+        "IQ3_S",   "IQ2_S",  "IQ4_XS",  "I8",    "I16",            "I32",            "I64",
+        "F64",     "IQ1_M",  "BF16",    NULL,    NULL,             NULL,             "TQ1_0",
+        "TQ2_0",   NULL,     NULL,      NULL,    "MXFP4",
+    };
+    if (type < 0 || type >= (int)(sizeof names / sizeof names[0])) return NULL;
+    return names[type];
+}
+
+int64_t sl_quant_block_elems(int type) {
+    sl_qtype t;
+    return sl_qtype_get(type, &t) ? t.elems : 0;
+}
+
+int64_t sl_quant_block_bytes(int type) {
+    sl_qtype t;
+    return sl_qtype_get(type, &t) ? t.bytes : 0;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+
+/* Blocks per work item: about 8192 output floats (32 KiB), enough to amortise scheduling. */
+static int64_t sl_chunk_blocks(int64_t block_elems) {
+    int64_t c = 8192 / block_elems;
+    return c > 0 ? c : 1;
+}
+
+int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int64_t n_elements,
+                  int parallel) {
+    sl_qtype t;
+    if (!sl_qtype_get(type, &t)) {
+        const char *name = sl_ggml_type_name(type);
+        return sl_fail(SL_ERR_FORMAT,
+                       "dequantize: unsupported ggml type id %d (%s); supported: F32, F16, BF16, "
+                       "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K",
+                       type, name ? name : "unknown type id");
+    }
+    const char *name = sl_ggml_type_name(type);
+    if (n_elements < 0)
+        return sl_fail(SL_ERR_VALUE, "dequantize: n_elements must be >= 0, got %lld",
+                       (long long)n_elements);
+    if (nbytes < 0)
+        return sl_fail(SL_ERR_VALUE, "dequantize: nbytes must be >= 0, got %lld", (long long)nbytes);
+    if (n_elements % t.elems != 0)
+        return sl_fail(SL_ERR_FORMAT,
+                       "dequantize: n_elements %lld is not a multiple of the %s block size %lld",
+                       (long long)n_elements, name, (long long)t.elems);
+    const int64_t nb = n_elements / t.elems;
+    int64_t want;
+    if (!sl_mul_size(nb, t.bytes, &want))
+        return sl_fail(SL_ERR_MEMORY, "dequantize: byte size of %lld %s blocks overflows",
+                       (long long)nb, name);
+    if (nbytes != want)
+        return sl_fail(SL_ERR_FORMAT,
+                       "dequantize: %s data has %lld bytes, expected %lld (%lld elements = %lld "
+                       "blocks of %lld bytes)",
+                       name, (long long)nbytes, (long long)want, (long long)n_elements, (long long)nb,
+                       (long long)t.bytes);
+    if (nb == 0) return SL_OK;
+    if (src == NULL) return sl_fail(SL_ERR_VALUE, "dequantize: source pointer is NULL");
+    if (dst == NULL) return sl_fail(SL_ERR_VALUE, "dequantize: destination pointer is NULL");
+
+    const int64_t chunk = sl_chunk_blocks(t.elems);
+    const int64_t n_chunks = (nb + chunk - 1) / chunk;
+    const sl_dequant_fn fn = t.fn;
+    const int64_t be = t.elems, bb = t.bytes;
+#if defined(_OPENMP)
+    const int use_omp = parallel != 0 && n_chunks > 1 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (use_omp)
+#else
+    (void)parallel;
+#endif
+    for (int64_t c = 0; c < n_chunks; ++c) {
+        const int64_t b0 = c * chunk;
+        const int64_t n = (nb - b0) < chunk ? (nb - b0) : chunk;
+        fn(src + b0 * bb, dst + b0 * be, n);
+    }
+    return SL_OK;
+}

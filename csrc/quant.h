@@ -1,0 +1,24 @@
+/* Dequantisation of GGUF/ggml tensor block formats to fp32. */
+#ifndef SL_QUANT_H
+#define SL_QUANT_H
+
+#include <stdint.h>
+
+/* ggml type ids, as in ggml.h / gguf.GGMLQuantizationType */
+enum {
+    SL_GGML_F32 = 0, SL_GGML_F16 = 1, SL_GGML_Q4_0 = 2, SL_GGML_Q4_1 = 3, SL_GGML_Q5_0 = 6,
+    SL_GGML_Q5_1 = 7, SL_GGML_Q8_0 = 8, SL_GGML_Q4_K = 12, SL_GGML_Q5_K = 13, SL_GGML_Q6_K = 14,
+    SL_GGML_BF16 = 30
+};
+
+/* Elements per block and bytes per block of a type; 0 when sinklab does not support it. */
+int64_t sl_quant_block_elems(int type);
+int64_t sl_quant_block_bytes(int type);
+
+/* Decodes n_elements values of `type` from src (exactly nbytes long) into dst.
+ * Checks that n_elements is a whole number of blocks and nbytes is exactly their size.
+ * OpenMP over blocks when parallel != 0. */
+int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int64_t n_elements,
+                  int parallel);
+
+#endif

@@ -1,0 +1,363 @@
+/* SGEMM for linear layers: C[M×N] = A[M×K] · B[N×K]ᵀ (+ C), all row-major.
+ *
+ * BLIS-style: K is cut into blocks of about KC, N into task-sized blocks (at most NC wide), M into
+ * blocks of MC rows. For each block, B is packed into NR-wide panels (for every k, NR consecutive
+ * outputs) and A into MR-row panels (for every k, MR consecutive rows), so the micro-kernel reads
+ * both with unit stride. The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers
+ * (12 accumulators + 2 B vectors + 1 broadcast of A = 15 of the 16 registers).
+ *
+ * Determinism: each C element is one chain c = c + a_k·b_k over k = 0..K-1 in order, starting
+ * from 0 (or from C when accumulating). K blocks are walked in order and each block continues the
+ * chain from the value left in C, so the block sizes, the M/N tiling and the thread count never
+ * change the result. Threads own disjoint tiles of C. The generic path runs the same chains with
+ * a separate multiply and add instead of a fused multiply-add, hence "equal to rounding". */
+#include "sgemm.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu.h"
+#include "sl_common.h"
+
+#if defined(_OPENMP) && (!defined(SL_HAVE_OPENMP) || SL_HAVE_OPENMP)
+#include <omp.h>
+#define SL_SGEMM_OMP 1
+#else
+#define SL_SGEMM_OMP 0
+#endif
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+#include <immintrin.h>
+#define SL_SGEMM_X86 1
+#define SL_AVX2 __attribute__((target("avx2,fma")))
+#else
+#define SL_SGEMM_X86 0
+#endif
+
+enum {
+    MR = 6,    /* rows of the register tile */
+    NR = 16,   /* columns of the register tile: two ymm vectors */
+    KC = 256,  /* K block: one packed B panel (KC×NR floats, 16 KiB) stays in L1 */
+    MC = 96,   /* M block: the packed A block (MC×KC) stays in L2 */
+    NC = 1024, /* widest N block of one task: its packed B (NC×KC, 1 MiB) streams from L2/L3 */
+};
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+static inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+static inline int64_t round_up(int64_t a, int64_t b) { return ceil_div(a, b) * b; }
+
+/* ------------------------------------------------------------------------------------------
+ * Packing. A panel of width W holds rows [0, rows) of src (row stride ld) transposed: for every
+ * k < kb, W consecutive floats dst[k*W + i] = src[i*ld + k], zero for i >= rows. */
+
+static void pack_panel_generic(const float *src, int64_t ld, int64_t rows, int64_t width, int64_t kb,
+                               float *dst) {
+    for (int64_t k = 0; k < kb; k++) {
+        for (int64_t i = 0; i < width; i++) dst[k * width + i] = i < rows ? src[i * ld + k] : 0.0f;
+    }
+}
+
+#if SL_SGEMM_X86
+/* In-register 8×8 transpose: r[i] = row i in, r[k] = column k out. */
+SL_AVX2 static inline __attribute__((always_inline)) void transpose8(__m256 r[8]) {
+    __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(s0, s4, 0x20);
+    r[1] = _mm256_permute2f128_ps(s1, s5, 0x20);
+    r[2] = _mm256_permute2f128_ps(s2, s6, 0x20);
+    r[3] = _mm256_permute2f128_ps(s3, s7, 0x20);
+    r[4] = _mm256_permute2f128_ps(s0, s4, 0x31);
+    r[5] = _mm256_permute2f128_ps(s1, s5, 0x31);
+    r[6] = _mm256_permute2f128_ps(s2, s6, 0x31);
+    r[7] = _mm256_permute2f128_ps(s3, s7, 0x31);
+}
+
+/* A full NR=16-row panel, 8×8 blocks at a time. */
+SL_AVX2 static void pack_panel16_avx2(const float *src, int64_t ld, int64_t kb, float *dst) {
+    int64_t k = 0;
+    for (; k + 8 <= kb; k += 8) {
+        for (int h = 0; h < 2; h++) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + (h * 8 + i) * ld + k);
+            transpose8(r);
+            for (int i = 0; i < 8; i++) _mm256_store_ps(dst + (k + i) * NR + h * 8, r[i]);
+        }
+    }
+    for (; k < kb; k++)
+        for (int i = 0; i < NR; i++) dst[k * NR + i] = src[i * ld + k];
+}
+
+/* A full MR=6-row panel: transpose 8×8 with two zero rows, keep 6 of each column. */
+SL_AVX2 static void pack_panel6_avx2(const float *src, int64_t ld, int64_t kb, float *dst) {
+    int64_t k = 0;
+    for (; k + 8 <= kb; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 6; i++) r[i] = _mm256_loadu_ps(src + i * ld + k);
+        r[6] = r[7] = _mm256_setzero_ps();
+        transpose8(r);
+        for (int i = 0; i < 8; i++) {
+            float *d = dst + (k + i) * MR;
+            _mm_storeu_ps(d, _mm256_castps256_ps128(r[i]));
+            _mm_storel_pi((__m64 *)(void *)(d + 4), _mm256_extractf128_ps(r[i], 1));
+        }
+    }
+    for (; k < kb; k++)
+        for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * ld + k];
+}
+#endif
+
+/* Packs rows [0, rows) × columns [0, kb) of src into ceil(rows/width) panels. */
+static void pack_block(const float *src, int64_t ld, int64_t rows, int64_t width, int64_t kb, float *dst,
+                       int avx2) {
+    for (int64_t i0 = 0; i0 < rows; i0 += width) {
+        int64_t r = min64(width, rows - i0);
+        const float *s = src + i0 * ld;
+        float *d = dst + i0 * kb;
+#if SL_SGEMM_X86
+        if (avx2 && r == width && width == NR) {
+            pack_panel16_avx2(s, ld, kb, d);
+            continue;
+        }
+        if (avx2 && r == width && width == MR) {
+            pack_panel6_avx2(s, ld, kb, d);
+            continue;
+        }
+#else
+        (void)avx2;
+#endif
+        pack_panel_generic(s, ld, r, width, kb, d);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Micro-kernels: c[i][j] for i < mr, j < NR continues its chain over kc packed steps:
+ * c = (load ? c : 0) + a[k*MR+i]·b[k*NR+j] for k = 0..kc-1 in order. */
+
+typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                           int load);
+
+static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                            int64_t ldc, int mr, int load) {
+    float acc[MR][NR];
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NR; j++) acc[i][j] = load ? c[i * ldc + j] : 0.0f;
+    for (int64_t k = 0; k < kc; k++) {
+        const float *bk = b + k * NR;
+        for (int i = 0; i < mr; i++) {
+            float ai = a[k * MR + i];
+            for (int j = 0; j < NR; j++) acc[i][j] += ai * bk[j];
+        }
+    }
+    for (int i = 0; i < mr; i++)
+        for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
+}
+
+#if SL_SGEMM_X86
+/* Inlined with a constant mr, so rows past mr cost nothing. */
+SL_AVX2 static inline __attribute__((always_inline)) void ukernel_avx2_rows(const int mr, int64_t kc,
+                                                                          const float *restrict a,
+                                                                          const float *restrict b,
+                                                                          float *restrict c, int64_t ldc,
+                                                                          int load) {
+    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+#define SL_LOAD_ROW(i)                                    \
+    if (mr > i) {                                         \
+        c##i##0 = _mm256_loadu_ps(c + (i) * ldc);         \
+        c##i##1 = _mm256_loadu_ps(c + (i) * ldc + 8);     \
+    }
+    if (load) {
+        SL_LOAD_ROW(0) SL_LOAD_ROW(1) SL_LOAD_ROW(2) SL_LOAD_ROW(3) SL_LOAD_ROW(4) SL_LOAD_ROW(5)
+    }
+#undef SL_LOAD_ROW
+#define SL_FMA_ROW(i)                                     \
+    if (mr > i) {                                         \
+        __m256 ai = _mm256_broadcast_ss(a + (i));         \
+        c##i##0 = _mm256_fmadd_ps(ai, b0, c##i##0);       \
+        c##i##1 = _mm256_fmadd_ps(ai, b1, c##i##1);       \
+    }
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(b), b1 = _mm256_load_ps(b + 8);
+        SL_FMA_ROW(0) SL_FMA_ROW(1) SL_FMA_ROW(2) SL_FMA_ROW(3) SL_FMA_ROW(4) SL_FMA_ROW(5)
+        a += MR;
+        b += NR;
+    }
+#undef SL_FMA_ROW
+#define SL_STORE_ROW(i)                                   \
+    if (mr > i) {                                         \
+        _mm256_storeu_ps(c + (i) * ldc, c##i##0);         \
+        _mm256_storeu_ps(c + (i) * ldc + 8, c##i##1);     \
+    }
+    SL_STORE_ROW(0) SL_STORE_ROW(1) SL_STORE_ROW(2) SL_STORE_ROW(3) SL_STORE_ROW(4) SL_STORE_ROW(5)
+#undef SL_STORE_ROW
+}
+
+SL_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                                 int load) {
+    switch (mr) {
+    case 6: ukernel_avx2_rows(6, kc, a, b, c, ldc, load); break;
+    case 5: ukernel_avx2_rows(5, kc, a, b, c, ldc, load); break;
+    case 4: ukernel_avx2_rows(4, kc, a, b, c, ldc, load); break;
+    case 3: ukernel_avx2_rows(3, kc, a, b, c, ldc, load); break;
+    case 2: ukernel_avx2_rows(2, kc, a, b, c, ldc, load); break;
+    default: ukernel_avx2_rows(1, kc, a, b, c, ldc, load); break;
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------
+ * Blocking and threads. */
+
+typedef struct {
+    int64_t M, N, K, lda, ldb, ldc, kc;
+    const float *A, *B;
+    float *C;
+    int accumulate, avx2;
+    ukernel_fn uk;
+} sgemm_job;
+
+/* All register tiles of one C block [mb×nb] for one K block, from packed Ap and Bp. */
+static void macro_kernel(const sgemm_job *g, int64_t mb, int64_t nb, int64_t kb, const float *Ap,
+                         const float *Bp, float *C, int load) {
+    for (int64_t j0 = 0; j0 < nb; j0 += NR) {
+        int64_t nr = min64(NR, nb - j0);
+        const float *bp = Bp + j0 * kb;
+        for (int64_t i0 = 0; i0 < mb; i0 += MR) {
+            int mr = (int)min64(MR, mb - i0);
+            const float *ap = Ap + i0 * kb;
+            float *c = C + i0 * g->ldc + j0;
+            if (nr == NR) {
+                g->uk(kb, ap, bp, c, g->ldc, mr, load);
+            } else {
+                /* ragged right edge: run the full tile on a copy, write back nr columns */
+                float tile[MR * NR];
+                memset(tile, 0, sizeof tile);
+                if (load)
+                    for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * g->ldc, (size_t)nr * sizeof(float));
+                g->uk(kb, ap, bp, tile, NR, mr, load);
+                for (int i = 0; i < mr; i++) memcpy(c + i * g->ldc, tile + i * NR, (size_t)nr * sizeof(float));
+            }
+        }
+    }
+}
+
+/* C[m0:m1, n0:n1] over all of K. Ap holds an MC×kc block of A, Bp an (n1-n0)×kc block of B. */
+static void run_task(const sgemm_job *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *Ap,
+                     float *Bp) {
+    int64_t nb = n1 - n0;
+    for (int64_t k0 = 0; k0 < g->K; k0 += g->kc) {
+        int64_t kb = min64(g->kc, g->K - k0);
+        int load = g->accumulate || k0 > 0; /* continue each chain from C after the first block */
+        pack_block(g->B + n0 * g->ldb + k0, g->ldb, nb, NR, kb, Bp, g->avx2);
+        for (int64_t i0 = m0; i0 < m1; i0 += MC) {
+            int64_t mb = min64(MC, m1 - i0);
+            pack_block(g->A + i0 * g->lda + k0, g->lda, mb, MR, kb, Ap, g->avx2);
+            macro_kernel(g, mb, nb, kb, Ap, Bp, g->C + i0 * g->ldc + n0, load);
+        }
+    }
+}
+
+typedef struct {
+    int64_t tn, wn, hm, ntasks, ap_size;
+} task_grid;
+
+/* Thread tid of nt: tasks tid, tid+nt, ... of the grid (row-major over M blocks × N blocks). */
+static void run_tasks(const sgemm_job *g, const task_grid *t, int tid, int nt, float *buf, int64_t per_thread) {
+    float *Ap = buf + tid * per_thread, *Bp = Ap + t->ap_size;
+    for (int64_t i = tid; i < t->ntasks; i += nt) {
+        int64_t m0 = (i / t->tn) * t->hm, n0 = (i % t->tn) * t->wn;
+        run_task(g, m0, min64(m0 + t->hm, g->M), n0, min64(n0 + t->wn, g->N), Ap, Bp);
+    }
+}
+
+/* Checks that rows × ld (with the last row only `cols` long) is addressable without overflow. */
+static int check_matrix(const char *name, const void *p, int64_t rows, int64_t cols, int64_t ld) {
+    if (ld < cols) return sl_fail(SL_ERR_VALUE, "sgemm: leading dimension of %s (%lld) < row length %lld", name,
+                                  (long long)ld, (long long)cols);
+    if (rows == 0 || cols == 0) return SL_OK;
+    if (!p) return sl_fail(SL_ERR_VALUE, "sgemm: %s is NULL", name);
+    int64_t span;
+    if (!sl_mul_size(rows - 1, ld, &span) || span > INT64_MAX - cols)
+        return sl_fail(SL_ERR_VALUE, "sgemm: %s is too large (%lld rows, ld %lld)", name, (long long)rows,
+                       (long long)ld);
+    return SL_OK;
+}
+
+int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                float *C, int64_t ldc, int accumulate, int parallel) {
+    if (M < 0 || N < 0 || K < 0)
+        return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
+                       (long long)K);
+    SL_TRY(check_matrix("A", A, M, K, lda));
+    SL_TRY(check_matrix("B", B, N, K, ldb));
+    SL_TRY(check_matrix("C", C, M, N, ldc));
+    if (M == 0 || N == 0) return SL_OK;
+    if (K == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+        return SL_OK;
+    }
+
+    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, accumulate != 0, 0, ukernel_generic};
+#if SL_SGEMM_X86
+    if (sl_simd() == SL_SIMD_AVX2) {
+        g.avx2 = 1;
+        g.uk = ukernel_avx2;
+    }
+#endif
+    /* Equal K blocks near KC (a multiple of 8 for the vector packers); any choice gives the same bits. */
+    g.kc = min64(round_up(ceil_div(K, ceil_div(K, KC)), 8), K);
+
+    int nthr = 1;
+#if SL_SGEMM_OMP
+    if (parallel && !omp_in_parallel()) nthr = omp_get_max_threads();
+#else
+    (void)parallel;
+#endif
+    /* Waking threads costs a few microseconds: not worth it below ~1 MFLOP. */
+    if ((double)M * (double)N * (double)K < 5e5) nthr = 1;
+
+    /* Tasks: a grid of N blocks (at most NC wide) × M blocks, balanced over the threads. */
+    int64_t n_panels = ceil_div(N, NR), m_panels = ceil_div(M, MR);
+    int64_t tn = ceil_div(N, NC), tm = 1;
+    if (nthr > 1) {
+        if (tn < 4 * nthr) tn = round_up(tn, nthr); /* few blocks: make their count a multiple */
+        if (tn > n_panels) tn = n_panels;
+        if (tn < nthr) tm = min64(ceil_div(nthr, tn), m_panels);
+    }
+    int64_t wn = round_up(ceil_div(N, tn), NR), hm = round_up(ceil_div(M, tm), MR);
+    tn = ceil_div(N, wn);
+    tm = ceil_div(M, hm);
+    int64_t ntasks = tn * tm;
+    if (nthr > ntasks) nthr = (int)ntasks;
+
+    /* Per-thread packing buffers, allocated here so that no allocation fails inside the team. */
+    int64_t ap_size = round_up(min64(hm, MC), MR) * g.kc, bp_size = round_up(min64(wn, N), NR) * g.kc;
+    ap_size = round_up(ap_size, 16);
+    bp_size = round_up(bp_size, 16);
+    int64_t per_thread = ap_size + bp_size, total;
+    if (!sl_mul_size(per_thread, nthr, &total)) return sl_fail(SL_ERR_MEMORY, "sgemm: buffer size overflow");
+    /* Not sl_alloc_floats: the packers write every float they later read, so skip the zeroing. */
+    float *buf = NULL;
+    if ((uint64_t)total <= (uint64_t)SIZE_MAX / sizeof(float)) buf = aligned_alloc(64, (size_t)total * sizeof(float));
+    if (!buf) return sl_fail(SL_ERR_MEMORY, "sgemm: cannot allocate %lld floats for packing", (long long)total);
+    task_grid grid = {tn, wn, hm, ntasks, ap_size};
+
+    if (nthr == 1) {
+        run_tasks(&g, &grid, 0, 1, buf, per_thread);
+    } else {
+#if SL_SGEMM_OMP
+#pragma omp parallel num_threads(nthr)
+        run_tasks(&g, &grid, omp_get_thread_num(), omp_get_num_threads(), buf, per_thread);
+#endif
+    }
+    free(buf);
+    return SL_OK;
+}

@@ -1,0 +1,45 @@
+"""sinklab: attention sinks in transformer language models.
+
+A C core (OpenMP, AVX2 with a portable fallback) runs LLaMA-family models from GGUF files or
+Hugging Face folders and captures every attention probability and residual stream; the Python
+package computes the metrics of "Why do LLMs attend to the first token?" (Barbero et al., 2025).
+
+    import sinklab as sl
+    model = sl.load("smollm2-135m-instruct")
+    tr = model.run(model.tokenize("The cat sat on the mat.", bos=True))
+    sl.sink_rate(tr.attn, eps=0.3)
+"""
+from __future__ import annotations
+
+import os
+import warnings
+
+from . import _core
+from .config import ModelConfig
+from .model import Model, load
+from .sinks import first_token_importance, key_importance, sink_rate
+from .trace import Trace
+
+__version__ = "0.1.0"
+__all__ = ["load", "Model", "ModelConfig", "Trace", "sink_rate", "key_importance",
+           "first_token_importance", "set_num_threads", "get_num_threads", "simd"]
+
+
+def set_num_threads(n: int) -> None:
+    """Number of OpenMP threads the C core uses (results are identical for any n)."""
+    _core.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    return _core.get_num_threads()
+
+
+def simd() -> str:
+    """The kernel family in use: ``"avx2"`` or ``"generic"`` (force with SINKLAB_SIMD=generic)."""
+    return _core.simd()
+
+
+if not _core.has_openmp:
+    warnings.warn("sinklab was built without OpenMP (the compiler has none): kernels run on one thread")
+if os.environ.get("SINKLAB_NUM_THREADS"):
+    set_num_threads(int(os.environ["SINKLAB_NUM_THREADS"]))

@@ -1,0 +1,155 @@
+"""The user-facing model: load a file or a registered name, tokenize, run with capture."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+import numpy as np
+
+from . import _core, gguf_loader, hf_loader, registry
+from .config import ModelConfig
+from .rope import rope_inv_freq
+from .trace import Trace
+
+CAPTURES = ("attn", "resid", "logits")
+ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
+
+
+class Model:
+    """A LLaMA-family model held in memory as fp32 weights, runnable by the C core.
+
+    Build one with :func:`load`. ``config`` is a :class:`ModelConfig`; ``source`` the path it
+    came from; ``name`` the registered name, if any.
+    """
+
+    def __init__(self, config: ModelConfig, weights: Dict[str, np.ndarray], tokenizer: Any,
+                 source: str, rope_layout: int, rope_factors: Optional[np.ndarray] = None,
+                 name: Optional[str] = None) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.source = source
+        self.name = name or os.path.basename(os.path.normpath(source))
+        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
+        if rope_factors is not None:  # llama.cpp's llama3 scaling: divisors per frequency
+            inv_freq = (inv_freq.astype(np.float64) / rope_factors).astype(np.float32)
+        self.weights = dict(weights, rope_inv_freq=np.ascontiguousarray(inv_freq))
+        c = config
+        self._handle = _core.model_new(
+            {"n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
+             "d_model": c.d_model, "head_dim": c.head_dim, "d_ff": c.d_ff, "vocab_size": c.vocab_size,
+             "norm_eps": c.norm_eps, "rope_layout": rope_layout},
+            self.weights)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<sinklab.Model {self.name}: {c.arch}, {c.n_layers} layers x {c.n_heads} heads "
+                f"({c.n_kv_heads} kv), d={c.d_model}, vocab={c.vocab_size}>")
+
+    # ------------------------------------------------------------------ tokens
+    def tokenize(self, text: str, bos: bool = False) -> np.ndarray:
+        """Token ids (T,) int64 of ``text``; ``bos=True`` prepends the model's BOS token."""
+        if self.tokenizer is None:
+            raise ValueError(f"{self.source} carries no tokenizer; pass token ids to run() instead")
+        return self.tokenizer.encode(text, bos=bos)
+
+    def detokenize(self, ids: Iterable[int]) -> str:
+        return self.tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)])
+
+    # ------------------------------------------------------------------ forward
+    def check_ids(self, ids: Any) -> np.ndarray:
+        """``ids`` as a C-contiguous int64 array of shape (T,) or (B, T), or a ValueError/TypeError naming the problem."""
+        arr = np.asarray(ids)
+        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
+        if arr.ndim not in (1, 2):
+            raise ValueError(f"token ids must have shape (T,) or (B, T), got {arr.shape}")
+        if arr.shape[-1] == 0 or arr.size == 0:
+            raise ValueError("token ids are empty: need at least one token")
+        T, ctx = arr.shape[-1], self.config.context_length
+        if T > ctx:
+            raise ValueError(f"sequence of {T} tokens exceeds the model's context length {ctx}")
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            bad = lo if lo < 0 else hi
+            raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        return np.ascontiguousarray(arr, dtype=np.int64)
+
+    def _check_layers(self, layers: Optional[Sequence[int]]) -> List[int]:
+        L = self.config.n_layers
+        if layers is None:
+            return list(range(L))
+        out = sorted({int(l) for l in layers})
+        bad = [l for l in out if not 0 <= l < L]
+        if bad:
+            raise ValueError(f"layers {bad} out of range for a model with {L} layers")
+        return out
+
+    def run(self, ids: Any, capture: Sequence[str] = ("attn", "resid", "logits"),
+            layers: Optional[Sequence[int]] = None, progress: bool = True) -> Trace:
+        """Runs the forward pass and returns what ``capture`` asks for.
+
+        Args:
+            ids: token ids, (T,) or (B, T), any integer array-like.
+            capture: any of ``"attn"`` (L', H, T, T), ``"resid"`` (L+1, T, d) and ``"logits"``
+                (T, V); with (B, T) ids each gets a leading B axis.
+            layers: layers whose attention is captured (default all); ``Trace.layers`` lists them.
+            progress: show a progress bar over the batch when B > 1.
+        """
+        unknown = set(capture) - set(CAPTURES)
+        if unknown:
+            raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
+        arr = self.check_ids(ids)
+        sel = self._check_layers(layers)
+        batch = arr.reshape(-1, arr.shape[-1])
+        B, T = batch.shape
+        c = self.config
+        attn = np.empty((B, len(sel), c.n_heads, T, T), np.float32) if "attn" in capture else None
+        resid = np.empty((B, c.n_layers + 1, T, c.d_model), np.float32) if "resid" in capture else None
+        logits = np.empty((B, T, c.vocab_size), np.float32) if "logits" in capture else None
+        rows = range(B)
+        if progress and B > 1:
+            from tqdm.auto import tqdm
+            rows = tqdm(rows, desc="forward", unit="seq")
+        for b in rows:
+            attn_list = None
+            if attn is not None:
+                attn_list = [None] * c.n_layers
+                for slot, l in enumerate(sel):
+                    attn_list[l] = attn[b, slot]
+            _core.model_forward(self._handle, batch[b], attn_list,
+                                None if resid is None else list(resid[b]),
+                                None if logits is None else logits[b])
+        squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
+        bos = c.bos_token_id
+        meta = {"model": self.name, "source": self.source,
+                "bos_token_id": bos, "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos))}
+        return Trace(ids=arr, attn=None if attn is None else squeeze(attn),
+                     resid=None if resid is None else squeeze(resid),
+                     logits=None if logits is None else squeeze(logits), layers=sel, meta=meta)
+
+
+def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
+    """Loads a model: a registered name (``"smollm2-135m-instruct"``), a ``.gguf`` file, or a
+    Hugging Face folder with ``config.json`` and ``*.safetensors``."""
+    from .tokenizer import Tokenizer
+
+    src = os.fspath(name_or_path)
+    name = None
+    if not os.path.exists(src) and registry.is_registered(src):
+        name = registry.resolve_name(src).name
+        src = str(registry.fetch(src, quiet=quiet))
+    if os.path.isdir(src):
+        cfg = hf_loader.read_config(src)
+        weights = hf_loader.load_hf_weights(src, cfg)
+        tok = Tokenizer.from_hf_dir(src) if os.path.isfile(os.path.join(src, "tokenizer.json")) else None
+        return Model(cfg, weights, tok, src, ROPE_HALF_SPLIT, name=name)
+    if os.path.isfile(src):
+        reader = gguf_loader.open_gguf(src)
+        cfg = gguf_loader.read_config(reader)
+        weights = gguf_loader.load_gguf_weights(reader, cfg)
+        factors = gguf_loader.llama3_rope_factors(reader, cfg)
+        tok = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
+        return Model(cfg, weights, tok, src, ROPE_ADJACENT, rope_factors=factors, name=name)
+    raise FileNotFoundError(f"{src!r} is neither a file, a folder, nor a registered model name "
+                            f"({', '.join(sorted(registry.MODELS))})")
+

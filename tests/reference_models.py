@@ -1,0 +1,655 @@
+"""Reference models for parity tests: random tiny LLaMA models built with Hugging Face
+`transformers`, written to disk as safetensors folders and as GGUF files, and the reference
+forward (fp32 eager attention on CPU) that sinklab's traces are compared with.
+
+Nothing here imports sinklab: the reference side is independent of the code under test.
+
+Conventions (they match `sinklab.Model.run`):
+  logits (T, V); resid (L+1, T, d) = residual stream entering each layer, resid[L] = output of
+  the last decoder layer BEFORE the final norm; attn (L, H, T, T). With 2-D ids (B, T) every
+  array gets a leading batch axis.
+
+GGUF files are written the way llama.cpp's convert_hf_to_gguf.py writes a LlamaForCausalLM:
+Q and K rows permuted by `llama_cpp_permute` (undoing HF's rotate-half layout into llama.cpp's
+interleaved-pair layout), 1-D norm weights always F32, every 2-D weight in the requested type,
+`output.weight` left out when embeddings are tied, llama3 rope scaling stored as a
+`rope_freqs.weight` tensor, linear rope scaling as rope.scaling.{type,factor} metadata.
+"""
+from __future__ import annotations
+
+import copy
+import importlib
+import inspect
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+import numpy as np
+import pytest
+
+REFERENCE_ENV = "SINKLAB_REQUIRE_REFERENCE"
+
+
+def require(module_name: str):
+    """Import a reference-only dependency (torch, transformers, gguf, psutil, ...).
+
+    Skips the calling test module when it is missing, unless SINKLAB_REQUIRE_REFERENCE=1, in
+    which case the ImportError propagates and the test run fails: CI sets it so that a broken
+    install cannot turn every parity test into a silent skip.
+    """
+    if os.environ.get(REFERENCE_ENV, "").strip() == "1":
+        return importlib.import_module(module_name)
+    return pytest.importorskip(module_name)
+
+
+# --------------------------------------------------------------------------------------------
+# Specs
+# --------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TinySpec:
+    name: str
+    d_model: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    d_ff: int
+    vocab_size: int = 320
+    context_length: int = 256
+    rope_theta: float = 10000.0
+    rope_scaling: Optional[Dict[str, Any]] = None   # HF rope_parameters minus rope_theta
+    norm_eps: float = 1e-5
+    tied: bool = False
+    seed: int = 0
+    # write config.json the way pre-5.0 transformers and the Hub checkpoints do
+    # (top-level rope_theta, "rope_scaling", "torch_dtype") instead of 5.x "rope_parameters"
+    legacy_config: bool = False
+
+    @property
+    def q8_ok(self) -> bool:
+        """Q8_0 needs every row length (input dim of each matrix) to be a multiple of 32."""
+        return all(n % 32 == 0 for n in (self.d_model, self.n_heads * self.head_dim, self.d_ff))
+
+    @property
+    def rope_type(self) -> str:
+        return (self.rope_scaling or {}).get("rope_type", "default")
+
+
+SPECS: Dict[str, TinySpec] = {
+    s.name: s
+    for s in [
+        # plain multi-head attention, untied, 5.x config layout
+        TinySpec("mha", d_model=64, n_layers=3, n_heads=4, n_kv_heads=4, head_dim=16, d_ff=160,
+                 seed=1),
+        # grouped-query attention (3 query heads per kv head), tied embeddings, SmolLM2-like
+        # rope base, legacy config layout
+        TinySpec("gqa_tied", d_model=96, n_layers=4, n_heads=6, n_kv_heads=2, head_dim=16,
+                 d_ff=256, rope_theta=100000.0, tied=True, seed=2, legacy_config=True),
+        # Llama 3.x rope scaling; original context 32 so that with head_dim 16 the rotation
+        # frequencies fall in all three bands (unscaled, smoothed, scaled by `factor`)
+        TinySpec("llama3", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
+                 d_ff=128, seed=3, legacy_config=True,
+                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                               "high_freq_factor": 4.0, "original_max_position_embeddings": 32}),
+        # linear position interpolation, tied
+        TinySpec("linear", d_model=64, n_layers=2, n_heads=4, n_kv_heads=4, head_dim=16,
+                 d_ff=128, tied=True, seed=4,
+                 rope_scaling={"rope_type": "linear", "factor": 4.0}),
+        # odd sizes: d=72, head_dim 24, 3 heads sharing one kv head (MQA), 5 layers, d_ff and
+        # vocab not multiples of anything nice, eps 1e-6
+        TinySpec("odd", d_model=72, n_layers=5, n_heads=3, n_kv_heads=1, head_dim=24, d_ff=200,
+                 vocab_size=301, norm_eps=1e-6, seed=5, legacy_config=True),
+    ]
+}
+
+
+# --------------------------------------------------------------------------------------------
+# Tokenizer (tiny byte-level BPE, same vocabulary in tokenizer.json and in GGUF metadata)
+# --------------------------------------------------------------------------------------------
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]     # ids 0, 1, 2: unk, bos, eos
+BOS_ID, EOS_ID, UNK_ID = 1, 2, 0
+_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e", "r"),
+           ("o", "n"), ("Ġ", "s"), ("a", "t"), ("e", "n")]
+
+
+def _bytes_to_unicode() -> Dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map."""
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
+
+
+def tiny_vocab(vocab_size: int):
+    """(tokens, token_types, merges) of length vocab_size; llama.cpp token types."""
+    b2u = _bytes_to_unicode()
+    tokens = list(SPECIAL_TOKENS) + [b2u[b] for b in range(256)]
+    types = [3] * len(SPECIAL_TOKENS) + [1] * 256            # CONTROL, NORMAL
+    merges = []
+    for a, b in _MERGES:
+        if len(tokens) >= vocab_size:
+            break
+        tokens.append(a + b)
+        types.append(1)
+        merges.append(f"{a} {b}")
+    i = 0
+    while len(tokens) < vocab_size:
+        tokens.append(f"<extra_{i}>")
+        types.append(5)                                       # UNUSED
+        i += 1
+    if len(tokens) > vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} too small for the byte-level vocabulary")
+    return tokens, types, merges
+
+
+def write_hf_tokenizer(directory: Path, vocab_size: int) -> None:
+    """tokenizer.json + tokenizer_config.json for the tiny byte-level BPE vocabulary."""
+    tokenizers = require("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers
+
+    tokens, types, merges = tiny_vocab(vocab_size)
+    vocab = {t: i for i, t in enumerate(tokens)}
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[tuple(m.split(" ")) for m in merges],
+                                          unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(list(SPECIAL_TOKENS))
+    tok.save(str(directory / "tokenizer.json"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "add_bos_token": False, "model_max_length": 1 << 20,
+    }, indent=2))
+
+
+# --------------------------------------------------------------------------------------------
+# HF model construction
+# --------------------------------------------------------------------------------------------
+
+def hf_config(spec: TinySpec):
+    transformers = require("transformers")
+    rope = {"rope_type": "default", "rope_theta": float(spec.rope_theta)}
+    if spec.rope_scaling:
+        rope = dict(spec.rope_scaling, rope_theta=float(spec.rope_theta))
+    kwargs = dict(
+        vocab_size=spec.vocab_size, hidden_size=spec.d_model, intermediate_size=spec.d_ff,
+        num_hidden_layers=spec.n_layers, num_attention_heads=spec.n_heads,
+        num_key_value_heads=spec.n_kv_heads, head_dim=spec.head_dim,
+        max_position_embeddings=spec.context_length, rms_norm_eps=spec.norm_eps,
+        tie_word_embeddings=spec.tied, bos_token_id=BOS_ID, eos_token_id=EOS_ID,
+        hidden_act="silu", attention_bias=False, mlp_bias=False,
+    )
+    params = inspect.signature(transformers.LlamaConfig.__init__).parameters
+    if "rope_parameters" in params:          # transformers >= 5
+        kwargs["rope_parameters"] = rope
+    else:                                    # transformers 4.x
+        kwargs["rope_theta"] = float(spec.rope_theta)
+        kwargs["rope_scaling"] = dict(spec.rope_scaling) if spec.rope_scaling else None
+    cfg = transformers.LlamaConfig(**kwargs)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def make_hf_model(spec: TinySpec):
+    """Random fp32 LlamaForCausalLM (eager attention, eval mode) with non-trivial activations.
+
+    Init (all from a torch.Generator seeded with spec.seed): embeddings N(0, 0.5^2);
+    q/k N(0, (1.2/sqrt(d))^2) so attention logits have std ~1.5 (peaked but not one-hot);
+    v, gate, up N(0, 1/d); o N(0, 1/(H*hd)); down N(0, 1/d_ff); lm_head N(0, 0.1^2);
+    RMSNorm weights 1 + N(0, 0.2^2).
+    """
+    torch = require("torch")
+    transformers = require("transformers")
+    torch.manual_seed(spec.seed)
+    model = transformers.LlamaForCausalLM(hf_config(spec))
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+    model.config._attn_implementation = "eager"
+    g = torch.Generator().manual_seed(1000 + spec.seed)
+    d, hd, H = spec.d_model, spec.head_dim, spec.n_heads
+
+    def std_for(name: str) -> float:
+        if "embed_tokens" in name:
+            return 0.5
+        if "lm_head" in name:
+            return 0.1
+        if "q_proj" in name or "k_proj" in name:
+            return 1.2 / math.sqrt(d)
+        if "o_proj" in name:
+            return 1.0 / math.sqrt(H * hd)
+        if "down_proj" in name:
+            return 1.0 / math.sqrt(spec.d_ff)
+        return 1.0 / math.sqrt(d)
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:   # RMSNorm weights
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(std_for(name) * torch.randn(p.shape, generator=g))
+    if spec.tied:
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.eval()
+    return model
+
+
+def _weight_matrices(model):
+    """Named 2-D weight parameters (the ones a GGUF file would quantize), tied ones once."""
+    seen, out = set(), []
+    for name, p in model.named_parameters():
+        if p.ndim == 2 and p.data_ptr() not in seen:
+            seen.add(p.data_ptr())
+            out.append((name, p))
+    return out
+
+
+def rounded_model(model, dtype: str):
+    """Copy of `model` whose weights went through `dtype` ("float16"/"bfloat16") and back to
+    fp32: the exact fp32 model a loader sees after upcasting an f16/bf16 checkpoint."""
+    torch = require("torch")
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    m = copy.deepcopy(model)
+    with torch.no_grad():
+        for _, p in m.named_parameters():
+            p.copy_(p.to(tdt).to(torch.float32))
+    return m
+
+
+def dequantized_model(model, qtype: str):
+    """Copy of `model` with every 2-D weight replaced by quantize -> dequantize in GGUF type
+    `qtype` ("F32", "F16", "Q8_0"; norms stay F32), i.e. exactly the weights stored in the
+    GGUF file written by `write_gguf(model, ..., qtype)`. The Q/K permutation moves whole rows
+    and the block formats quantize within a row, so quantizing before or after it is the same.
+    """
+    torch = require("torch")
+    gguf = require("gguf")
+    m = copy.deepcopy(model)
+    if qtype == "F32":
+        return m
+    with torch.no_grad():
+        for _, p in _weight_matrices(m):
+            w = p.detach().cpu().numpy().astype(np.float32)
+            if qtype == "F16":
+                deq = w.astype(np.float16).astype(np.float32)
+            else:
+                qt = getattr(gguf.GGMLQuantizationType, qtype)
+                deq = gguf.quants.dequantize(gguf.quants.quantize(w, qt), qt).astype(np.float32)
+                deq = deq.reshape(w.shape)
+            p.copy_(torch.from_numpy(deq))
+    return m
+
+
+# --------------------------------------------------------------------------------------------
+# Writing models to disk
+# --------------------------------------------------------------------------------------------
+
+def _legacy_config_json(path: Path) -> None:
+    """Rewrite a transformers-5 config.json into the pre-5 layout used by Hub checkpoints."""
+    cfg = json.loads(path.read_text())
+    rp = cfg.pop("rope_parameters", None) or {}
+    cfg["rope_theta"] = float(rp.get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    rtype = rp.get("rope_type", "default")
+    if rtype == "default":
+        cfg["rope_scaling"] = None
+    elif rtype == "linear":                 # old-style key "type"
+        cfg["rope_scaling"] = {"type": "linear", "factor": float(rp["factor"])}
+    else:                                   # Llama 3.1 style
+        cfg["rope_scaling"] = {k: v for k, v in rp.items() if k != "rope_theta"}
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    path.write_text(json.dumps(cfg, indent=2, sort_keys=True))
+
+
+def save_hf(model, directory, dtype: str = "float32", max_shard_size=None,
+            legacy_config: bool = False, tokenizer: bool = True) -> Path:
+    """save_pretrained as safetensors in `dtype`; sharded (model.safetensors.index.json) when
+    max_shard_size is given (e.g. "40KB"). Returns the directory."""
+    torch = require("torch")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}[dtype]
+    m = model if tdt == torch.float32 else copy.deepcopy(model).to(tdt)
+    kwargs = {}
+    params = inspect.signature(m.save_pretrained).parameters
+    if "safe_serialization" in params:      # transformers 4.x; 5.x always writes safetensors
+        kwargs["safe_serialization"] = True
+    if max_shard_size is not None:
+        kwargs["max_shard_size"] = max_shard_size
+    m.save_pretrained(str(directory), **kwargs)
+    if not list(directory.glob("*.safetensors")):
+        raise RuntimeError(f"save_pretrained wrote no safetensors in {directory}")
+    if max_shard_size is not None and not (directory / "model.safetensors.index.json").exists():
+        raise RuntimeError("expected a sharded checkpoint (model.safetensors.index.json)")
+    if legacy_config:
+        _legacy_config_json(directory / "config.json")
+    if tokenizer:
+        write_hf_tokenizer(directory, model.config.vocab_size)
+    return directory
+
+
+def llama_cpp_permute(w: np.ndarray, n_head: int, n_head_kv: Optional[int] = None) -> np.ndarray:
+    """llama.cpp convert_hf_to_gguf.py LlamaModel.permute (Q: (w, H, H); K: (w, H, H_kv))."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2)
+            .reshape(w.shape))
+
+
+def llama3_rope_factors(head_dim: int, rope_theta: float, rope_scaling: Dict[str, Any]) -> np.ndarray:
+    """rope_freqs.weight as convert_hf_to_gguf.py computes it for rope_type llama3
+    (frequency divisors, one per rotated pair)."""
+    torch = require("torch")
+    factor = rope_scaling.get("factor", 8.0)
+    low_freq_factor = rope_scaling.get("low_freq_factor", 1.0)
+    high_freq_factor = rope_scaling.get("high_freq_factor", 4.0)
+    old_context_len = rope_scaling.get("original_max_position_embeddings", 8192)
+    freqs = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+    low_freq_wavelen = old_context_len / low_freq_factor
+    high_freq_wavelen = old_context_len / high_freq_factor
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < high_freq_wavelen:
+            out.append(1)
+        elif wavelen > low_freq_wavelen:
+            out.append(factor)
+        else:
+            smooth = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32).numpy()
+
+
+_GGUF_FILE_TYPE = {"F32": 0, "F16": 1, "Q8_0": 7}
+
+
+def write_gguf(model, path, qtype: str = "F32", name: str = "sinklab-tiny") -> Path:
+    """Write `model` (a LlamaForCausalLM) to a llama.cpp-compatible GGUF file, 2-D weights in
+    `qtype` ("F32", "F16", "Q8_0")."""
+    gguf = require("gguf")
+    path = Path(path)
+    cfg = model.config
+    H, Hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    rope_theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    scaling = dict(rope) if rope else dict(getattr(cfg, "rope_scaling", None) or {})
+    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_name(name)
+    w.add_file_type(_GGUF_FILE_TYPE[qtype])
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(H)
+    w.add_head_count_kv(Hkv)
+    w.add_rope_freq_base(rope_theta)
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_rope_dimension_count(hd)
+    w.add_vocab_size(cfg.vocab_size)
+    if hd != cfg.hidden_size // H:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    if rope_type == "linear":
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+    # tokenizer: tiny byte-level BPE ("gpt2" in llama.cpp terms), same as tokenizer.json
+    tokens, types, merges = tiny_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(False)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+
+    def add(tname: str, t, is_matrix: bool):
+        a = t.detach().cpu().float().numpy()
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if not is_matrix or qtype == "F32":
+            w.add_tensor(tname, a)
+        elif qtype == "F16":
+            w.add_tensor(tname, a.astype(np.float16))
+        else:
+            w.add_tensor(tname, gguf.quants.quantize(a, qt), raw_dtype=qt)
+
+    torch = require("torch")
+    sd = model.state_dict()
+    add("token_embd.weight", sd["model.embed_tokens.weight"], True)
+    if rope_type == "llama3":
+        f = llama3_rope_factors(hd, rope_theta, scaling)
+        w.add_tensor("rope_freqs.weight", np.ascontiguousarray(f, dtype=np.float32))
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        add(f"blk.{i}.attn_norm.weight", sd[p + "input_layernorm.weight"], False)
+        q = sd[p + "self_attn.q_proj.weight"].detach().cpu().float().numpy()
+        k = sd[p + "self_attn.k_proj.weight"].detach().cpu().float().numpy()
+        add(f"blk.{i}.attn_q.weight", torch.from_numpy(llama_cpp_permute(q, H, H).copy()), True)
+        add(f"blk.{i}.attn_k.weight", torch.from_numpy(llama_cpp_permute(k, H, Hkv).copy()), True)
+        add(f"blk.{i}.attn_v.weight", sd[p + "self_attn.v_proj.weight"], True)
+        add(f"blk.{i}.attn_output.weight", sd[p + "self_attn.o_proj.weight"], True)
+        add(f"blk.{i}.ffn_norm.weight", sd[p + "post_attention_layernorm.weight"], False)
+        add(f"blk.{i}.ffn_gate.weight", sd[p + "mlp.gate_proj.weight"], True)
+        add(f"blk.{i}.ffn_up.weight", sd[p + "mlp.up_proj.weight"], True)
+        add(f"blk.{i}.ffn_down.weight", sd[p + "mlp.down_proj.weight"], True)
+    add("output_norm.weight", sd["model.norm.weight"], False)
+    if not cfg.tie_word_embeddings:
+        add("output.weight", sd["lm_head.weight"], True)
+
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# Reference forward
+# --------------------------------------------------------------------------------------------
+
+def hf_forward(model, ids) -> Dict[str, np.ndarray]:
+    """fp32 eager forward of a LlamaForCausalLM; returns numpy logits, resid, attn in sinklab's
+    layout (leading batch axis only when ids is 2-D)."""
+    torch = require("torch")
+    ids = np.asarray(ids, dtype=np.int64)
+    batched = ids.ndim == 2
+    ids2 = ids if batched else ids[None, :]
+    grabbed = {}
+
+    def hook(_mod, _inp, out):
+        grabbed["last"] = out[0] if isinstance(out, (tuple, list)) else out
+
+    h = model.model.layers[-1].register_forward_hook(hook)
+    try:
+        with torch.no_grad():
+            out = model(input_ids=torch.from_numpy(ids2), output_attentions=True,
+                        output_hidden_states=True, use_cache=False)
+    finally:
+        h.remove()
+    L = model.config.num_hidden_layers
+    hs = list(out.hidden_states)
+    assert len(hs) == L + 1, len(hs)
+    resid = torch.stack(hs[:L] + [grabbed["last"]], dim=1)      # (B, L+1, T, d)
+    attn = torch.stack(list(out.attentions), dim=1)             # (B, L, H, T, T)
+    res = {
+        "logits": out.logits.float().numpy(),
+        "resid": resid.float().numpy(),
+        "attn": attn.float().numpy(),
+    }
+    if not batched:
+        res = {k: v[0] for k, v in res.items()}
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Comparison
+# --------------------------------------------------------------------------------------------
+
+RTOL = 1e-4
+
+
+def max_err(got, ref):
+    """(max|got-ref|, max|ref|) in float64."""
+    got = np.asarray(got, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    return float(np.max(np.abs(got - ref))) if got.size else 0.0, float(np.max(np.abs(ref))) if ref.size else 0.0
+
+
+def assert_close(name: str, got, ref, rtol: float = RTOL) -> Dict[str, float]:
+    """max|got-ref| <= rtol * max|ref| for one tensor; returns the measured errors."""
+    got = np.asarray(got)
+    ref = np.asarray(ref)
+    assert got.shape == ref.shape, f"{name}: shape {got.shape} != reference {ref.shape}"
+    assert np.all(np.isfinite(got)), f"{name}: non-finite values"
+    err, scale = max_err(got, ref)
+    rel = err / scale if scale > 0 else err
+    assert err <= rtol * scale, (
+        f"{name}: max|diff| = {err:.3e} > {rtol:g} * max|ref| = {rtol * scale:.3e} "
+        f"(relative {rel:.3e})")
+    return {"max_abs": err, "max_ref": scale, "rel": rel}
+
+
+def check_attn_structure(name: str, attn, atol: float = 1e-5) -> None:
+    """Rows sum to 1, exact zeros strictly above the diagonal, values in [0, 1]."""
+    a = np.asarray(attn)
+    T = a.shape[-1]
+    assert a.shape[-2] == T
+    upper = np.triu(np.ones((T, T), dtype=bool), k=1)
+    assert not np.any(a[..., upper]), f"{name}: non-zero attention above the diagonal"
+    s = a.sum(axis=-1, dtype=np.float64)
+    assert np.max(np.abs(s - 1.0)) <= atol, f"{name}: rows do not sum to 1 (max dev {np.max(np.abs(s - 1.0)):.2e})"
+    assert a.min() >= 0.0 and a.max() <= 1.0 + 1e-6, f"{name}: values outside [0, 1]"
+
+
+def random_ids(vocab_size: int, T: int, seed: int, batch: Optional[int] = None, bos: bool = True):
+    rng = np.random.default_rng(seed)
+    shape = (T,) if batch is None else (batch, T)
+    ids = rng.integers(3, vocab_size, size=shape, dtype=np.int64)
+    if bos:
+        ids[..., 0] = BOS_ID
+    return ids
+
+
+def merge_report(path: Optional[str], section: str, payload: Any) -> None:
+    """Store payload under `section` in the JSON file at `path` (kept across test modules)."""
+    if not path:
+        return
+    p = Path(path)
+    data = {}
+    if p.exists():
+        try:
+            data = json.loads(p.read_text())
+        except ValueError:
+            data = {}
+    data[section] = payload
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(json.dumps(data, indent=2, sort_keys=True))
+
+
+class ErrorLog:
+    """Collects measured errors per (case, tensor) and prints/saves a summary at the end of a
+    test module (see `report_fixture`)."""
+
+    def __init__(self, section: str):
+        self.section = section
+        self.rows = []          # dicts: case, tensor, max_abs, max_ref, rel
+        self.notes = []
+
+    def compare(self, case: str, tensor: str, got, ref, rtol: float = RTOL) -> Dict[str, float]:
+        try:
+            e = assert_close(f"{case} {tensor}", got, ref, rtol=rtol)
+        except AssertionError:
+            if np.shape(got) == np.shape(ref):
+                err, scale = max_err(got, ref)
+                self.rows.append({"case": case, "tensor": tensor, "max_abs": err, "max_ref": scale,
+                                  "rel": err / scale if scale else err, "failed": True})
+            raise
+        self.rows.append(dict(case=case, tensor=tensor, **e))
+        return e
+
+    def compare_trace(self, case: str, tr, ref, layers=None, rtol: float = RTOL) -> None:
+        """logits as one tensor; resid and attn layer by layer (each against its own max),
+        which is stricter than one max over all layers."""
+        self.compare(case, "logits", tr.logits, ref["logits"], rtol)
+        resid = np.asarray(tr.resid)
+        assert resid.shape == ref["resid"].shape, f"{case} resid: shape {resid.shape} != {ref['resid'].shape}"
+        for l in range(resid.shape[-3]):
+            self.compare(case, f"resid[{l}]", resid[..., l, :, :], ref["resid"][..., l, :, :], rtol)
+        ra = ref["attn"] if layers is None else np.take(ref["attn"], list(layers), axis=-4)
+        attn = np.asarray(tr.attn)
+        assert attn.shape == ra.shape, f"{case} attn: shape {attn.shape} != {ra.shape}"
+        check_attn_structure(f"{case} attn", attn)
+        for i in range(attn.shape[-4]):
+            l = i if layers is None else list(layers)[i]
+            self.compare(case, f"attn[{l}]", attn[..., i, :, :, :], ra[..., i, :, :, :], rtol)
+
+    def summary(self) -> Dict[str, Any]:
+        """Worst relative error per tensor kind (logits / resid / attn) and per case."""
+        kinds: Dict[str, Dict[str, Any]] = {}
+        for r in self.rows:
+            kind = r["tensor"].split("[")[0]
+            k = kinds.setdefault(kind, {"rel": -1.0})
+            if r["rel"] > k["rel"]:
+                kinds[kind] = {"rel": r["rel"], "max_abs": r["max_abs"], "max_ref": r["max_ref"],
+                               "case": r["case"], "tensor": r["tensor"]}
+        cases: Dict[str, Dict[str, float]] = {}
+        for r in self.rows:
+            kind = r["tensor"].split("[")[0]
+            c = cases.setdefault(r["case"], {})
+            c[kind] = max(c.get(kind, 0.0), r["rel"])
+            c[kind + "_abs"] = max(c.get(kind + "_abs", 0.0), r["max_abs"])
+        return {"worst": kinds, "cases": cases, "notes": self.notes, "n_compared": len(self.rows)}
+
+    def format(self) -> str:
+        s = self.summary()
+        lines = [f"[{self.section}] parity vs transformers: {s['n_compared']} tensors compared "
+                 f"(bound: max|diff| <= {RTOL:g} * max|ref|)"]
+        for kind, w in sorted(s["worst"].items()):
+            lines.append(f"  {kind:7s} worst rel {w['rel']:.2e} (max|diff| {w['max_abs']:.2e}, "
+                         f"max|ref| {w['max_ref']:.3g}) at {w['case']} {w['tensor']}")
+        for n in self.notes:
+            lines.append(f"  note: {n}")
+        return "\n".join(lines)
+
+
+def report_fixture(request, log: ErrorLog, per_case: bool = False) -> None:
+    """Register a finalizer that prints `log` on the terminal (also without -s) and merges it
+    into the JSON file named by SINKLAB_PARITY_REPORT."""
+
+    def fin():
+        if not log.rows and not log.notes:
+            return
+        text = log.format()
+        if per_case:
+            s = log.summary()
+            for case, c in s["cases"].items():
+                text += "\n    " + case + ": " + ", ".join(
+                    f"{k} {v:.2e}" for k, v in sorted(c.items()) if not k.endswith("_abs"))
+        tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.write_line("")
+            for line in text.splitlines():
+                tr.write_line(line)
+        else:
+            print(text)
+        merge_report(os.environ.get("SINKLAB_PARITY_REPORT"), log.section, log.summary())
+
+    request.addfinalizer(fin)

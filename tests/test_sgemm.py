@@ -1,0 +1,326 @@
+"""SGEMM (C = A @ B.T, fp32): accuracy against float64 NumPy, determinism, dispatch, errors.
+
+Error bound used throughout. Every C element is one sequential chain c = c + a_k*b_k (k in order),
+one rounding per step (FMA) or two (generic), so |C - C_exact| <= gamma * sum_k |a_k*b_k| with
+gamma = (2K + 2) * u, u = 2**-24 (standard bound for recursive summation, Higham 2002 §3.1; the
++2 covers the product roundings and the final store). The bound is rigorous, yet tight enough to
+catch a dropped or doubled term: that costs ~ sum|ab| / K, which exceeds gamma * sum|ab| by
+orders of magnitude for every K used here (K * gamma <= 1536 * 3074 * 6e-8 = 0.28 < 1).
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+core = pytest.importorskip("sinklab._core")
+
+U = 2.0**-24
+ROOT = Path(__file__).resolve().parents[1]
+HAS_AVX2 = core.set_simd("auto") == "avx2"
+LEVELS = ["generic", "avx2"] if HAS_AVX2 else ["generic"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_state():
+    simd, threads = core.simd(), core.get_num_threads()
+    yield
+    core.set_simd(simd)
+    core.set_num_threads(threads)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape, dtype=np.float32)
+
+
+def check_close(C, A, B, C0=None):
+    """C against float64 A @ B.T (+ C0), elementwise within the rigorous chain bound."""
+    A64, B64 = A.astype(np.float64), B.astype(np.float64)
+    ref = A64 @ B64.T
+    scale = np.abs(A64) @ np.abs(B64).T
+    if C0 is not None:
+        ref = ref + C0
+        scale = scale + np.abs(C0)
+    K = A.shape[1]
+    tol = (2 * K + 2) * U * scale + 1e-30
+    err = np.abs(C.astype(np.float64) - ref)
+    worst = np.unravel_index(np.argmax(err - tol), err.shape) if err.size else None
+    assert np.all(err <= tol), f"max excess at {worst}: err {err[worst]:.3g} > tol {tol[worst]:.3g}"
+
+
+SHAPES = [
+    (1, 1, 1), (1, 7, 24), (1, 576, 576), (2, 3, 5), (5, 17, 9), (6, 16, 8), (7, 33, 24),
+    (13, 15, 31), (64, 64, 64), (64, 200, 64), (64, 64, 200), (96, 48, 257), (100, 1000, 3),
+    (128, 576, 576), (130, 1030, 70), (37, 2051, 19), (512, 64, 300), (3, 4100, 11),
+]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("M,N,K", SHAPES)
+def test_matches_float64(level, M, N, K):
+    rng = np.random.default_rng(M * 1000003 + N * 1009 + K)
+    A, B = rand(rng, M, K), rand(rng, N, K)
+    assert core.set_simd(level) == level
+    C = core.sgemm_nt(A, B)
+    assert C.shape == (M, N) and C.dtype == np.float32
+    check_close(C, A, B)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_smollm2_shapes(level):
+    rng = np.random.default_rng(1)
+    core.set_simd(level)
+    for M, N, K in [(128, 576, 576), (128, 1536, 576), (128, 576, 1536), (512, 576, 1536)]:
+        A, B = rand(rng, M, K), rand(rng, N, K)
+        check_close(core.sgemm_nt(A, B), A, B)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("M,N,K", [(1, 7, 24), (9, 40, 300), (128, 576, 576)])
+def test_accumulate(level, M, N, K):
+    rng = np.random.default_rng(7)
+    A, B, C0 = rand(rng, M, K), rand(rng, N, K), rand(rng, M, N)
+    core.set_simd(level)
+    C = C0.copy()
+    out = core.sgemm_nt(A, B, C, accumulate=True)
+    assert out is C or np.shares_memory(out, C)
+    check_close(C, A, B, C0.astype(np.float64))
+    # without accumulate, C is overwritten (old contents ignored, even NaN)
+    C[:] = np.nan
+    core.sgemm_nt(A, B, C)
+    check_close(C, A, B)
+
+
+def test_zero_k():
+    A, B = np.zeros((3, 0), np.float32), np.zeros((4, 0), np.float32)
+    assert np.array_equal(core.sgemm_nt(A, B), np.zeros((3, 4), np.float32))
+    C = np.ones((3, 4), np.float32)
+    core.sgemm_nt(A, B, C, accumulate=True)
+    assert np.array_equal(C, np.ones((3, 4), np.float32))
+    assert core.sgemm_nt(np.zeros((0, 5), np.float32), np.zeros((4, 5), np.float32)).shape == (0, 4)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_generic_emulation_and_chain(level):
+    """The reduction is exactly the sequential chain over k: splitting K and continuing with
+    accumulate=True reproduces the one-shot result bit for bit (whatever the K blocking), and the
+    generic path equals a float32 emulation c = fl(c + fl(a*b)) bit for bit."""
+    rng = np.random.default_rng(3)
+    M, N, K = 19, 37, 700
+    A, B = rand(rng, M, K), rand(rng, N, K)
+    core.set_simd(level)
+    full = core.sgemm_nt(A, B)
+    for k1 in (1, 255, 256, 333):
+        C = core.sgemm_nt(np.ascontiguousarray(A[:, :k1]), np.ascontiguousarray(B[:, :k1]))
+        core.sgemm_nt(np.ascontiguousarray(A[:, k1:]), np.ascontiguousarray(B[:, k1:]), C, accumulate=True)
+        assert np.array_equal(C, full), f"split at k={k1} changed the bits"
+    if level == "generic":
+        emu = np.zeros((M, N), np.float32)
+        for k in range(K):
+            emu = emu + np.outer(A[:, k], B[:, k])  # float32 product, then float32 add
+        assert np.array_equal(emu, full)
+
+
+def test_generic_vs_avx2():
+    if not HAS_AVX2:
+        pytest.skip("CPU has no AVX2+FMA")
+    rng = np.random.default_rng(11)
+    for M, N, K in [(128, 576, 1536), (64, 64, 64), (7, 33, 24), (512, 1536, 576)]:
+        A, B = rand(rng, M, K), rand(rng, N, K)
+        core.set_simd("generic")
+        g = core.sgemm_nt(A, B)
+        core.set_simd("avx2")
+        v = core.sgemm_nt(A, B)
+        ref = np.abs(A.astype(np.float64) @ B.T.astype(np.float64)).max()
+        # FMA vs separate multiply-add: only rounding differs (typically ~sqrt(K)*u*|C|).
+        assert np.abs(g.astype(np.float64) - v).max() <= 1e-6 * ref
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("M,N,K", [(128, 576, 576), (512, 64, 300), (6, 5000, 40), (257, 1537, 129)])
+def test_threads_bitwise(level, M, N, K):
+    rng = np.random.default_rng(5)
+    A, B = rand(rng, M, K), rand(rng, N, K)
+    core.set_simd(level)
+    out = {}
+    for n in (1, 2, 3):
+        core.set_num_threads(n)
+        out[n] = core.sgemm_nt(A, B)
+    assert np.array_equal(out[1], out[2]) and np.array_equal(out[1], out[3])
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_batch_invariance(level):
+    """A row (or column) of C does not depend on which other rows/columns are computed with it:
+    the M/N tiling never changes the reduction."""
+    rng = np.random.default_rng(9)
+    A, B = rand(rng, 77, 600), rand(rng, 1100, 600)
+    core.set_simd(level)
+    full = core.sgemm_nt(A, B)
+    for i in (0, 5, 6, 76):
+        assert np.array_equal(core.sgemm_nt(A[i:i + 1].copy(), B)[0], full[i])
+    for j0, j1 in ((0, 1), (3, 20), (1000, 1100)):
+        assert np.array_equal(core.sgemm_nt(A, B[j0:j1].copy()), full[:, j0:j1])
+
+
+def test_special_values():
+    rng = np.random.default_rng(2)
+    A, B = rand(rng, 8, 20), rand(rng, 18, 20)
+    A[3, 4] = np.nan
+    B[17, 0] = np.inf
+    for level in LEVELS:
+        core.set_simd(level)
+        C = core.sgemm_nt(A, B)
+        assert np.all(np.isnan(C[3])) and np.all(np.isinf(C[np.arange(8) != 3, 17]))
+        assert np.isfinite(np.delete(np.delete(C, 3, 0), 17, 1)).all()
+
+
+def test_bad_inputs():
+    f = np.ones((4, 5), np.float32)
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm_nt(f.astype(np.float64), f)
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm_nt(np.ones(5, np.float32), f)
+    with pytest.raises(ValueError):
+        core.sgemm_nt(f, np.ones((3, 6), np.float32))  # inner sizes differ
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm_nt(f, f, np.ones((4, 3), np.float32))  # C has the wrong shape
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm_nt(f, f, np.ones((4, 4), np.float64))
+    with pytest.raises(ValueError):
+        core.sgemm_nt(f, f, accumulate=True)  # nothing to accumulate into
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm_nt("x", f)
+    with pytest.raises(ValueError):
+        core.set_simd("avx9000")
+
+
+def test_simd_env_var():
+    code = "import sinklab._core as c; print(c.simd())"
+    env = dict(os.environ, SINKLAB_SIMD="generic")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "generic"
+    env["SINKLAB_SIMD"] = "auto"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+    assert out.stdout.strip() == ("avx2" if HAS_AVX2 else "generic")
+
+
+# ---------------------------------------------------------------------------------------------
+# The C API directly: leading dimensions, argument checks, calls from inside a parallel region.
+
+DRIVER = textwrap.dedent(r"""
+    #include <math.h>
+    #include <stdio.h>
+    #include <stdlib.h>
+    #include <string.h>
+    #include "cpu.h"
+    #include "sgemm.h"
+    #include "sl_common.h"
+
+    static int fails = 0;
+    #define CHECK(c, ...) do { if (!(c)) { fails++; printf("FAIL line %d: ", __LINE__); \
+        printf(__VA_ARGS__); printf("\n"); } } while (0)
+
+    static float frand(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (float)(*s >> 8) / 16777216.0f - 0.5f; }
+
+    /* C = A·Bᵀ with every matrix inside a larger buffer (ld > row length), padding set to NaN in
+     * A and B (must never be read) and to a sentinel in C (must never be written). */
+    static void strided(int64_t M, int64_t N, int64_t K, int64_t pa, int64_t pb, int64_t pc, int par) {
+        int64_t lda = K + pa, ldb = K + pb, ldc = N + pc;
+        float *A = malloc(sizeof(float) * (M * lda + 1)), *B = malloc(sizeof(float) * (N * ldb + 1));
+        float *C = malloc(sizeof(float) * (M * ldc + 1));
+        unsigned s = 1234u + (unsigned)(M * 7 + N * 13 + K);
+        for (int64_t i = 0; i < M * lda; i++) A[i] = (i % lda) < K ? frand(&s) : NAN;
+        for (int64_t i = 0; i < N * ldb; i++) B[i] = (i % ldb) < K ? frand(&s) : NAN;
+        for (int64_t i = 0; i < M * ldc; i++) C[i] = -7.0f;
+        int rc = sl_sgemm_nt(M, N, K, A, lda, B, ldb, C, ldc, 0, par);
+        CHECK(rc == SL_OK, "strided rc %d", rc);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < ldc; j++) {
+                float c = C[i * ldc + j];
+                if (j >= N) { CHECK(c == -7.0f, "C padding written at (%lld,%lld)", (long long)i, (long long)j); continue; }
+                double ref = 0, sc = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double p = (double)A[i * lda + k] * B[j * ldb + k];
+                    ref += p; sc += fabs(p);
+                }
+                double tol = (2.0 * K + 2) * ldexp(1.0, -24) * sc + 1e-30;
+                CHECK(fabs(c - ref) <= tol, "M=%lld N=%lld K=%lld (%lld,%lld): %g vs %g", (long long)M,
+                      (long long)N, (long long)K, (long long)i, (long long)j, c, ref);
+            }
+        free(A); free(B); free(C);
+    }
+
+    int main(void) {
+        for (int lvl = 0; lvl < 2; lvl++) {
+            if (sl_set_simd((sl_simd_level)lvl) != (sl_simd_level)lvl) continue;
+            strided(1, 7, 24, 3, 1, 5, 1);
+            strided(13, 35, 70, 1, 9, 3, 1);
+            strided(64, 64, 64, 64, 0, 64, 0);
+            strided(130, 300, 260, 5, 7, 1, 1);
+            strided(6, 16, 8, 1, 1, 1, 0);
+        }
+        float x[64] = {0};
+        CHECK(sl_sgemm_nt(-1, 2, 2, x, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "negative M");
+        CHECK(sl_sgemm_nt(2, -2, 2, x, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "negative N");
+        CHECK(sl_sgemm_nt(2, 2, -2, x, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "negative K");
+        CHECK(sl_sgemm_nt(2, 2, 3, x, 2, x, 3, x, 2, 0, 1) == SL_ERR_VALUE, "lda < K");
+        CHECK(sl_sgemm_nt(2, 2, 3, x, 3, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "ldb < K");
+        CHECK(sl_sgemm_nt(2, 4, 3, x, 3, x, 3, x, 3, 0, 1) == SL_ERR_VALUE, "ldc < N");
+        CHECK(sl_sgemm_nt(2, 2, 2, NULL, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "A NULL");
+        CHECK(sl_sgemm_nt(2, 2, 2, x, 2, NULL, 2, x, 2, 0, 1) == SL_ERR_VALUE, "B NULL");
+        CHECK(sl_sgemm_nt(2, 2, 2, x, 2, x, 2, NULL, 2, 0, 1) == SL_ERR_VALUE, "C NULL");
+        CHECK(sl_sgemm_nt(3, 2, 2, x, INT64_MAX, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "lda overflow");
+        CHECK(strlen(sl_last_error()) > 0, "no message");
+        CHECK(sl_sgemm_nt(0, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1) == SL_OK, "empty");
+        CHECK(sl_sgemm_nt(0, 5, 3, NULL, 3, x, 3, NULL, 5, 0, 1) == SL_OK, "M = 0");
+
+        /* parallel == 0 from inside a parallel region: re-entrant, same bits as a serial call */
+        enum { M = 64, N = 96, K = 64, H = 8 };
+        static float A[H][M * K], B[H][N * K], C[H][M * N], R[H][M * N];
+        unsigned s = 99u;
+        for (int h = 0; h < H; h++) {
+            for (int i = 0; i < M * K; i++) A[h][i] = frand(&s);
+            for (int i = 0; i < N * K; i++) B[h][i] = frand(&s);
+            sl_sgemm_nt(M, N, K, A[h], K, B[h], K, R[h], N, 0, 0);
+        }
+        int bad = 0;
+        #pragma omp parallel for num_threads(4) reduction(+ : bad)
+        for (int h = 0; h < H; h++) {
+            for (int rep = 0; rep < 20; rep++) {
+                bad += sl_sgemm_nt(M, N, K, A[h], K, B[h], K, C[h], N, 0, 0) != SL_OK;
+                bad += sl_sgemm_nt(M, N, K, A[h], K, B[h], K, C[h], N, 0, 1) != SL_OK;
+            }
+        }
+        CHECK(bad == 0, "errors inside parallel region");
+        CHECK(memcmp(C, R, sizeof C) == 0, "results from inside a parallel region differ");
+        printf("%s\n", fails ? "FAILED" : "OK");
+        return fails != 0;
+    }
+""")
+
+
+def test_c_api(tmp_path):
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        pytest.skip("no C compiler")
+    src = tmp_path / "drv.c"
+    src.write_text(DRIVER)
+    exe = tmp_path / "drv"
+    csrc = ROOT / "csrc"
+    if not (csrc / "sgemm.c").exists():
+        pytest.skip("C sources not available")
+    files = [str(src)] + [str(csrc / f) for f in ("sgemm.c", "cpu.c", "common.c")]
+    base = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{csrc}", "-o", str(exe)]
+    build = subprocess.run(base + ["-fopenmp", "-DSL_HAVE_OPENMP=1"] + files + ["-lm"], capture_output=True, text=True)
+    if build.returncode != 0:  # compiler without OpenMP: the pragmas are ignored
+        build = subprocess.run(base + ["-DSL_HAVE_OPENMP=0", "-Wno-unknown-pragmas"] + files + ["-lm"],
+                               capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip().endswith("OK"), run.stdout + run.stderr
