@@ -17,6 +17,7 @@ interleaved-pair layout), 1-D norm weights always F32, every 2-D weight in the r
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import inspect
@@ -643,11 +644,17 @@ def report_fixture(request, log: ErrorLog, per_case: bool = False) -> None:
             for case, c in s["cases"].items():
                 text += "\n    " + case + ": " + ", ".join(
                     f"{k} {v:.2e}" for k, v in sorted(c.items()) if not k.endswith("_abs"))
-        tr = request.config.pluginmanager.get_plugin("terminalreporter")
+        pm = request.config.pluginmanager
+        tr = pm.get_plugin("terminalreporter")
+        capman = pm.get_plugin("capturemanager")
         if tr is not None:
-            tr.write_line("")
-            for line in text.splitlines():
-                tr.write_line(line)
+            # fixture teardown runs under output capture; lift it so the summary is shown
+            # without -s
+            ctx = capman.global_and_fixture_disabled() if capman is not None else contextlib.nullcontext()
+            with ctx:
+                tr.write_line("")
+                for line in text.splitlines():
+                    tr.write_line(line)
         else:
             print(text)
         merge_report(os.environ.get("SINKLAB_PARITY_REPORT"), log.section, log.summary())

@@ -1,0 +1,35 @@
+"""Figures. Every function returns a matplotlib Figure and never calls plt.show()."""
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, title: str = "") -> "Figure":
+    """Layers × heads heatmap of first-token importance a_0 (PAPER.md §1).
+
+    ``importance``: (L, H) values in [0, 1]. Heads above ``eps`` (sinks) are outlined.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    imp = np.asarray(importance, dtype=np.float64)
+    L, H = imp.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * H + 2.0), max(4.0, 0.22 * L + 1.5)))
+    im = ax.imshow(imp, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
+    if eps is not None:
+        ys, xs = np.nonzero(imp > eps)
+        ax.scatter(xs, ys, s=12, facecolors="none", edgecolors="white", linewidths=0.8,
+                   label=f"mean a₀ > {eps:g}")
+        if len(xs):
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.07), fontsize=8, frameon=False)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.set_xticks(range(H))
+    ax.set_title(title or "attention to the first token")
+    fig.colorbar(im, ax=ax, label="first-token importance a₀ (mean attention received)")
+    fig.tight_layout()
+    return fig
