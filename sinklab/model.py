@@ -59,12 +59,12 @@ class Model:
     def check_ids(self, ids: Any) -> np.ndarray:
         """``ids`` as a C-contiguous int64 array of shape (T,) or (B, T), or a ValueError/TypeError naming the problem."""
         arr = np.asarray(ids)
-        if arr.dtype == object or not (np.issubdtype(arr.dtype, np.integer)):
-            raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
         if arr.ndim not in (1, 2):
             raise ValueError(f"token ids must have shape (T,) or (B, T), got {arr.shape}")
-        if arr.shape[-1] == 0 or arr.size == 0:
+        if arr.size == 0:
             raise ValueError("token ids are empty: need at least one token")
+        if not np.issubdtype(arr.dtype, np.integer):
+            raise TypeError(f"token ids must be integers, got dtype {arr.dtype}")
         T, ctx = arr.shape[-1], self.config.context_length
         if T > ctx:
             raise ValueError(f"sequence of {T} tokens exceeds the model's context length {ctx}")

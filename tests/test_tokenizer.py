@@ -1,0 +1,437 @@
+"""sinklab.tokenizer against independent references.
+
+* The real SmolLM2-135M-Instruct GGUF (byte-level BPE, pre "smollm") against transformers' own
+  GGUF tokenizer conversion (``AutoTokenizer.from_pretrained(dir, gguf_file=...)``).
+* Byte-level GGUFs with SmolLM2's vocabulary under other ``tokenizer.ggml.pre`` values against
+  the same transformers conversion, and ``"default"`` against llama.cpp's documented splits.
+* A SentencePiece ("llama") GGUF converted, as llama.cpp's converter does, from a real
+  ``sentencepiece`` BPE model trained here: against ``sentencepiece`` itself, and against
+  transformers' conversion where transformers and llama.cpp agree (see test docstrings).
+* ``from_hf_dir`` on the folder transformers saves.
+"""
+import io
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from sinklab.tokenizer import Tokenizer, _read_gguf_metadata, _reader_metadata
+
+gguf = pytest.importorskip("gguf")
+
+REQUIRE = os.environ.get("SINKLAB_REQUIRE_REFERENCE") == "1"
+
+
+def _unavailable(reason):
+    """Skip locally; fail when the reference stack is required (same rule as conftest)."""
+    if REQUIRE:
+        pytest.fail(f"required reference unavailable: {reason}")
+    pytest.skip(reason)
+
+
+def _transformers():
+    try:
+        import transformers  # noqa: F401
+        from transformers import AutoTokenizer
+    except Exception as e:  # not installed / broken install
+        _unavailable(f"transformers not importable: {e}")
+    return AutoTokenizer
+
+
+def _hf_from_gguf(path: Path):
+    AutoTokenizer = _transformers()
+    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+
+
+def _hf_ids(hf, text):
+    return list(hf(text, add_special_tokens=False)["input_ids"])
+
+
+LONG = (
+    "Attention sinks are a curious property of trained transformers: many heads put most of "
+    "their attention on the first token of the sequence, whatever that token is. The paper "
+    "'Why do LLMs attend to the first token?' argues that this is useful, because it lets a head "
+    "do nothing -- a no-op -- and so limits over-mixing of information in deep models with long "
+    "contexts. We measure the sink rate (the fraction of heads whose attention on token 0 exceeds "
+    "a threshold eps = 0.3), perturb inputs, and compute Jacobian norms across 30 layers.\n\n"
+)
+LONG = "".join(f"[{i}] " + LONG for i in range(12))  # ~6,000 characters
+
+TEXTS = {
+    "english": "The cat sat on the mat. Attention sinks are heads that attend to the first token.",
+    "accents": "Café, naïve, résumé, façade — déjà vu. Straße, Ærøskøbing, ñandú, İstanbul.",
+    "cjk": "注意力汇聚现象 日本語のテキストです。 한국어 문장입니다.",
+    "emoji": "Sinks 🙂👍🏽 and flags 🇫🇷, a ZWJ sequence 👩‍💻 and ☃.",
+    "combining": "e\u0301 versus \u00e9, A\u030a versus \u00c5",
+    "space_runs": "a  b   c    d     e      f",
+    "lead_trail_spaces": "   indented and trailing   ",
+    "tabs": "col1\tcol2\t\tcol3\t \tend\t",
+    "newlines": "line one\nline two\n\nline four\r\nwindows\r\n\r\nend\n",
+    "digits": "1234567890 3.14159265358979 1,000,000 2024-11-29 007 x42y",
+    "code": (
+        "def softmax(x, axis=-1):\n"
+        "    m = x.max(axis=axis, keepdims=True)\n"
+        "    e = np.exp(x - m)\n"
+        "    return e / e.sum(axis=axis, keepdims=True)\n"
+        "\n"
+        "class Sink:\n"
+        "\tpass  # tab-indented\n"
+    ),
+    "contractions": "I'm sure you're right, they'll see it's fine; WE'VE DONE IT, hasn't he?",
+    "special": "<|im_start|>user\nhi<|im_end|>",
+    "chat": (
+        "<|im_start|>system\nYou are a helpful AI assistant.<|im_end|>\n"
+        "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    ),
+    "adjacent_specials": "<|endoftext|><|im_start|><|im_end|>text<|endoftext|>",
+    "empty": "",
+    "single_space": " ",
+    "single_newline": "\n",
+    "long": LONG,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# SmolLM2 (real GGUF)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smol_tok(smollm2_gguf):
+    return Tokenizer.from_gguf(smollm2_gguf)
+
+
+@pytest.fixture(scope="module")
+def smol_hf(smollm2_gguf):
+    return _hf_from_gguf(Path(smollm2_gguf))
+
+
+@pytest.mark.parametrize("name", list(TEXTS))
+def test_smollm2_ids_match_transformers(name, smol_tok, smol_hf):
+    text = TEXTS[name]
+    ids = smol_tok.encode(text)
+    assert isinstance(ids, np.ndarray) and ids.dtype == np.int64 and ids.ndim == 1
+    ref = _hf_ids(smol_hf, text)
+    assert ids.tolist() == ref
+    with_bos = smol_tok.encode(text, bos=True)
+    assert with_bos.dtype == np.int64 and with_bos.tolist() == [smol_tok.bos_token_id] + ref
+    assert smol_tok.decode(ids) == text
+    assert smol_tok.decode(with_bos) == smol_hf.decode([smol_tok.bos_token_id] + ref)
+
+
+def test_smollm2_properties(smol_tok, smol_hf):
+    assert smol_tok.vocab_size == len(smol_tok) == 49152
+    assert smol_tok.bos_token_id == smol_hf.bos_token_id == 1
+    assert smol_tok.eos_token_id == smol_hf.eos_token_id == 2
+    assert smol_tok.add_bos_default is False  # tokenizer.ggml.add_bos_token = false in this file
+    # control tokens are single ids, matched anywhere in the text
+    for tid, text in [(0, "<|endoftext|>"), (1, "<|im_start|>"), (2, "<|im_end|>")]:
+        assert smol_tok.encode(text).tolist() == [tid]
+        assert smol_tok.decode([tid]) == text
+    assert smol_tok.encode("x<|im_start|>y").tolist()[1] == 1
+    # SmolLM2 splits digits one by one
+    digits = smol_tok.encode("31415926")
+    assert len(digits) == 8 and smol_tok.decode(digits) == "31415926"
+    # bos=None follows the model's default (False here)
+    assert smol_tok.encode("hi", bos=None).tolist() == smol_tok.encode("hi").tolist()
+    assert smol_tok.encode("").shape == (0,) and smol_tok.encode("").dtype == np.int64
+    assert smol_tok.decode([]) == "" and smol_tok.decode(np.zeros(0, dtype=np.int64)) == ""
+
+
+def test_smollm2_decode_inputs_and_errors(smol_tok):
+    ids = smol_tok.encode("The cat sat.")
+    text = smol_tok.decode(ids)
+    assert smol_tok.decode(ids.tolist()) == text
+    assert smol_tok.decode(ids.astype(np.int32)) == text
+    assert smol_tok.decode(tuple(int(i) for i in ids)) == text
+    assert smol_tok.decode(int(ids[0])) == smol_tok.decode(ids[:1])
+    with pytest.raises(ValueError):
+        smol_tok.decode([0, smol_tok.vocab_size])
+    with pytest.raises(ValueError):
+        smol_tok.decode([-1])
+    with pytest.raises(ValueError):
+        smol_tok.decode(np.zeros((2, 2), dtype=np.int64))
+    with pytest.raises(ValueError):
+        smol_tok.decode([0.5])
+    with pytest.raises(TypeError):
+        smol_tok.encode(b"bytes")
+
+
+def test_smollm2_from_reader_equals_from_path(smollm2_gguf, smol_tok):
+    reader = gguf.GGUFReader(str(smollm2_gguf))
+    # the fast metadata reader and gguf's reader see the same values
+    fast, ref = _read_gguf_metadata(smollm2_gguf), _reader_metadata(reader)
+    assert fast.keys() == ref.keys()
+    for key in fast:
+        if isinstance(fast[key], np.ndarray):
+            assert fast[key].dtype == ref[key].dtype and np.array_equal(fast[key], ref[key]), key
+        else:
+            assert type(fast[key]) is type(ref[key]) and fast[key] == ref[key], key
+    tok = Tokenizer.from_gguf(reader)
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (
+        smol_tok.vocab_size, smol_tok.bos_token_id, smol_tok.eos_token_id, smol_tok.add_bos_default)
+    for text in TEXTS.values():
+        assert tok.encode(text).tolist() == smol_tok.encode(text).tolist()
+
+
+def test_smollm2_build_is_fast(smollm2_gguf):
+    Tokenizer.from_gguf(smollm2_gguf)  # warm the page cache
+    t0 = time.perf_counter()
+    Tokenizer.from_gguf(smollm2_gguf)
+    elapsed = time.perf_counter() - t0
+    print(f"Tokenizer.from_gguf(SmolLM2 path): {elapsed * 1e3:.0f} ms")
+    assert elapsed < 2.0
+
+
+def test_hf_dir_matches(smol_tok, smol_hf, tmp_path):
+    smol_hf.save_pretrained(str(tmp_path))
+    assert (tmp_path / "tokenizer.json").is_file()
+    tok = Tokenizer.from_hf_dir(tmp_path)
+    assert tok.vocab_size == smol_tok.vocab_size
+    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (1, 2, False)
+    for text in TEXTS.values():
+        ids = tok.encode(text).tolist()
+        assert ids == _hf_ids(smol_hf, text) == smol_tok.encode(text).tolist()
+        assert tok.decode(ids) == text
+        assert tok.encode(text, bos=True).tolist() == [1] + ids
+    # a path straight to tokenizer.json works too
+    assert Tokenizer.from_hf_dir(tmp_path / "tokenizer.json").encode("hi").tolist() == tok.encode("hi").tolist()
+    with pytest.raises(FileNotFoundError):
+        Tokenizer.from_hf_dir(tmp_path / "nope")
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte-level GGUFs with other pre-tokenizers
+# ---------------------------------------------------------------------------------------------
+
+
+def _write_gguf(path, *, model, tokens, types=None, scores=None, merges=None, pre=None, bos=None,
+                eos=None, unk=None, add_bos=None, add_space_prefix=None, arch="llama"):
+    w = gguf.GGUFWriter(str(path), arch=arch)
+    w.add_tokenizer_model(model)
+    if pre is not None:
+        w.add_tokenizer_pre(pre)
+    w.add_token_list(list(tokens))
+    if types is not None:
+        w.add_token_types([int(t) for t in types])
+    if scores is not None:
+        w.add_token_scores([float(s) for s in scores])
+    if merges is not None:
+        w.add_token_merges(list(merges))
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    if unk is not None:
+        w.add_unk_token_id(unk)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    if add_space_prefix is not None:
+        w.add_add_space_prefix(add_space_prefix)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return Path(path)
+
+
+@pytest.fixture(scope="module")
+def smol_meta(smollm2_gguf):
+    return _read_gguf_metadata(smollm2_gguf)
+
+
+@pytest.mark.parametrize("pre", ["gpt-2", "llama-bpe", "qwen2", "tekken", "gpt-4o"])
+def test_bpe_pre_variants_match_transformers(pre, smol_meta, tmp_path):
+    """Same vocabulary and merges, split by another model family's regex: sinklab and
+    transformers (which maps these `pre` values to the same regexes) must agree."""
+    path = _write_gguf(tmp_path / f"{pre}.gguf", model="gpt2", pre=pre, tokens=smol_meta["tokenizer.ggml.tokens"],
+                       types=smol_meta["tokenizer.ggml.token_type"], merges=smol_meta["tokenizer.ggml.merges"],
+                       bos=1, eos=2, add_bos=False)
+    tok = Tokenizer.from_gguf(path)
+    hf = _hf_from_gguf(path)
+    for name, text in TEXTS.items():
+        ids = tok.encode(text).tolist()
+        assert ids == _hf_ids(hf, text), (pre, name)
+        assert tok.decode(ids) == text, (pre, name)
+
+
+def _tiny_byte_level_vocab():
+    from sinklab.tokenizer import _bytes_to_unicode
+
+    alphabet = list(_bytes_to_unicode().values())
+    merges = ["H e", "He l", "Hel l", "Hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d", "1 2", "12 3"]
+    tokens = alphabet + [m.replace(" ", "") for m in merges] + ["<|end|>", "<think>"]
+    types = [1] * (len(tokens) - 2) + [3, 4]
+    return tokens, types, merges
+
+
+def test_every_supported_pre_builds_and_round_trips(tmp_path):
+    from sinklab.tokenizer import _BPE_PRE
+
+    tokens, types, merges = _tiny_byte_level_vocab()
+    for pre in sorted(_BPE_PRE):
+        path = _write_gguf(tmp_path / "p.gguf", model="gpt2", pre=pre, tokens=tokens, types=types, merges=merges)
+        tok = Tokenizer.from_gguf(path)
+        for text in TEXTS.values():
+            assert tok.decode(tok.encode(text)) == text, pre
+
+
+def test_default_pre_follows_llamacpp(tmp_path):
+    """`pre == "default"` (and a missing `pre`) is llama.cpp's LLAMA_VOCAB_PRE_TYPE_DEFAULT:
+    punctuation runs isolated, then GPT-2, then digit runs, then digit triples. transformers
+    uses plain GPT-2 here, so the expected pieces are spelled out by hand."""
+    tokens, types, merges = _tiny_byte_level_vocab()
+    for pre in ("default", None):
+        path = _write_gguf(tmp_path / f"d{pre}.gguf", model="gpt2", pre=pre, tokens=tokens, types=types,
+                           merges=merges)
+        tok = Tokenizer.from_gguf(path)
+        pieces = [p for p, _ in tok.backend.pre_tokenizer.pre_tokenize_str("Hello, world!!! 12345")]
+        assert pieces == ["Hello", ",", "Ġworld", "!!!", "Ġ", "123", "45"]
+        ids = tok.encode("Hello world 12345")
+        assert [tok.id_to_token(i) for i in ids] == ["Hello", "Ġworld", "Ġ", "123", "4", "5"]
+        assert tok.decode(ids) == "Hello world 12345"
+        assert tok.bos_token_id is None and tok.add_bos_default is False
+        with pytest.raises(ValueError, match="no BOS"):
+            tok.encode("x", bos=True)
+
+
+def test_added_tokens_and_unknown_configs_rejected(tmp_path):
+    tokens, types, merges = _tiny_byte_level_vocab()
+    path = _write_gguf(tmp_path / "t.gguf", model="gpt2", pre="gpt-2", tokens=tokens, types=types, merges=merges,
+                       bos=len(tokens) - 2, add_bos=True)
+    tok = Tokenizer.from_gguf(path)
+    assert tok.vocab_size == len(tokens)
+    end, think = len(tokens) - 2, len(tokens) - 1
+    ids = tok.encode("Hello<think>12<|end|>")
+    assert ids.tolist() == [tokens.index("Hello"), think, tokens.index("12"), end]
+    assert tok.decode(ids) == "Hello<think>12<|end|>"
+    assert tok.add_bos_default is True and tok.encode("x", bos=None).tolist()[0] == end
+
+    bad_pre = _write_gguf(tmp_path / "p.gguf", model="gpt2", pre="no-such-pre", tokens=tokens, merges=merges)
+    with pytest.raises(ValueError, match="no-such-pre"):
+        Tokenizer.from_gguf(bad_pre)
+    bad_model = _write_gguf(tmp_path / "m.gguf", model="bert", tokens=tokens)
+    with pytest.raises(ValueError, match="bert"):
+        Tokenizer.from_gguf(bad_model)
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"not a gguf file at all, just bytes")
+    with pytest.raises(ValueError):
+        Tokenizer.from_gguf(not_gguf)
+
+
+# ---------------------------------------------------------------------------------------------
+# SentencePiece ("llama") GGUF
+# ---------------------------------------------------------------------------------------------
+
+SP_CORPUS = """The quick brown fox jumps over the lazy dog.
+Attention sinks appear when heads put most of their weight on the first token.
+def forward(self, x):
+    return self.proj(x) + x
+Numbers like 12345 and 3.14159 are split into digits.
+Café, naïve, résumé, and façade carry accents.
+    Indented lines keep  double  spaces and tabs\there.
+""".splitlines()
+
+SP_TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "the theory of attention sinks",
+    "Café naïve façade résumé",
+    "unknown characters ☃ 🙂 漢字 use byte fallback",
+    "a  b   c\td\n\ne",
+    "def forward(self, x):\n    return x",
+    "12345 3.14",
+    "THE QUICK",
+    "",
+]
+# llama.cpp and sentencepiece prepend "▁" to text that already starts with a space; the
+# Metaspace pre-tokenizer transformers builds does not, so these are checked against
+# sentencepiece only.
+SP_TEXTS_LEADING = [" leading space", "  two leading", " ", "\n", "trailing  "]
+
+
+@pytest.fixture(scope="module")
+def sp_model(tmp_path_factory):
+    spm = pytest.importorskip("sentencepiece")
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SP_CORPUS * 50), model_writer=buf, model_type="bpe", vocab_size=420,
+        byte_fallback=True, normalization_rule_name="identity", remove_extra_whitespaces=False,
+        add_dummy_prefix=True, allow_whitespace_only_pieces=True, split_digits=True, character_coverage=1.0,
+        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, minloglevel=2,
+    )
+    sp = spm.SentencePieceProcessor(model_proto=buf.getvalue())
+    n = sp.get_piece_size()
+    # token types as llama.cpp's convert_hf_to_gguf.py assigns them
+    types = [2 if sp.is_unknown(i) else 3 if sp.is_control(i) else 5 if sp.is_unused(i)
+             else 6 if sp.is_byte(i) else 1 for i in range(n)]
+    path = _write_gguf(tmp_path_factory.mktemp("sp") / "sp.gguf", model="llama",
+                       tokens=[sp.id_to_piece(i) for i in range(n)], scores=[sp.get_score(i) for i in range(n)],
+                       types=types, bos=1, eos=2, unk=0)
+    return sp, path
+
+
+def test_sentencepiece_gguf_matches_sentencepiece(sp_model):
+    sp, path = sp_model
+    tok = Tokenizer.from_gguf(path)
+    assert tok.vocab_size == sp.get_piece_size()
+    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (1, 2, True)
+    for text in SP_TEXTS + SP_TEXTS_LEADING:
+        ids = tok.encode(text).tolist()
+        assert ids == list(sp.encode(text)), text
+        assert tok.decode(ids) == sp.decode(ids) == text, text
+        assert tok.encode(text, bos=True).tolist() == [1] + ids
+    # byte fallback really happened for the snowman
+    snow = tok.encode("☃").tolist()
+    assert [tok.id_to_token(i) for i in snow][-3:] == ["<0xE2>", "<0x98>", "<0x83>"]
+
+
+def test_sentencepiece_gguf_matches_transformers(sp_model):
+    _, path = sp_model
+    tok = Tokenizer.from_gguf(path)
+    hf = _hf_from_gguf(path)
+    for text in SP_TEXTS:
+        ids = tok.encode(text).tolist()
+        assert ids == _hf_ids(hf, text), text
+        assert hf.decode(ids) == tok.decode(ids)
+
+
+def _tiny_spm(tmp_path, add_space_prefix=None):
+    tokens, scores, types = ["<unk>", "<s>", "</s>"], [0.0, 0.0, 0.0], [2, 3, 3]
+    tokens += [f"<0x{b:02X}>" for b in range(256)]
+    scores += [0.0] * 256
+    types += [6] * 256
+    pieces = ["▁", "t", "h", "e", "i", "▁t", "he", "▁the", "hi", "▁hi", "th", "the"]
+    tokens += pieces
+    scores += [-1.0 - k for k in range(len(pieces))]
+    types += [1] * len(pieces)
+    tokens += ["<|user|>"]
+    scores += [0.0]
+    types += [4]
+    return _write_gguf(tmp_path / f"spm{add_space_prefix}.gguf", model="llama", tokens=tokens, scores=scores,
+                       types=types, bos=1, eos=2, unk=0, add_space_prefix=add_space_prefix), tokens
+
+
+def test_sentencepiece_special_tokens_and_space_prefix(tmp_path):
+    """llama.cpp semantics: control / user-defined tokens are single ids, and every stretch of
+    text after one starts a new "word" with its own "▁" prefix (transformers' conversion adds
+    the prefix only at the very start; llama.cpp, and transformers' legacy Llama tokenizer,
+    add it after each special token)."""
+    path, tokens = _tiny_spm(tmp_path)
+    tok = Tokenizer.from_gguf(path)
+    tid = {t: i for i, t in enumerate(tokens)}
+    assert tok.encode("the").tolist() == [tid["▁the"]]
+    assert tok.encode("<s>the</s>").tolist() == [1, tid["▁the"], 2]
+    assert tok.encode("<|user|>hi").tolist() == [tid["<|user|>"], tid["▁hi"]]
+    assert tok.encode(" the").tolist() == [tid["▁"], tid["▁the"]]
+    assert tok.decode(tok.encode(" the")) == " the"
+    assert tok.decode([1, tid["▁the"]]) == "<s> the"  # the prefix shows after a special token
+
+    path, tokens = _tiny_spm(tmp_path, add_space_prefix=False)
+    tok = Tokenizer.from_gguf(path)
+    assert tok.encode("the").tolist() == [tid["the"]]
+    assert tok.encode("hi the").tolist() == [tid["hi"], tid["▁the"]]
+    assert tok.decode(tok.encode("hi the")) == "hi the"
+    assert tok.decode(tok.encode(" the")) == " the"
