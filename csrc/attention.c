@@ -1,8 +1,13 @@
 /* Causal attention, one (head, block of queries) per task: scores = q kᵀ·scale via the serial
  * SGEMM, causal softmax per row, then out = P·V with Vᵀ packed once per call. Each output row is
- * produced by one task in a fixed order, so results are the same for any thread count. */
+ * produced by one task in a fixed order, so results are the same for any thread count.
+ *
+ * With statistics requested, the importance a_k sums attention over all queries of a head; to
+ * keep that sum in a fixed order the blocks of one head then run in sequence on one thread
+ * (heads still run in parallel), accumulating into an O(T) vector. */
 #include "attention.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "ops.h"
@@ -19,31 +24,94 @@ static void transpose_values(float *vt, const float *v, int64_t kv_stride, int64
         for (int64_t t = 0; t < T; t++) vt[ge * T + t] = v[t * kv_stride + ge];
 }
 
-/* Scores of queries [i0, i1) against keys [0, i1), masked and normalised in place: row r of
- * `p` (stride ld) becomes the attention distribution of query i0 + r. */
-static int causal_probs_block(const sl_attn_shape *s, const float *qh, int64_t q_stride,
-                              const float *kh, int64_t kv_stride, int64_t i0, int64_t i1,
-                              float *p, int64_t ld) {
-    const int64_t nk = i1; /* keys past the block's last query are never needed */
-    SL_TRY(sl_sgemm_nt(i1 - i0, nk, s->head_dim, qh + i0 * q_stride, q_stride, kh, kv_stride, p,
+/* Per-head view of the interventions and statistics. */
+typedef struct {
+    int mask_first, zero_first_value;
+    float scale;
+    float *to_first, *entropy; /* NULL or (T) for this head */
+    double *colsum;            /* NULL or (T): running sum over queries of A[i, k] */
+} head_opts;
+
+/* Probabilities of queries [i0, i1) over keys [0, i1) in place in p (row stride ld; columns
+ * past the query's own position are zero), with the per-row statistics. */
+static int causal_probs_block(const sl_attn_shape *s, const head_opts *o, const float *qh,
+                              int64_t q_stride, const float *kh, int64_t kv_stride, int64_t i0,
+                              int64_t i1, float *p, int64_t ld) {
+    SL_TRY(sl_sgemm_nt(i1 - i0, i1, s->head_dim, qh + i0 * q_stride, q_stride, kh, kv_stride, p,
                        ld, 0, 0));
     for (int64_t i = i0; i < i1; i++) {
         float *row = p + (i - i0) * ld;
         for (int64_t j = 0; j <= i; j++) row[j] *= s->scale;
-        sl_softmax_inplace(row, i + 1);
+        /* Masking key 0 leaves query 0 alone: it has no other key to renormalise onto. */
+        const int64_t first = o->mask_first && i > 0 ? 1 : 0;
+        float h = sl_softmax_entropy(row + first, i + 1 - first);
+        if (first) row[0] = 0.0f;
         for (int64_t j = i + 1; j < ld; j++) row[j] = 0.0f;
+        if (o->entropy) o->entropy[i] = h;
+        if (o->to_first) o->to_first[i] = row[0];
+        if (o->colsum)
+            for (int64_t j = 0; j <= i; j++) o->colsum[j] += row[j];
     }
     return SL_OK;
 }
 
+/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero if asked), times the head scale. */
+static int weighted_values_block(const head_opts *o, const float *p, int64_t ld, const float *vth,
+                                 int64_t T, int64_t hd, int64_t i0, int64_t i1, float *out,
+                                 int64_t out_stride) {
+    const int64_t skip = o->zero_first_value ? 1 : 0;
+    float *o0 = out + i0 * out_stride;
+    if (i1 - skip > 0) {
+        SL_TRY(sl_sgemm_nt(i1 - i0, hd, i1 - skip, p + skip, ld, vth + skip, T, o0, out_stride, 0, 0));
+    } else {
+        for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
+    }
+    if (o->scale != 1.0f)
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t e = 0; e < hd; e++) out[i * out_stride + e] *= o->scale;
+    return SL_OK;
+}
+
+static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_stats *st,
+                                  int64_t h, int64_t T, double *colsum) {
+    head_opts o = {0, 0, 1.0f, NULL, NULL, NULL};
+    if (iv) {
+        o.mask_first = iv->mask_first && iv->mask_first[h];
+        o.zero_first_value = iv->zero_first_value && iv->zero_first_value[h];
+        o.scale = iv->head_scale ? iv->head_scale[h] : 1.0f;
+    }
+    if (st) {
+        o.to_first = st->to_first ? st->to_first + h * T : NULL;
+        o.entropy = st->entropy ? st->entropy + h * T : NULL;
+        o.colsum = st->importance ? colsum : NULL;
+    }
+    return o;
+}
+
+/* One block of one head: probabilities (in the capture buffer or scratch), then outputs. */
+static int attend_block(const sl_attn_shape *s, const head_opts *o, int64_t h, int64_t b,
+                        const float *q, int64_t q_stride, const float *k, int64_t kv_stride,
+                        const float *vt, float *out, float *probs, float *scratch) {
+    const int64_t T = s->T, hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
+    const int64_t i0 = b * SL_ATTN_QBLOCK;
+    const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
+    float *p = probs ? probs + (h * T + i0) * T : scratch;
+    /* Without capture, rows need only i1 columns; the capture buffer has T. */
+    const int64_t ld = probs ? T : i1;
+    SL_TRY(causal_probs_block(s, o, q + h * hd, q_stride, k + g * hd, kv_stride, i0, i1, p, ld));
+    return weighted_values_block(o, p, ld, vt + g * hd * T, T, hd, i0, i1, out + h * hd,
+                                 s->n_heads * hd);
+}
+
 int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
-                         const float *v, int64_t kv_stride, float *out, float *probs) {
+                         const float *v, int64_t kv_stride, float *out, float *probs,
+                         const sl_attn_intervention *iv, const sl_attn_stats *st) {
     const int64_t T = s->T, H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim;
     if (T <= 0 || H <= 0 || G <= 0 || hd <= 0 || H % G != 0)
         return sl_fail(SL_ERR_VALUE, "attention: bad shape T=%lld heads=%lld kv_heads=%lld",
                        (long long)T, (long long)H, (long long)G);
-    const int64_t group = H / G, out_stride = H * hd;
     const int64_t n_blocks = (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK;
+    const int need_colsum = st && st->importance;
     int64_t n_vt;
     if (!sl_mul_size(G * hd, T, &n_vt)) return sl_fail(SL_ERR_MEMORY, "attention: size overflow");
     float *vt = sl_alloc_floats(n_vt);
@@ -53,32 +121,35 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
     int status = SL_OK;
 #pragma omp parallel
     {
-        /* One scratch block per thread: SL_ATTN_QBLOCK rows of T scores, O(T) memory. */
+        /* Per thread: one block of scores, O(T), and the importance accumulator, O(T). */
         float *scratch = probs ? NULL : sl_alloc_floats(SL_ATTN_QBLOCK * T);
-        int ok = probs != NULL || scratch != NULL;
+        double *colsum = need_colsum ? (double *)sl_alloc_floats(2 * T) : NULL;
+        int ok = (probs != NULL || scratch != NULL) && (!need_colsum || colsum != NULL);
+        if (!ok) {
+#pragma omp critical(sl_attn_err)
+            status = sl_fail(SL_ERR_MEMORY, "attention: cannot allocate scratch for T=%lld", (long long)T);
+        }
+        /* Heads × blocks as independent tasks; with importance, a task is a whole head. */
+        const int64_t per_task = need_colsum ? n_blocks : 1;
+        const int64_t n_tasks = H * n_blocks / per_task;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < H * n_blocks; task++) {
+        for (int64_t task = 0; task < n_tasks; task++) {
             if (!ok) continue;
-            const int64_t h = task / n_blocks, b = task % n_blocks, g = h / group;
-            const int64_t i0 = b * SL_ATTN_QBLOCK;
-            const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-            /* With capture, the probabilities are computed in place in the caller's buffer. */
-            float *p = probs ? probs + (h * T + i0) * T : scratch;
-            int rc = causal_probs_block(s, q + h * hd, q_stride, k + g * hd, kv_stride, i0, i1, p, T);
-            if (rc == SL_OK)
-                rc = sl_sgemm_nt(i1 - i0, hd, i1, p, T, vt + g * hd * T, T, out + i0 * out_stride + h * hd,
-                                 out_stride, 0, 0);
+            const int64_t h = task * per_task / n_blocks, b0 = task * per_task % n_blocks;
+            if (colsum) memset(colsum, 0, (size_t)T * sizeof(double));
+            head_opts o = options_for_head(iv, st, h, T, colsum);
+            int rc = SL_OK;
+            for (int64_t b = b0; b < b0 + per_task && rc == SL_OK; b++)
+                rc = attend_block(s, &o, h, b, q, q_stride, k, kv_stride, vt, out, probs, scratch);
+            if (rc == SL_OK && colsum)
+                for (int64_t j = 0; j < T; j++) st->importance[h * T + j] = (float)(colsum[j] / (double)(T - j));
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;
             }
         }
-        if (!ok) {
-#pragma omp critical(sl_attn_err)
-            status = sl_fail(SL_ERR_MEMORY, "attention: cannot allocate scratch of %lld floats",
-                             (long long)(SL_ATTN_QBLOCK * T));
-        }
         sl_free(scratch);
+        sl_free(colsum);
     }
     sl_free(vt);
     return status;

@@ -1,4 +1,5 @@
-/* Causal multi-head attention with grouped-query heads, optional capture of probabilities. */
+/* Causal multi-head attention with grouped-query heads, optional capture of probabilities,
+ * per-head streaming statistics, and the paper's interventions on the first token. */
 #ifndef SL_ATTENTION_H
 #define SL_ATTENTION_H
 
@@ -9,11 +10,28 @@ typedef struct {
     float scale; /* applied to q·k before softmax; 1/sqrt(head_dim) for LLaMA */
 } sl_attn_shape;
 
+/* Interventions, each an array over the n_heads query heads or NULL for none. */
+typedef struct {
+    const uint8_t *mask_first;       /* 1: queries i >= 1 may not attend to key 0 (renormalised over
+                                        keys 1..i); query 0 has no other key and is left as is */
+    const uint8_t *zero_first_value; /* 1: the value vector of position 0 counts as zero */
+    const float *head_scale;         /* multiplies the head's output (before W_O) */
+} sl_attn_intervention;
+
+/* Streaming statistics, each NULL or (n_heads, T); computed from each block of probabilities
+ * as it is produced, so no (T, T) buffer is needed. */
+typedef struct {
+    float *importance; /* a_k = mean over queries i >= k of A[i, k] (Gu et al.) */
+    float *to_first;   /* A[i, 0] for every query i */
+    float *entropy;    /* -sum_k A[i, k] log A[i, k] in nats, for every query i */
+} sl_attn_stats;
+
 /* q: (T, n_heads*head_dim) row stride q_stride; k, v: (T, n_kv_heads*head_dim) row stride
  * kv_stride. out: (T, n_heads*head_dim) dense. probs: NULL or (n_heads, T, T), filled with the
  * full causal probability matrix (zeros above the diagonal). Query head h reads kv head
- * h / (n_heads / n_kv_heads), as in Hugging Face's repeat_kv. */
+ * h / (n_heads / n_kv_heads), as in Hugging Face's repeat_kv. iv and st may be NULL. */
 int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
-                         const float *v, int64_t kv_stride, float *out, float *probs);
+                         const float *v, int64_t kv_stride, float *out, float *probs,
+                         const sl_attn_intervention *iv, const sl_attn_stats *st);
 
 #endif

@@ -321,10 +321,29 @@ static int capture_list(PyObject *lst, const char *name, Py_ssize_t n, int ndim,
     return 1;
 }
 
-static PyObject *py_model_forward(PyObject *self, PyObject *args) {
+/* An optional (L, H) intervention array of the given dtype, or NULL for None. */
+static int intervention_array(PyObject *o, const char *name, int type, const sl_model *m, const void **out) {
+    *out = NULL;
+    if (o == Py_None) return 1;
+    npy_intp dims[2] = {m->n_layers, m->n_heads};
+    PyArrayObject *a = check_array(o, name, type, 2, dims, 0);
+    if (!a) return 0;
+    *out = PyArray_DATA(a);
+    return 1;
+}
+
+static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    PyObject *capsule, *ids_o, *attn_o, *resid_o, *logits_o;
-    if (!PyArg_ParseTuple(args, "OOOOO", &capsule, &ids_o, &attn_o, &resid_o, &logits_o)) return NULL;
+    static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
+                             "to_first", "entropy", "mask_first", "zero_first_value", "head_scale", NULL};
+    PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
+    PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
+    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    long long logits_from = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOO", kwlist, &capsule, &ids_o, &attn_o, &resid_o,
+                                     &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o, &zero_o,
+                                     &scale_o))
+        return NULL;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return NULL;
     const sl_model *m = &h->model;
@@ -332,14 +351,23 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args) {
     if (!ids) return NULL;
     const npy_intp T = PyArray_DIM(ids, 0);
     if (T == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
+    if (logits_from < 0 || logits_from >= T)
+        return PyErr_Format(PyExc_ValueError, "logits_from=%lld outside [0, %zd)", logits_from, (Py_ssize_t)T);
     const npy_intp L = m->n_layers;
-    float **ptrs = PyMem_Calloc((size_t)(2 * L + 1), sizeof(float *));
+    float **ptrs = PyMem_Calloc((size_t)(5 * L + 1), sizeof(float *));
     if (!ptrs) return PyErr_NoMemory();
-    sl_capture cap = {ptrs, ptrs + L, NULL};
+    sl_capture cap = {ptrs, ptrs + L, NULL, logits_from, ptrs + 2 * L + 1, ptrs + 3 * L + 1, ptrs + 4 * L + 1};
+    sl_intervention iv = {NULL, NULL, NULL};
     npy_intp attn_dims[3] = {m->n_heads, T, T}, resid_dims[2] = {T, m->d_model},
-             logit_dims[2] = {T, m->vocab_size};
+             logit_dims[2] = {T - logits_from, m->vocab_size}, stat_dims[2] = {m->n_heads, T};
     int ok = capture_list(attn_o, "attn", L, 3, attn_dims, cap.attn) &&
-             capture_list(resid_o, "resid", L + 1, 2, resid_dims, cap.resid);
+             capture_list(resid_o, "resid", L + 1, 2, resid_dims, cap.resid) &&
+             capture_list(imp_o, "importance", L, 2, stat_dims, cap.importance) &&
+             capture_list(first_o, "to_first", L, 2, stat_dims, cap.to_first) &&
+             capture_list(ent_o, "entropy", L, 2, stat_dims, cap.entropy) &&
+             intervention_array(mask_o, "mask_first", NPY_UINT8, m, (const void **)&iv.mask_first) &&
+             intervention_array(zero_o, "zero_first_value", NPY_UINT8, m, (const void **)&iv.zero_first_value) &&
+             intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv.head_scale);
     if (ok && logits_o != Py_None) {
         PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, 2, logit_dims, 1);
         ok = lg != NULL;
@@ -348,7 +376,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args) {
     int rc = SL_OK;
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_forward(m, PyArray_DATA(ids), T, &cap);
+        rc = sl_model_forward(m, PyArray_DATA(ids), T, &cap, &iv);
         Py_END_ALLOW_THREADS
     }
     PyMem_Free(ptrs);
@@ -370,8 +398,10 @@ static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS,
      "dequantize(ggml_type, data uint8 (nbytes,), n_elements) -> float32 (n_elements,)."},
     {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
-    {"model_forward", py_model_forward, METH_VARARGS,
-     "model_forward(handle, ids int64 (T,), attn list|None, resid list|None, logits|None)."},
+    {"model_forward", (PyCFunction)(void (*)(void))py_model_forward, METH_VARARGS | METH_KEYWORDS,
+     "model_forward(handle, ids int64 (T,), attn=None, resid=None, logits=None, logits_from=0,\n"
+     "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
+     "head_scale=None): capture lists hold None or a per-layer array; interventions are (L, H)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_core",

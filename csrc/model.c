@@ -46,8 +46,27 @@ static int check_model(const sl_model *m) {
     return SL_OK;
 }
 
+/* The per-layer slices of the capture and intervention arrays for the attention kernel. */
+static void layer_views(const sl_model *m, const sl_capture *cap, const sl_intervention *iv,
+                        int64_t l, sl_attn_stats *st, sl_attn_intervention *aiv) {
+    memset(st, 0, sizeof *st);
+    memset(aiv, 0, sizeof *aiv);
+    if (cap) {
+        st->importance = cap->importance ? cap->importance[l] : NULL;
+        st->to_first = cap->to_first ? cap->to_first[l] : NULL;
+        st->entropy = cap->entropy ? cap->entropy[l] : NULL;
+    }
+    if (iv) {
+        const int64_t off = l * m->n_heads;
+        aiv->mask_first = iv->mask_first ? iv->mask_first + off : NULL;
+        aiv->zero_first_value = iv->zero_first_value ? iv->zero_first_value + off : NULL;
+        aiv->head_scale = iv->head_scale ? iv->head_scale + off : NULL;
+    }
+}
+
 static int attention_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T,
-                           float *attn_capture) {
+                           float *attn_capture, const sl_attn_intervention *aiv,
+                           const sl_attn_stats *st) {
     const int64_t d = m->d_model, hd = m->head_dim;
     const int64_t qd = m->n_heads * hd, kvd = m->n_kv_heads * hd;
     sl_rmsnorm(w->xb, w->x, lw->attn_norm, T, d, m->norm_eps);
@@ -57,7 +76,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, worksp
     sl_rope_apply(w->q, T, qd, m->n_heads, hd, w->cosv, w->sinv, m->rope_layout);
     sl_rope_apply(w->k, T, kvd, m->n_kv_heads, hd, w->cosv, w->sinv, m->rope_layout);
     sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, hd, (float)(1.0 / sqrt((double)hd))};
-    SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, attn_capture));
+    SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, attn_capture, aiv, st));
     return sl_sgemm_nt(T, d, qd, w->att, qd, lw->wo, qd, w->x, d, 1, 1);
 }
 
@@ -74,9 +93,13 @@ static void capture_resid(const sl_capture *cap, int64_t l, const float *x, int6
     if (cap && cap->resid && cap->resid[l]) memcpy(cap->resid[l], x, (size_t)(T * d) * sizeof(float));
 }
 
-int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap) {
+int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,
+                     const sl_intervention *iv) {
     SL_TRY(check_model(m));
     if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
+    if (cap && cap->logits && (cap->logits_from < 0 || cap->logits_from >= T))
+        return sl_fail(SL_ERR_VALUE, "forward: logits_from=%lld outside [0, %lld)",
+                       (long long)cap->logits_from, (long long)T);
     for (int64_t t = 0; t < T; t++)
         if (ids[t] < 0 || ids[t] >= m->vocab_size)
             return sl_fail(SL_ERR_VALUE, "forward: token id %lld at position %lld is outside [0, %lld)",
@@ -89,14 +112,19 @@ int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_
     sl_rope_tables(w.cosv, w.sinv, m->rope_inv_freq, T, m->head_dim / 2);
     for (int64_t l = 0; l < m->n_layers && rc == SL_OK; l++) {
         capture_resid(cap, l, w.x, T, d);
+        sl_attn_stats st;
+        sl_attn_intervention aiv;
+        layer_views(m, cap, iv, l, &st, &aiv);
         float *attn = cap && cap->attn ? cap->attn[l] : NULL;
-        rc = attention_block(m, &m->layers[l], &w, T, attn);
+        rc = attention_block(m, &m->layers[l], &w, T, attn, &aiv, &st);
         if (rc == SL_OK) rc = mlp_block(m, &m->layers[l], &w, T);
     }
     if (rc == SL_OK) capture_resid(cap, m->n_layers, w.x, T, d);
     if (rc == SL_OK && cap && cap->logits) {
-        sl_rmsnorm(w.xb, w.x, m->out_norm, T, d, m->norm_eps);
-        rc = sl_sgemm_nt(T, m->vocab_size, d, w.xb, d, m->lm_head, d, cap->logits, m->vocab_size, 0, 1);
+        /* Only the requested rows go through the final norm and the (large) output head. */
+        const int64_t from = cap->logits_from, n = T - from;
+        sl_rmsnorm(w.xb, w.x + from * d, m->out_norm, n, d, m->norm_eps);
+        rc = sl_sgemm_nt(n, m->vocab_size, d, w.xb, d, m->lm_head, d, cap->logits, m->vocab_size, 0, 1);
     }
     workspace_free(&w);
     return rc;

@@ -28,10 +28,21 @@ typedef struct {
     float **attn;   /* n_layers entries: NULL or (H, T, T) attention probabilities */
     float **resid;  /* n_layers+1 entries: NULL or (T, d), the stream entering layer l;
                        entry n_layers is the last layer's output before the final norm */
-    float *logits;  /* NULL or (T, V) */
+    float *logits;  /* NULL or (T - logits_from, V): logits of positions logits_from..T-1 */
+    int64_t logits_from;
+    /* n_layers entries each, NULL or (H, T): see sl_attn_stats */
+    float **importance, **to_first, **entropy;
 } sl_capture;
 
-/* Runs the model on ids[0..T) (each already checked to be in [0, vocab)). */
-int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap);
+/* Interventions over (layer, head), each NULL or n_layers*n_heads entries, layer-major. */
+typedef struct {
+    const uint8_t *mask_first;
+    const uint8_t *zero_first_value;
+    const float *head_scale;
+} sl_intervention;
+
+/* Runs the model on ids[0..T) (each already checked to be in [0, vocab)). cap and iv may be NULL. */
+int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,
+                     const sl_intervention *iv);
 
 #endif

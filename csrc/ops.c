@@ -53,17 +53,20 @@ void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
     }
 }
 
-void sl_softmax_inplace(float *x, int64_t n) {
-    if (n <= 0) return;
+float sl_softmax_entropy(float *x, int64_t n) {
+    if (n <= 0) return 0.0f;
     float mx = x[0];
     for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    double sum = 0.0;
+    double z = 0.0, zs = 0.0;
     for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - mx);
-        sum += x[i];
+        float shifted = x[i] - mx;
+        x[i] = expf(shifted);
+        z += x[i];
+        zs += (double)x[i] * shifted;
     }
-    float inv = (float)(1.0 / sum);
+    float inv = (float)(1.0 / z);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    return (float)(log(z) - zs / z);
 }
 
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d) {

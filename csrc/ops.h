@@ -21,8 +21,9 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
 /* h = silu(g) * u elementwise (SwiGLU); h may alias g. */
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
 
-/* Numerically safe softmax of x[0..n) in place (max subtracted, sum in double). */
-void sl_softmax_inplace(float *x, int64_t n);
+/* Numerically safe softmax of x[0..n) in place (max subtracted, sums in double); returns the
+ * entropy of the result in nats, from log Z - E[x - max] so no per-element log is needed. */
+float sl_softmax_entropy(float *x, int64_t n);
 
 /* out[t] = table[ids[t]]; every id must already be checked against vocab (done by the caller). */
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d);

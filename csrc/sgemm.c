@@ -39,7 +39,7 @@ enum {
     NR = 16,   /* columns of the register tile: two ymm vectors */
     KC = 256,  /* K block: one packed B panel (KC×NR floats, 16 KiB) stays in L1 */
     MC = 96,   /* M block: the packed A block (MC×KC) stays in L2 */
-    NC = 1024, /* widest N block of one task: its packed B (NC×KC, 1 MiB) streams from L2/L3 */
+    NC = 512,  /* widest N block of one task: its packed B (NC×KC, 512 KiB) stays in L2 */
 };
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -142,21 +142,44 @@ static void pack_block(const float *src, int64_t ld, int64_t rows, int64_t width
 typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
                            int load);
 
+#if defined(__GNUC__)
+/* GCC/Clang vector extension: SSE2 on any x86-64, NEON on aarch64. 16-byte aligned: packed B is. */
+typedef float v4f __attribute__((vector_size(16)));
+
+static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                            int64_t ldc, int mr, int load) {
+    /* Two passes over 8 columns each: 12 accumulators fit the 16 registers of SSE2. */
+    for (int h = 0; h < NR; h += 8) {
+        v4f acc[MR][2];
+        for (int i = 0; i < MR; i++)
+            for (int v = 0; v < 2; v++) {
+                acc[i][v] = (v4f){0.0f, 0.0f, 0.0f, 0.0f};
+                if (load && i < mr) memcpy(&acc[i][v], c + i * ldc + h + 4 * v, sizeof(v4f));
+            }
+        for (int64_t k = 0; k < kc; k++) {
+            const v4f b0 = *(const v4f *)(b + k * NR + h), b1 = *(const v4f *)(b + k * NR + h + 4);
+            for (int i = 0; i < MR; i++) {
+                const float ai = a[k * MR + i];
+                acc[i][0] += ai * b0;
+                acc[i][1] += ai * b1;
+            }
+        }
+        for (int i = 0; i < mr; i++) memcpy(c + i * ldc + h, acc[i], 2 * sizeof(v4f));
+    }
+}
+#else
 static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
                             int64_t ldc, int mr, int load) {
     float acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = load ? c[i * ldc + j] : 0.0f;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *bk = b + k * NR;
-        for (int i = 0; i < mr; i++) {
-            float ai = a[k * MR + i];
-            for (int j = 0; j < NR; j++) acc[i][j] += ai * bk[j];
-        }
-    }
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < mr; i++)
+            for (int j = 0; j < NR; j++) acc[i][j] += a[k * MR + i] * b[k * NR + j];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
 }
+#endif
 
 #if SL_SGEMM_X86
 /* Inlined with a constant mr, so rows past mr cost nothing. */

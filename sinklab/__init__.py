@@ -16,12 +16,13 @@ import warnings
 
 from . import _core
 from .config import ModelConfig
+from .interventions import Intervention
 from .model import Model, load
 from .sinks import first_token_importance, key_importance, sink_rate
-from .trace import Trace
+from .trace import AttentionStats, Trace
 
 __version__ = "0.1.0"
-__all__ = ["load", "Model", "ModelConfig", "Trace", "sink_rate", "key_importance",
+__all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
            "first_token_importance", "set_num_threads", "get_num_threads", "simd"]
 
 

@@ -9,9 +9,10 @@ import numpy as np
 from . import _core, gguf_loader, hf_loader, registry
 from .config import ModelConfig
 from .rope import rope_inv_freq
-from .trace import Trace
+from .interventions import Intervention
+from .trace import AttentionStats, Trace
 
-CAPTURES = ("attn", "resid", "logits")
+CAPTURES = ("attn", "resid", "logits", "stats")
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 
 
@@ -85,14 +86,20 @@ class Model:
         return out
 
     def run(self, ids: Any, capture: Sequence[str] = ("attn", "resid", "logits"),
-            layers: Optional[Sequence[int]] = None, progress: bool = True) -> Trace:
+            layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
+            logits_from: int = 0, progress: bool = True) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Args:
             ids: token ids, (T,) or (B, T), any integer array-like.
-            capture: any of ``"attn"`` (L', H, T, T), ``"resid"`` (L+1, T, d) and ``"logits"``
-                (T, V); with (B, T) ids each gets a leading B axis.
-            layers: layers whose attention is captured (default all); ``Trace.layers`` lists them.
+            capture: any of ``"attn"`` (L', H, T, T) probabilities; ``"resid"`` (L+1, T, d);
+                ``"logits"`` (T - logits_from, V); ``"stats"``: attention statistics (L', H, T)
+                computed without a (T, T) buffer (see :class:`AttentionStats`), for long contexts.
+                With (B, T) ids each gets a leading B axis.
+            layers: layers whose attention and stats are captured (default all); ``Trace.layers``.
+            intervene: an :class:`Intervention` on the first token (mask it, zero its value, scale heads).
+            logits_from: first position whose logits are computed (negative counts from the end:
+                -1 gives only the last position's, which is all generation needs).
             progress: show a progress bar over the batch when B > 1.
         """
         unknown = set(capture) - set(CAPTURES)
@@ -102,30 +109,48 @@ class Model:
         sel = self._check_layers(layers)
         batch = arr.reshape(-1, arr.shape[-1])
         B, T = batch.shape
+        if not -T <= logits_from < T:
+            raise ValueError(f"logits_from={logits_from} outside [-{T}, {T}) for T={T}")
+        logits_from %= T
         c = self.config
-        attn = np.empty((B, len(sel), c.n_heads, T, T), np.float32) if "attn" in capture else None
-        resid = np.empty((B, c.n_layers + 1, T, c.d_model), np.float32) if "resid" in capture else None
-        logits = np.empty((B, T, c.vocab_size), np.float32) if "logits" in capture else None
+        ivs = (intervene or Intervention()).arrays(c.n_layers, c.n_heads)
+
+        def buffer(name, *shape):
+            return np.empty((B,) + shape, np.float32) if name in capture else None
+
+        attn = buffer("attn", len(sel), c.n_heads, T, T)
+        resid = buffer("resid", c.n_layers + 1, T, c.d_model)
+        logits = buffer("logits", T - logits_from, c.vocab_size)
+        stats = {k: buffer("stats", len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")}
         rows = range(B)
         if progress and B > 1:
             from tqdm.auto import tqdm
             rows = tqdm(rows, desc="forward", unit="seq")
         for b in rows:
-            attn_list = None
-            if attn is not None:
-                attn_list = [None] * c.n_layers
-                for slot, l in enumerate(sel):
-                    attn_list[l] = attn[b, slot]
-            _core.model_forward(self._handle, batch[b], attn_list,
-                                None if resid is None else list(resid[b]),
-                                None if logits is None else logits[b])
+            _core.model_forward(self._handle, batch[b], attn=self._per_layer(attn, b, sel),
+                                resid=None if resid is None else list(resid[b]),
+                                logits=None if logits is None else logits[b], logits_from=logits_from,
+                                **{k: self._per_layer(v, b, sel) for k, v in stats.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
+        opt = lambda x: None if x is None else squeeze(x)  # noqa: E731
         bos = c.bos_token_id
-        meta = {"model": self.name, "source": self.source,
-                "bos_token_id": bos, "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos))}
-        return Trace(ids=arr, attn=None if attn is None else squeeze(attn),
-                     resid=None if resid is None else squeeze(resid),
-                     logits=None if logits is None else squeeze(logits), layers=sel, meta=meta)
+        meta = {"model": self.name, "source": self.source, "bos_token_id": bos,
+                "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
+                "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()}}
+        st = None
+        if "stats" in capture:
+            st = AttentionStats(**{k: squeeze(v) for k, v in stats.items()})
+        return Trace(ids=arr, attn=opt(attn), resid=opt(resid), logits=opt(logits), stats=st,
+                     layers=sel, meta=meta)
+
+    def _per_layer(self, buf: Optional[np.ndarray], b: int, sel: List[int]) -> Optional[list]:
+        """The C core's per-layer list: batch row b's slot for each selected layer, None elsewhere."""
+        if buf is None:
+            return None
+        out: List[Optional[np.ndarray]] = [None] * self.config.n_layers
+        for slot, l in enumerate(sel):
+            out[l] = buf[b, slot]
+        return out
 
 
 def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:

@@ -31,10 +31,17 @@ and tokens of type 4 (user-defined, e.g. ``<think>``) as non-special added token
 always matched whole in the input text: this is llama.cpp with ``parse_special=True`` and
 transformers' GGUF conversion.
 
-Known differences from llama.cpp, all following ``transformers``' GGUF conversion instead:
-after a special token, SentencePiece vocabularies do not prepend another ``▁`` (llama.cpp does);
-tokens of type 2 (``<unk>``) are not matched as text; ``decode`` never applies llama.cpp's
-``clean_spaces`` clean-up, so ``decode(encode(s)) == s`` for valid text.
+SentencePiece vocabularies follow llama.cpp (and ``sentencepiece`` itself) rather than
+``transformers``' GGUF conversion where the two differ: text starting with a space gets its own
+extra ``▁`` (``" the"`` -> ``▁▁the``), and text right after a special token gets a ``▁`` prefix
+too (``"<s>the"`` -> ``<s> ▁the``). ``transformers`` (a ``Metaspace`` pre-tokenizer with
+``prepend_scheme="first"``) does neither; everywhere else the ids are the same.
+
+Other deliberate choices: tokens of type 2 (``<unk>``) are not matched in the text (llama.cpp
+matches them, transformers does not); ``decode`` writes special tokens out and never applies
+llama.cpp's ``clean_spaces`` clean-up, so ``decode(encode(s)) == s`` for any text with
+byte-level BPE, and for SentencePiece text without special tokens (after one, the ``▁`` prefix
+decodes to a space).
 """
 
 from __future__ import annotations
@@ -151,6 +158,8 @@ def _read_gguf_metadata(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     ``list[str]`` for string arrays and 1-D ``np.ndarray`` for numeric arrays.
     """
     path = os.fspath(path)
+    if os.path.getsize(path) < 24:
+        raise ValueError(f"{path} is not a GGUF file (too short)")
     with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         size = len(mm)
         if size < 24 or mm[:4] != b"GGUF":
@@ -274,7 +283,8 @@ def _reader_metadata(reader: Any) -> Dict[str, Any]:
 
 def _bytes_to_unicode() -> Dict[int, str]:
     """GPT-2's reversible byte -> printable character map (the byte-level BPE alphabet)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = list(range(ord("!"), ord("~") + 1))
+    bs += list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -647,8 +657,9 @@ class Tokenizer:
         """Text of a sequence of token ids (any 1-D integer array-like, or a single int).
 
         Special tokens are written out (``"<|im_end|>"``), so ``decode(encode(s)) == s`` for
-        any valid text ``s``. Byte-level pieces that do not complete a UTF-8 character decode
-        to U+FFFD.
+        any text with byte-level BPE vocabularies, and for SentencePiece ones when ``s`` has no
+        special tokens (the word-start ``▁`` after a special token decodes to a space). Pieces
+        that do not complete a UTF-8 character decode to U+FFFD.
 
         Raises:
             ValueError: ``ids`` is not 1-D integer data, or an id is outside ``[0, vocab_size)``.

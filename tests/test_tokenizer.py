@@ -203,14 +203,39 @@ def test_hf_dir_matches(smol_tok, smol_hf, tmp_path):
         Tokenizer.from_hf_dir(tmp_path / "nope")
 
 
+def test_hf_dir_bos_from_post_processor_and_no_truncation(tmp_path):
+    """A folder without add_bos_token: BOS default read off the post-processor; the file's
+    truncation setting and post-processor never touch encode(); ids from the other json files."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import models, pre_tokenizers, processors
+
+    vocab = {"<bos>": 0, "<eos>": 1, "[UNK]": 2, "a": 3, "b": 4}
+    backend = Backend(models.WordLevel(vocab, unk_token="[UNK]"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", 0)])
+    backend.enable_truncation(max_length=2)
+    backend.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps({"bos_token": {"content": "<bos>"}}))
+    (tmp_path / "config.json").write_text(json.dumps({"eos_token_id": [1, 4]}))
+    tok = Tokenizer.from_hf_dir(tmp_path)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos_default, tok.vocab_size) == (0, 1, True, 5)
+    assert tok.encode("a b a b a").tolist() == [3, 4, 3, 4, 3]
+    assert tok.encode("a b", bos=None).tolist() == [0, 3, 4]
+    # add_bos_token in tokenizer_config.json wins over the post-processor
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"add_bos_token": False, "eos_token": "b"}))
+    tok = Tokenizer.from_hf_dir(tmp_path)
+    assert (tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (0, 4, False)
+
+
 # ---------------------------------------------------------------------------------------------
 # Byte-level GGUFs with other pre-tokenizers
 # ---------------------------------------------------------------------------------------------
 
 
 def _write_gguf(path, *, model, tokens, types=None, scores=None, merges=None, pre=None, bos=None,
-                eos=None, unk=None, add_bos=None, add_space_prefix=None, arch="llama"):
-    w = gguf.GGUFWriter(str(path), arch=arch)
+                eos=None, unk=None, add_bos=None, add_space_prefix=None, arch="llama", big_endian=False):
+    endian = gguf.GGUFEndian.BIG if big_endian else gguf.GGUFEndian.LITTLE
+    w = gguf.GGUFWriter(str(path), arch=arch, endianess=endian)
     w.add_tokenizer_model(model)
     if pre is not None:
         w.add_tokenizer_pre(pre)
@@ -277,6 +302,34 @@ def test_every_supported_pre_builds_and_round_trips(tmp_path):
         tok = Tokenizer.from_gguf(path)
         for text in TEXTS.values():
             assert tok.decode(tok.encode(text)) == text, pre
+
+
+def test_metadata_reader_big_endian_and_reader_input(tmp_path):
+    """The fast metadata reader against gguf.GGUFReader on little- and big-endian files."""
+    tokens, types, merges = _tiny_byte_level_vocab()
+    scores = np.linspace(-1.0, 0.0, len(tokens))
+    kw = dict(model="gpt2", pre="qwen2", tokens=tokens, types=types, merges=merges, scores=scores, bos=3,
+              eos=4, add_bos=True)
+    little = _write_gguf(tmp_path / "le.gguf", **kw)
+    big = _write_gguf(tmp_path / "be.gguf", big_endian=True, **kw)
+    meta_le, meta_be = _read_gguf_metadata(little), _read_gguf_metadata(big)
+    for path, meta in ((little, meta_le), (big, meta_be)):
+        ref = _reader_metadata(gguf.GGUFReader(str(path)))
+        assert meta.keys() == ref.keys() == meta_le.keys()
+        for key in meta:
+            if isinstance(meta[key], np.ndarray):
+                assert meta[key].dtype.isnative and np.array_equal(meta[key], ref[key]), key
+                assert np.array_equal(meta[key], meta_le[key]), key
+            else:
+                assert meta[key] == ref[key] == meta_le[key], key
+    text = "Hello world, 12345!<|end|>"
+    ids = Tokenizer.from_gguf(little).encode(text).tolist()
+    assert Tokenizer.from_gguf(big).encode(text).tolist() == ids
+    assert Tokenizer.from_gguf(gguf.GGUFReader(str(big))).encode(text).tolist() == ids
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(little.read_bytes()[:200])
+    with pytest.raises(ValueError, match="truncated"):
+        Tokenizer.from_gguf(truncated)
 
 
 def test_default_pre_follows_llamacpp(tmp_path):
