@@ -26,7 +26,8 @@
 #define SL_SGEMM_OMP 0
 #endif
 
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
+/* SL_SGEMM_PORTABLE_ONLY builds without the x86 kernels, to check the other platforms' path. */
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(SL_SGEMM_PORTABLE_ONLY)
 #include <immintrin.h>
 #define SL_SGEMM_X86 1
 #define SL_AVX2 __attribute__((target("avx2,fma")))
@@ -317,6 +318,10 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
                 float *C, int64_t ldc, int accumulate, int parallel) {
     if (M < 0 || N < 0 || K < 0)
         return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
+                       (long long)K);
+    /* far beyond any real matrix; keeps the tiling arithmetic below free of overflow */
+    if (M > (INT64_MAX >> 8) || N > (INT64_MAX >> 8) || K > (INT64_MAX >> 8))
+        return sl_fail(SL_ERR_VALUE, "sgemm: size too large M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
     SL_TRY(check_matrix("A", A, M, K, lda));
     SL_TRY(check_matrix("B", B, N, K, ldb));
