@@ -2,9 +2,8 @@
  * SGEMM, causal softmax per row, then out = P·V with Vᵀ packed once per call. Each output row is
  * produced by one task in a fixed order, so results are the same for any thread count.
  *
- * With statistics requested, the importance a_k sums attention over all queries of a head; to
- * keep that sum in a fixed order the blocks of one head then run in sequence on one thread
- * (heads still run in parallel), accumulating into an O(T) vector. */
+ * Statistics are computed from each block as it is produced, so a long context needs O(T)
+ * memory per thread, never a (T, T) buffer. */
 #include "attention.h"
 
 #include <math.h>
@@ -103,6 +102,11 @@ static int attend_block(const sl_attn_shape *s, const head_opts *o, int64_t h, i
                                  s->n_heads * hd);
 }
 
+/* Importance needs, per head, a sum over all query blocks. Each head's blocks are cut into a
+ * fixed number of segments (independent of the thread count); every segment sums into its own
+ * O(T) partial, and the partials are added in segment order afterwards. */
+#define SL_ATTN_SEGMENTS 4
+
 int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
                          const float *v, int64_t kv_stride, float *out, float *probs,
                          const sl_attn_intervention *iv, const sl_attn_stats *st) {
@@ -112,45 +116,55 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
                        (long long)T, (long long)H, (long long)G);
     const int64_t n_blocks = (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK;
     const int need_colsum = st && st->importance;
-    int64_t n_vt;
-    if (!sl_mul_size(G * hd, T, &n_vt)) return sl_fail(SL_ERR_MEMORY, "attention: size overflow");
+    const int64_t n_seg = need_colsum ? (n_blocks < SL_ATTN_SEGMENTS ? n_blocks : SL_ATTN_SEGMENTS) : n_blocks;
+    int64_t n_vt, n_part = 0;
+    if (!sl_mul_size(G * hd, T, &n_vt) || (need_colsum && !sl_mul_size(2 * H * n_seg, T, &n_part)))
+        return sl_fail(SL_ERR_MEMORY, "attention: size overflow");
     float *vt = sl_alloc_floats(n_vt);
-    if (!vt) return sl_fail(SL_ERR_MEMORY, "attention: cannot allocate %lld floats", (long long)n_vt);
+    double *partial = need_colsum ? (double *)sl_alloc_floats(n_part) : NULL;
+    if (!vt || (need_colsum && !partial)) {
+        sl_free(vt);
+        sl_free(partial);
+        return sl_fail(SL_ERR_MEMORY, "attention: cannot allocate buffers for T=%lld", (long long)T);
+    }
     transpose_values(vt, v, kv_stride, T, G, hd);
 
     int status = SL_OK;
 #pragma omp parallel
     {
-        /* Per thread: one block of scores, O(T), and the importance accumulator, O(T). */
+        /* Per thread: one block of scores, O(T). */
         float *scratch = probs ? NULL : sl_alloc_floats(SL_ATTN_QBLOCK * T);
-        double *colsum = need_colsum ? (double *)sl_alloc_floats(2 * T) : NULL;
-        int ok = (probs != NULL || scratch != NULL) && (!need_colsum || colsum != NULL);
+        int ok = probs != NULL || scratch != NULL;
         if (!ok) {
 #pragma omp critical(sl_attn_err)
             status = sl_fail(SL_ERR_MEMORY, "attention: cannot allocate scratch for T=%lld", (long long)T);
         }
-        /* Heads × blocks as independent tasks; with importance, a task is a whole head. */
-        const int64_t per_task = need_colsum ? n_blocks : 1;
-        const int64_t n_tasks = H * n_blocks / per_task;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < n_tasks; task++) {
+        for (int64_t task = 0; task < H * n_seg; task++) {
             if (!ok) continue;
-            const int64_t h = task * per_task / n_blocks, b0 = task * per_task % n_blocks;
-            if (colsum) memset(colsum, 0, (size_t)T * sizeof(double));
-            head_opts o = options_for_head(iv, st, h, T, colsum);
+            const int64_t h = task / n_seg, seg = task % n_seg;
+            const int64_t b0 = seg * n_blocks / n_seg, b1 = (seg + 1) * n_blocks / n_seg;
+            head_opts o = options_for_head(iv, st, h, T, need_colsum ? partial + task * T : NULL);
             int rc = SL_OK;
-            for (int64_t b = b0; b < b0 + per_task && rc == SL_OK; b++)
+            for (int64_t b = b0; b < b1 && rc == SL_OK; b++)
                 rc = attend_block(s, &o, h, b, q, q_stride, k, kv_stride, vt, out, probs, scratch);
-            if (rc == SL_OK && colsum)
-                for (int64_t j = 0; j < T; j++) st->importance[h * T + j] = (float)(colsum[j] / (double)(T - j));
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;
             }
         }
         sl_free(scratch);
-        sl_free(colsum);
+        if (need_colsum && status == SL_OK) {
+#pragma omp for schedule(static)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t j = 0; j < T; j++) {
+                    double sum = 0.0;
+                    for (int64_t g = 0; g < n_seg; g++) sum += partial[(h * n_seg + g) * T + j];
+                    st->importance[h * T + j] = (float)(sum / (double)(T - j));
+                }
+        }
     }
     sl_free(vt);
+    sl_free(partial);
     return status;
 }

@@ -5,6 +5,15 @@
 #include <math.h>
 #include <string.h>
 
+#include "cpu.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define SL_X86 1
+#include <immintrin.h>
+#else
+#define SL_X86 0
+#endif
+
 void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d, float eps) {
 #pragma omp parallel for schedule(static) if (T * d > 32768)
     for (int64_t t = 0; t < T; t++) {
@@ -53,8 +62,7 @@ void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
     }
 }
 
-float sl_softmax_entropy(float *x, int64_t n) {
-    if (n <= 0) return 0.0f;
+static float softmax_entropy_generic(float *x, int64_t n) {
     float mx = x[0];
     for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     double z = 0.0, zs = 0.0;
@@ -67,6 +75,74 @@ float sl_softmax_entropy(float *x, int64_t n) {
     float inv = (float)(1.0 / z);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
     return (float)(log(z) - zs / z);
+}
+
+#if SL_X86
+/* exp on 8 lanes, Cephes' single-precision polynomial (about 1 ulp for the arguments <= 0 that
+ * softmax produces); below -87.3 it returns a tiny positive value instead of 0 or a denormal. */
+__attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+__attribute__((target("avx2,fma"))) static double hsum4d(__m256d v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+__attribute__((target("avx2,fma"))) static float softmax_entropy_avx2(float *x, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    for (int64_t i = 0; i < n8; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float mx = lanes[0];
+    for (int k = 1; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (int64_t i = n8; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    /* Sums in double, as in the portable path: entropy is log Z - E[x - max]. */
+    __m256d z = _mm256_setzero_pd(), zs = _mm256_setzero_pd();
+    const __m256 m = _mm256_set1_ps(mx);
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 sh = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+        __m256 e = exp8(sh);
+        _mm256_storeu_ps(x + i, e);
+        __m256d e_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
+        __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(sh)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(sh, 1));
+        z = _mm256_add_pd(z, _mm256_add_pd(e_lo, e_hi));
+        zs = _mm256_fmadd_pd(e_lo, s_lo, _mm256_fmadd_pd(e_hi, s_hi, zs));
+    }
+    double zt = hsum4d(z), zst = hsum4d(zs);
+    for (int64_t i = n8; i < n; i++) {
+        float sh = x[i] - mx;
+        x[i] = expf(sh);
+        zt += x[i];
+        zst += (double)x[i] * sh;
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / zt));
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (int64_t i = n8; i < n; i++) x[i] *= (float)(1.0 / zt);
+    return (float)(log(zt) - zst / zt);
+}
+#endif
+
+float sl_softmax_entropy(float *x, int64_t n) {
+    if (n <= 0) return 0.0f;
+#if SL_X86
+    if (sl_simd() == SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
+#endif
+    return softmax_entropy_generic(x, n);
 }
 
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d) {

@@ -289,16 +289,13 @@ static void run_task(const sgemm_job *g, int64_t m0, int64_t m1, int64_t n0, int
 }
 
 typedef struct {
-    int64_t tn, wn, hm, ntasks, ap_size;
+    int64_t tn, wn, hm; /* N blocks, their width, height of the M blocks */
 } task_grid;
 
-/* Thread tid of nt: tasks tid, tid+nt, ... of the grid (row-major over M blocks × N blocks). */
-static void run_tasks(const sgemm_job *g, const task_grid *t, int tid, int nt, float *buf, int64_t per_thread) {
-    float *Ap = buf + tid * per_thread, *Bp = Ap + t->ap_size;
-    for (int64_t i = tid; i < t->ntasks; i += nt) {
-        int64_t m0 = (i / t->tn) * t->hm, n0 = (i % t->tn) * t->wn;
-        run_task(g, m0, min64(m0 + t->hm, g->M), n0, min64(n0 + t->wn, g->N), Ap, Bp);
-    }
+/* Task i of the grid (row-major over M blocks × N blocks). */
+static void run_grid_task(const sgemm_job *g, const task_grid *t, int64_t i, float *Ap, float *Bp) {
+    int64_t m0 = (i / t->tn) * t->hm, n0 = (i % t->tn) * t->wn;
+    run_task(g, m0, min64(m0 + t->hm, g->M), n0, min64(n0 + t->wn, g->N), Ap, Bp);
 }
 
 /* Checks that rows × ld (with the last row only `cols` long) is addressable without overflow. */
@@ -376,14 +373,19 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     float *buf = NULL;
     if ((uint64_t)total <= (uint64_t)SIZE_MAX / sizeof(float)) buf = aligned_alloc(64, (size_t)total * sizeof(float));
     if (!buf) return sl_fail(SL_ERR_MEMORY, "sgemm: cannot allocate %lld floats for packing", (long long)total);
-    task_grid grid = {tn, wn, hm, ntasks, ap_size};
+    task_grid grid = {tn, wn, hm};
 
     if (nthr == 1) {
-        run_tasks(&g, &grid, 0, 1, buf, per_thread);
+        for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, buf, buf + ap_size);
     } else {
 #if SL_SGEMM_OMP
 #pragma omp parallel num_threads(nthr)
-        run_tasks(&g, &grid, omp_get_thread_num(), omp_get_num_threads(), buf, per_thread);
+        {
+            float *Ap = buf + omp_get_thread_num() * per_thread;
+            /* dynamic: a thread slowed by another process on its core takes fewer tiles */
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, Ap, Ap + ap_size);
+        }
 #endif
     }
     free(buf);

@@ -1,0 +1,195 @@
+"""Over-mixing metrics: rank collapse and representational collapse (PAPER.md §2).
+
+Rank-collapse residual of the token matrix V (T×d) at each layer, with mu the mean over tokens:
+
+    r^(l) = || V^(l) - 1 mu^T ||_F / || V^(l) ||_F        (0: every token identical)
+
+Representational collapse (Barbero et al. 2024): the distance between the last-token
+representation of a sequence and that of the same sequence with its last token repeated,
+
+    D^(l) = || v_T^(l) - v'_{T+1}^(l) ||_2               (small: the model cannot tell them apart)
+
+``v^(l)`` is the residual stream entering layer l (``Trace.resid``; l = 0 embeddings, l = L the
+last layer's output before the final norm). Because attention is causal, the representation of
+the original last token is read from the same forward pass as the repeated one (position T-1 of
+the sequence with the repeat appended), so each D costs one forward pass.
+
+:func:`collapse_vs_length` sweeps T (the first T text tokens of a passage), with and without
+BOS. With BOS, the sequence is BOS + T text tokens; the rank-collapse residual is by default
+computed over the T text positions only (``rank_positions="text"``), so the two settings see the
+same tokens and the BOS row (often of a very different norm) does not dominate ||V||_F;
+``rank_positions="all"`` includes it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+import numpy as np
+
+from .perturbation import (BosArg, _progress, bos_settings, check_length, load_npz, save_npz,
+                           text_ids, to_jsonable, with_setting)
+
+
+def rank_collapse(resid: np.ndarray, start: int = 0) -> np.ndarray:
+    """Rank-collapse residual ||V - 1 mu^T||_F / ||V||_F over tokens ``start:``.
+
+    Args:
+        resid: (..., T, d) token representations, e.g. ``Trace.resid`` (L+1, T, d).
+        start: first token position included (1 drops a BOS token).
+
+    Returns:
+        (...) float64, e.g. (L+1,): values in [0, 1]; NaN where V is all zeros.
+    """
+    V = np.asarray(resid, dtype=np.float64)
+    if V.ndim < 2:
+        raise ValueError(f"resid must have shape (..., T, d), got {V.shape}")
+    if not 0 <= start < V.shape[-2]:
+        raise ValueError(f"start={start} leaves no tokens out of {V.shape[-2]}")
+    V = V[..., start:, :]
+    mu = V.mean(axis=-2, keepdims=True)
+    num = np.sqrt(np.sum((V - mu) ** 2, axis=(-2, -1)))
+    den = np.sqrt(np.sum(V ** 2, axis=(-2, -1)))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
+
+
+def _repeat_last(ids: np.ndarray) -> np.ndarray:
+    return np.concatenate([ids, ids[-1:]])
+
+
+def representational_collapse(model: Any, ids: Union[Sequence[int], np.ndarray],
+                              relative: bool = False) -> np.ndarray:
+    """Per-layer distance between the last token of ``ids`` and of ``ids`` + [ids[-1]].
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        ids: (T,) token ids exactly as run (prepend BOS yourself if wanted), T >= 1.
+        relative: divide by ||v_T^(l)||_2.
+
+    Returns:
+        (L+1,) float64: ||v_T^(l) - v'_{T+1}^(l)||_2 (in residual-stream units), or relative.
+        One forward pass of T+1 tokens, which must fit in the context.
+    """
+    arr = np.asarray(ids)
+    if arr.ndim != 1 or arr.size == 0 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"ids must be a non-empty 1-D integer array, got shape {arr.shape} dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    check_length(model, len(arr) + 1, "sequence with its last token repeated")
+    tr = model.run(_repeat_last(arr), capture=("resid",), progress=False)
+    return _repr_from_resid(tr.resid, len(arr), relative)
+
+
+def _repr_from_resid(resid: np.ndarray, T: int, relative: bool) -> np.ndarray:
+    v = np.asarray(resid[:, T - 1, :], dtype=np.float64)
+    w = np.asarray(resid[:, T, :], dtype=np.float64)
+    d = np.linalg.norm(v - w, axis=-1)
+    if relative:
+        n = np.linalg.norm(v, axis=-1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            d = np.where(n > 0, d / np.where(n > 0, n, 1.0), np.nan)
+    return d
+
+
+@dataclass
+class CollapseResult:
+    """Collapse metrics as the context grows.
+
+    Attributes:
+        lengths: (n,) int64, numbers of text tokens T.
+        settings: subset of ``["bos", "nobos"]``.
+        rank: setting -> (n, L+1) float64 rank-collapse residual of the T-token prompt.
+        repr_dist: setting -> (n, L+1) float64 ||v_T - v'_{T+1}||_2.
+        last_norm: setting -> (n, L+1) float64 ||v_T||_2 (for relative distances).
+        meta: model, BOS id, rank_positions, text ids used, ...
+    """
+
+    lengths: np.ndarray
+    settings: List[str]
+    rank: Dict[str, np.ndarray]
+    repr_dist: Dict[str, np.ndarray]
+    last_norm: Dict[str, np.ndarray]
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def repr_rel(self) -> Dict[str, np.ndarray]:
+        """setting -> (n, L+1): repr_dist / ||v_T||."""
+        return {s: self.repr_dist[s] / self.last_norm[s] for s in self.settings}
+
+    def summary(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {"meta": self.meta, "lengths": self.lengths, "settings": {}}
+        for s in self.settings:
+            out["settings"][s] = {"rank_collapse": self.rank[s], "repr_dist": self.repr_dist[s],
+                                  "repr_rel": self.repr_rel[s]}
+        return to_jsonable(out)
+
+    def save(self, path: str) -> None:
+        """.npz with embedded JSON metadata; no pickle."""
+        arrays = {"lengths": self.lengths}
+        for s in self.settings:
+            arrays[f"rank_{s}"] = self.rank[s]
+            arrays[f"repr_dist_{s}"] = self.repr_dist[s]
+            arrays[f"last_norm_{s}"] = self.last_norm[s]
+        save_npz(path, arrays, {"settings": self.settings, "meta": self.meta})
+
+    @classmethod
+    def load(cls, path: str) -> "CollapseResult":
+        a, m = load_npz(path)
+        st = list(m["settings"])
+        return cls(lengths=a["lengths"], settings=st, rank={s: a[f"rank_{s}"] for s in st},
+                   repr_dist={s: a[f"repr_dist_{s}"] for s in st},
+                   last_norm={s: a[f"last_norm_{s}"] for s in st}, meta=dict(m["meta"]))
+
+
+def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
+                       lengths: Sequence[int] = (8, 16, 32, 64, 128, 256), bos: BosArg = "both",
+                       rank_positions: str = "text", progress: bool = True) -> CollapseResult:
+    """Rank and representational collapse of the first T tokens of a passage, for each T.
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        text: a passage (tokenized without BOS) or its token ids; needs >= max(lengths) tokens.
+        lengths: numbers of text tokens T (each >= 2). With BOS the run has T+1 tokens, plus one
+            for the repeated last token; all must fit in the context (checked before running).
+        bos: ``True``, ``False`` or ``"both"``.
+        rank_positions: ``"text"`` (default: the T text tokens) or ``"all"`` (include BOS).
+        progress: tqdm bar over the len(lengths) × settings forward passes.
+
+    Returns:
+        :class:`CollapseResult` with (len(lengths), L+1) arrays per setting.
+    """
+    settings = bos_settings(bos)
+    if rank_positions not in ("text", "all"):
+        raise ValueError(f"rank_positions must be 'text' or 'all', got {rank_positions!r}")
+    Ts = np.asarray([int(t) for t in lengths], dtype=np.int64)
+    if Ts.size == 0:
+        raise ValueError("lengths is empty")
+    if Ts.min() < 2:
+        raise ValueError(f"every length must be >= 2 tokens, got {Ts.tolist()}")
+    ids = text_ids(model, text)
+    if len(ids) < Ts.max():
+        raise ValueError(f"the text has {len(ids)} tokens, fewer than the longest requested length "
+                         f"{int(Ts.max())}")
+    extra = 1 + (1 if "bos" in settings else 0)
+    check_length(model, int(Ts.max()) + extra,
+                 f"length T={int(Ts.max())} (+{extra} for {'BOS and ' if extra == 2 else ''}the repeated token): a sequence")
+    L = model.config.n_layers
+    rank = {s: np.empty((len(Ts), L + 1)) for s in settings}
+    rdist = {s: np.empty((len(Ts), L + 1)) for s in settings}
+    lnorm = {s: np.empty((len(Ts), L + 1)) for s in settings}
+    jobs = [(i, s) for i in range(len(Ts)) for s in settings]
+    for i, s in _progress(jobs, progress, "collapse vs length"):
+        T = int(Ts[i])
+        seq = with_setting(model, ids[:T], s)
+        off = 1 if s == "bos" else 0
+        tr = model.run(_repeat_last(seq), capture=("resid",), progress=False)
+        resid = tr.resid
+        n = len(seq)
+        start = off if rank_positions == "text" else 0
+        rank[s][i] = rank_collapse(resid[:, :n, :], start=start)
+        rdist[s][i] = _repr_from_resid(resid, n, relative=False)
+        lnorm[s][i] = np.linalg.norm(np.asarray(resid[:, n - 1, :], dtype=np.float64), axis=-1)
+    meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id,
+            "rank_positions": rank_positions, "n_text_tokens": int(len(ids)),
+            "ids": ids[: int(Ts.max())].tolist()}
+    return CollapseResult(lengths=Ts, settings=settings, rank=rank, repr_dist=rdist, last_norm=lnorm, meta=meta)

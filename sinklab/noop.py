@@ -1,0 +1,443 @@
+"""Sinks as approximate no-ops (PAPER.md §3): value norms, head-output norms, sink mass, and a
+search for "conditional" heads.
+
+For layer l, head h (query head; it reads kv head g = h // (H / G)), with x_j the attention input
+of token j — RMSNorm of the residual stream times the layer's ``attn_norm`` weight:
+
+    value norm          ||W_V^g x_j||_2                        (L, H, T)
+    head output         o_i^h = W_O^h sum_k A_ik^h W_V^g x_k,  W_O^h = attn_output[:, h*hd:(h+1)*hd]
+    head-output norm    ||o_i^h||_2                            (L, H, T), residual-stream units
+    to_first            A_i0^h, the attention of query i to position 0
+
+The paper's claim: a head with nothing to do puts its attention on position 0 (⟨bos⟩), whose
+value vector is small, so its update to the residual stream is ≈ 0. Per head this module reports
+the correlation across queries between to_first and the head-output norm (negative: the more the
+head sinks, the smaller its output), the ratio of the position-0 value norm to the median value
+norm of the other tokens, and the head-output norm relative to the residual stream it is added to.
+
+W_V / W_O layout: ``attn_v`` (G*hd, d) and ``attn_output`` (d, H*hd) are stored in the same
+layout by GGUF and Hugging Face files (only Q/K rows are permuted by llama.cpp), so these
+quantities do not depend on the file format.
+
+Queries: statistics over queries skip query 0 (its only key is position 0 itself).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .perturbation import (_progress, check_length, load_npz, save_npz, text_ids, to_jsonable,
+                           with_setting)
+
+TextLike = Union[str, Sequence[int], np.ndarray]
+
+
+# ---------------------------------------------------------------------------------- primitives
+def attention_inputs(model: Any, resid: np.ndarray, layer: int) -> np.ndarray:
+    """x_j = RMSNorm(v_j^(l)) * attn_norm_l for every token: (T, d) float64."""
+    c = model.config
+    v = np.asarray(resid[layer], dtype=np.float64)
+    w = np.asarray(model.weights[f"blk.{layer}.attn_norm"], dtype=np.float64)
+    return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + float(c.norm_eps)) * w
+
+
+def _values(model: Any, x: np.ndarray, layer: int) -> np.ndarray:
+    """Value vectors (G, T, hd) float64 of attention inputs x (T, d)."""
+    c = model.config
+    Wv = np.asarray(model.weights[f"blk.{layer}.attn_v"], dtype=np.float64)  # (G*hd, d)
+    return (x @ Wv.T).reshape(x.shape[0], c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
+
+
+def _check_resid(model: Any, resid: np.ndarray) -> np.ndarray:
+    r = np.asarray(resid)
+    c = model.config
+    if r.ndim != 3 or r.shape[0] != c.n_layers + 1 or r.shape[2] != c.d_model:
+        raise ValueError(f"resid must have shape (L+1={c.n_layers + 1}, T, d={c.d_model}), got {r.shape}")
+    return r
+
+
+def value_norms(model: Any, resid: np.ndarray) -> np.ndarray:
+    """||W_V^h x_j||_2 per layer, query head and token: (L, H, T) float64.
+
+    ``resid``: (L+1, T, d) residual stream (``Trace.resid``). Query heads sharing a kv head
+    (GQA) get the same values.
+    """
+    c = model.config
+    r = _check_resid(model, resid)
+    rep = c.n_heads // c.n_kv_heads
+    out = np.empty((c.n_layers, c.n_heads, r.shape[1]))
+    for l in range(c.n_layers):
+        vn = np.linalg.norm(_values(model, attention_inputs(model, r, l), l), axis=-1)  # (G, T)
+        out[l] = np.repeat(vn, rep, axis=0)
+    return out
+
+
+def head_output_norms(model: Any, resid: np.ndarray, attn: np.ndarray) -> np.ndarray:
+    """||W_O^h sum_k A_ik^h W_V^h x_k||_2 per layer, head and query: (L, H, T) float64.
+
+    Args:
+        resid: (L+1, T, d) residual stream. attn: (L, H, T, T) attention of every layer.
+    """
+    c = model.config
+    r = _check_resid(model, resid)
+    a = np.asarray(attn)
+    T = r.shape[1]
+    if a.shape != (c.n_layers, c.n_heads, T, T):
+        raise ValueError(f"attn must have shape {(c.n_layers, c.n_heads, T, T)} (all layers), got {a.shape}")
+    rep, hd = c.n_heads // c.n_kv_heads, c.head_dim
+    out = np.empty((c.n_layers, c.n_heads, T))
+    for l in range(c.n_layers):
+        vals = _values(model, attention_inputs(model, r, l), l)                  # (G, T, hd)
+        Wo = np.asarray(model.weights[f"blk.{l}.attn_output"], dtype=np.float64)  # (d, H*hd)
+        for h in range(c.n_heads):
+            z = a[l, h].astype(np.float64) @ vals[h // rep]                       # (T, hd)
+            out[l, h] = np.linalg.norm(z @ Wo[:, h * hd:(h + 1) * hd].T, axis=-1)
+    return out
+
+
+def _pearson(x: np.ndarray, y: np.ndarray) -> float:
+    x = x - x.mean()
+    y = y - y.mean()
+    d = np.sqrt((x * x).sum() * (y * y).sum())
+    return float((x * y).sum() / d) if d > 0 else float("nan")
+
+
+def _rankdata(x: np.ndarray) -> np.ndarray:
+    order = np.argsort(x, kind="mergesort")
+    ranks = np.empty(len(x))
+    ranks[order] = np.arange(len(x), dtype=np.float64)
+    # average ties
+    xs = x[order]
+    i = 0
+    while i < len(xs):
+        j = i
+        while j + 1 < len(xs) and xs[j + 1] == xs[i]:
+            j += 1
+        if j > i:
+            ranks[order[i:j + 1]] = (i + j) / 2.0
+        i = j + 1
+    return ranks
+
+
+# ---------------------------------------------------------------------------------- no-op analysis
+@dataclass
+class NoopResult:
+    """Per-prompt value norms, head-output norms and attention to position 0.
+
+    Attributes:
+        ids: list of (T_p,) int64 sequences as run (BOS included when used).
+        value_norm: list of (L, H, T_p) float64 ||W_V^h x_j||.
+        out_norm: list of (L, H, T_p) float64 head-output norm per query.
+        to_first: list of (L, H, T_p) float64 attention of each query to position 0.
+        resid_norm: list of (L, T_p) float64 ||v_i^(l)||, the stream each head output is added to.
+        meta: model, BOS id, setting.
+    """
+
+    ids: List[np.ndarray]
+    value_norm: List[np.ndarray]
+    out_norm: List[np.ndarray]
+    to_first: List[np.ndarray]
+    resid_norm: List[np.ndarray]
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def _pooled(self, arrs: List[np.ndarray]) -> np.ndarray:
+        """(L, H, N) over queries 1..T_p-1 of every prompt."""
+        return np.concatenate([a[..., 1:] for a in arrs], axis=-1)
+
+    def sink_mass(self) -> np.ndarray:
+        """(L, H): mean attention to position 0 over queries i >= 1 of all prompts."""
+        return self._pooled(self.to_first).mean(axis=-1)
+
+    def mean_out_norm(self) -> np.ndarray:
+        """(L, H): mean head-output norm over queries i >= 1."""
+        return self._pooled(self.out_norm).mean(axis=-1)
+
+    def rel_out_norm(self) -> np.ndarray:
+        """(L, H): mean over queries i >= 1 of ||o_i^h|| / ||v_i^(l)||."""
+        rel = [o / r[:, None, :] for o, r in zip(self.out_norm, self.resid_norm)]
+        return self._pooled(rel).mean(axis=-1)
+
+    def correlation(self, method: str = "pearson") -> np.ndarray:
+        """(L, H): correlation across queries i >= 1 between to_first and head-output norm.
+
+        ``method``: ``"pearson"`` or ``"spearman"``. NaN where either is constant.
+        """
+        if method not in ("pearson", "spearman"):
+            raise ValueError(f"method must be 'pearson' or 'spearman', got {method!r}")
+        f, o = self._pooled(self.to_first), self._pooled(self.out_norm)
+        L, H, _ = f.shape
+        out = np.empty((L, H))
+        for l in range(L):
+            for h in range(H):
+                x, y = f[l, h], o[l, h]
+                if method == "spearman":
+                    x, y = _rankdata(x), _rankdata(y)
+                out[l, h] = _pearson(x, y)
+        return out
+
+    def first_value_ratio(self) -> np.ndarray:
+        """(L, H): ||value of position 0|| / median ||value|| of positions 1.., averaged over prompts."""
+        r = [v[..., 0] / np.median(v[..., 1:], axis=-1) for v in self.value_norm if v.shape[-1] > 1]
+        return np.mean(r, axis=0)
+
+    def first_value_is_smallest(self) -> np.ndarray:
+        """(L, H): fraction of prompts where position 0 has the smallest value norm of all tokens."""
+        return np.mean([v[..., 0] <= v[..., 1:].min(axis=-1) for v in self.value_norm if v.shape[-1] > 1], axis=0)
+
+    def summary(self, eps: float = 0.5) -> Dict[str, Any]:
+        """Do sink heads (sink mass > ``eps``) have small outputs? JSON-ready numbers."""
+        mass, rel = self.sink_mass(), self.rel_out_norm()
+        corr, ratio = self.correlation(), self.first_value_ratio()
+        sink = mass > eps
+        med = lambda a: float(np.nanmedian(a)) if a.size else float("nan")  # noqa: E731
+        all_mass, all_rel = mass.ravel(), rel.ravel()
+        return to_jsonable({
+            "meta": self.meta, "eps": eps, "n_prompts": len(self.ids),
+            "n_heads": int(mass.size), "n_sink_heads": int(sink.sum()),
+            "median_rel_out_norm_sink_heads": med(rel[sink]),
+            "median_rel_out_norm_other_heads": med(rel[~sink]),
+            "spearman_sink_mass_vs_rel_out_norm_across_heads":
+                _pearson(_rankdata(all_mass), _rankdata(all_rel)),
+            "median_query_corr_to_first_vs_out_norm_sink_heads": med(corr[sink]),
+            "median_query_corr_to_first_vs_out_norm_other_heads": med(corr[~sink]),
+            "fraction_heads_negative_query_corr": float(np.nanmean(corr < 0)),
+            "median_first_value_ratio_sink_heads": med(ratio[sink]),
+            "median_first_value_ratio_other_heads": med(ratio[~sink]),
+            "fraction_kv_heads_first_value_smallest": float(self.first_value_is_smallest().mean()),
+            "per_head": {"sink_mass": mass, "rel_out_norm": rel, "mean_out_norm": self.mean_out_norm(),
+                         "query_corr": corr, "first_value_ratio": ratio},
+        })
+
+    def save(self, path: str) -> None:
+        """.npz (per-prompt arrays concatenated along T, with offsets) + JSON metadata; no pickle."""
+        offs = np.cumsum([0] + [len(i) for i in self.ids]).astype(np.int64)
+        save_npz(path, {"offsets": offs, "ids": np.concatenate(self.ids),
+                        "value_norm": np.concatenate(self.value_norm, axis=-1),
+                        "out_norm": np.concatenate(self.out_norm, axis=-1),
+                        "to_first": np.concatenate(self.to_first, axis=-1),
+                        "resid_norm": np.concatenate(self.resid_norm, axis=-1)}, {"meta": self.meta})
+
+    @classmethod
+    def load(cls, path: str) -> "NoopResult":
+        a, m = load_npz(path)
+        o = a["offsets"]
+        sl = [slice(int(o[i]), int(o[i + 1])) for i in range(len(o) - 1)]
+        return cls(ids=[a["ids"][s] for s in sl], value_norm=[a["value_norm"][..., s] for s in sl],
+                   out_norm=[a["out_norm"][..., s] for s in sl], to_first=[a["to_first"][..., s] for s in sl],
+                   resid_norm=[a["resid_norm"][..., s] for s in sl], meta=dict(m["meta"]))
+
+
+def _as_list(texts: Union[TextLike, Sequence[TextLike]]) -> List[TextLike]:
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, np.ndarray) and texts.ndim == 1:
+        return [texts]
+    if isinstance(texts, (list, tuple)) and texts and all(isinstance(t, (int, np.integer)) for t in texts):
+        return [np.asarray(texts)]
+    out = list(texts)
+    if not out:
+        raise ValueError("no prompts given")
+    return out
+
+
+def _run_full(model: Any, ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    check_length(model, len(ids), "prompt")
+    tr = model.run(ids, capture=("attn", "resid"), progress=False)
+    return tr.resid, tr.attn
+
+
+def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: bool = True,
+                  max_tokens: Optional[int] = None, progress: bool = True) -> NoopResult:
+    """Value norms, head-output norms and attention to position 0 over a set of prompts.
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        texts: a prompt (str or text ids without BOS) or a list of them.
+        bos: prepend the model's BOS token (position 0 is then BOS, else the first text token).
+        max_tokens: cut each prompt to its first ``max_tokens`` text tokens.
+        progress: tqdm bar over prompts.
+    """
+    setting = "bos" if bos else "nobos"
+    rows: Dict[str, list] = {k: [] for k in ("ids", "value_norm", "out_norm", "to_first", "resid_norm")}
+    for t in _progress(_as_list(texts), progress, "no-op analysis"):
+        tids = text_ids(model, t)
+        if max_tokens is not None:
+            tids = tids[:int(max_tokens)]
+        ids = with_setting(model, tids, setting)
+        if len(ids) < 2:
+            raise ValueError("each prompt needs at least 2 tokens (queries after position 0)")
+        resid, attn = _run_full(model, ids)
+        rows["ids"].append(ids)
+        rows["value_norm"].append(value_norms(model, resid))
+        rows["out_norm"].append(head_output_norms(model, resid, attn))
+        rows["to_first"].append(np.asarray(attn[..., :, 0], dtype=np.float64))
+        rows["resid_norm"].append(np.linalg.norm(np.asarray(resid[:-1], dtype=np.float64), axis=-1))
+    meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id if bos else None,
+            "setting": setting, "max_tokens": max_tokens}
+    return NoopResult(meta=meta, **rows)
+
+
+# ---------------------------------------------------------------------------------- conditional heads
+@dataclass
+class ConditionalHeads:
+    """Heads that attend to a trigger token when it is present and to position 0 when it is not.
+
+    All per-head arrays are (L, H) float64, means over prompts:
+        to_trigger_with: attention of the queries after the trigger to the trigger token(s).
+        to_first_with: attention of those same queries to position 0.
+        to_first_without: attention of queries i >= 1 to position 0 in the trigger-free prompts.
+        out_norm_with / out_norm_without: mean head-output norm over the same queries.
+        score: to_trigger_with * to_first_without (the ranking).
+    ``top``: the best ``n_top`` heads as dicts with their numbers.
+    """
+
+    trigger: str
+    trigger_ids: List[int]
+    to_trigger_with: np.ndarray
+    to_first_with: np.ndarray
+    to_first_without: np.ndarray
+    out_norm_with: np.ndarray
+    out_norm_without: np.ndarray
+    n_top: int = 10
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def score(self) -> np.ndarray:
+        return self.to_trigger_with * self.to_first_without
+
+    @property
+    def top(self) -> List[Dict[str, Any]]:
+        s = self.score
+        order = np.argsort(-s, axis=None, kind="stable")[: self.n_top]
+        out = []
+        for flat in order:
+            l, h = np.unravel_index(flat, s.shape)
+            out.append({"layer": int(l), "head": int(h), "score": float(s[l, h]),
+                        "to_trigger_with": float(self.to_trigger_with[l, h]),
+                        "to_first_with": float(self.to_first_with[l, h]),
+                        "to_first_without": float(self.to_first_without[l, h]),
+                        "out_norm_with": float(self.out_norm_with[l, h]),
+                        "out_norm_without": float(self.out_norm_without[l, h])})
+        return out
+
+    def table(self) -> str:
+        """The top heads as a fixed-width text table."""
+        lines = [f"conditional heads for trigger {self.trigger!r} (tokens {self.trigger_ids})",
+                 f"{'layer':>5} {'head':>4} {'score':>6} {'A→trig|with':>12} {'A→0|with':>9} "
+                 f"{'A→0|without':>12} {'|o| with':>9} {'|o| without':>12}"]
+        for r in self.top:
+            lines.append(f"{r['layer']:>5} {r['head']:>4} {r['score']:6.3f} {r['to_trigger_with']:12.3f} "
+                         f"{r['to_first_with']:9.3f} {r['to_first_without']:12.3f} "
+                         f"{r['out_norm_with']:9.3f} {r['out_norm_without']:12.3f}")
+        return "\n".join(lines)
+
+    def summary(self) -> Dict[str, Any]:
+        return to_jsonable({"trigger": self.trigger, "trigger_ids": self.trigger_ids, "meta": self.meta,
+                            "top": self.top, "score": self.score, "to_trigger_with": self.to_trigger_with,
+                            "to_first_with": self.to_first_with, "to_first_without": self.to_first_without})
+
+    def save(self, path: str) -> None:
+        save_npz(path, {k: getattr(self, k) for k in ("to_trigger_with", "to_first_with", "to_first_without",
+                                                       "out_norm_with", "out_norm_without")},
+                 {"trigger": self.trigger, "trigger_ids": self.trigger_ids, "n_top": self.n_top,
+                  "meta": self.meta})
+
+    @classmethod
+    def load(cls, path: str) -> "ConditionalHeads":
+        a, m = load_npz(path)
+        return cls(trigger=m["trigger"], trigger_ids=list(m["trigger_ids"]), n_top=int(m["n_top"]),
+                   meta=dict(m["meta"]), **a)
+
+
+def find_subsequence(ids: np.ndarray, sub: Sequence[int]) -> List[int]:
+    """Start positions of every occurrence of ``sub`` in ``ids`` (non-overlapping, left to right)."""
+    n, m = len(ids), len(sub)
+    out, i = [], 0
+    sub = list(int(s) for s in sub)
+    while i + m <= n:
+        if [int(x) for x in ids[i:i + m]] == sub:
+            out.append(i)
+            i += m
+        else:
+            i += 1
+    return out
+
+
+def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequence[TextLike]],
+                           without_trigger_text: Union[TextLike, Sequence[TextLike]],
+                           trigger: Union[str, int, Sequence[int]] = "'s", top: int = 10,
+                           bos: bool = True, window: Optional[int] = None,
+                           progress: bool = True) -> ConditionalHeads:
+    """Ranks heads by (attention to the trigger when present) × (attention to position 0 when absent).
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        with_trigger_text: prompt(s) containing the trigger.
+        without_trigger_text: prompt(s) without it (need not be paired with the first list).
+        trigger: a string (tokenized on its own, without a leading space: ``"'s"``), a token id,
+            or a token-id sequence. Every occurrence in each with-trigger prompt counts; a
+            with-trigger prompt without one, or a without-trigger prompt with one, is an error.
+        top: how many heads ``ConditionalHeads.top`` lists.
+        bos: prepend BOS (position 0 = BOS), else position 0 is the first text token.
+        window: only queries within ``window`` tokens after the trigger's last token count
+            (default: every later query).
+        progress: tqdm bar over prompts.
+
+    Attention to the trigger is summed over the trigger's tokens and averaged over the queries
+    after it (over every occurrence), then over prompts; attention to position 0 "without" is
+    averaged over queries i >= 1.
+    """
+    if isinstance(trigger, str):
+        trig = [int(t) for t in model.tokenize(trigger, bos=False)]
+        name = trigger
+    elif isinstance(trigger, (int, np.integer)):
+        trig, name = [int(trigger)], str(int(trigger))
+    else:
+        trig = [int(t) for t in trigger]
+        name = str(trig)
+    if not trig:
+        raise ValueError("the trigger has no tokens")
+    setting = "bos" if bos else "nobos"
+    off = 1 if bos else 0
+    c = model.config
+    acc = {k: [] for k in ("to_trigger_with", "to_first_with", "out_norm_with", "to_first_without",
+                           "out_norm_without")}
+    withs, withouts = _as_list(with_trigger_text), _as_list(without_trigger_text)
+    jobs = [("with", t) for t in withs] + [("without", t) for t in withouts]
+    for kind, t in _progress(jobs, progress, "conditional heads"):
+        tids = text_ids(model, t)
+        starts = find_subsequence(tids, trig)
+        if kind == "with" and not starts:
+            raise ValueError(f"trigger {name!r} (tokens {trig}) does not occur in the prompt {t!r} "
+                             f"(tokens {tids.tolist()})")
+        if kind == "without" and starts:
+            raise ValueError(f"trigger {name!r} occurs in the trigger-free prompt {t!r}")
+        ids = with_setting(model, tids, setting)
+        resid, attn = _run_full(model, ids)
+        onorm = head_output_norms(model, resid, attn)
+        a = np.asarray(attn, dtype=np.float64)
+        T = len(ids)
+        if kind == "without":
+            acc["to_first_without"].append(a[:, :, 1:, 0].mean(axis=-1))
+            acc["out_norm_without"].append(onorm[:, :, 1:].mean(axis=-1))
+            continue
+        to_trig, to_first, on = [], [], []
+        for s0 in starts:
+            p0, p1 = s0 + off, s0 + off + len(trig)         # trigger occupies [p0, p1)
+            q1 = T if window is None else min(T, p1 + int(window))
+            if p1 >= q1:
+                continue                                    # no query after this occurrence
+            to_trig.append(a[:, :, p1:q1, p0:p1].sum(axis=-1))   # (L, H, nq)
+            to_first.append(a[:, :, p1:q1, 0])
+            on.append(onorm[:, :, p1:q1])
+        if not to_trig:
+            raise ValueError(f"the trigger is the last token of {t!r}: no query comes after it")
+        acc["to_trigger_with"].append(np.concatenate(to_trig, -1).mean(-1))
+        acc["to_first_with"].append(np.concatenate(to_first, -1).mean(-1))
+        acc["out_norm_with"].append(np.concatenate(on, -1).mean(-1))
+    mean = {k: np.mean(v, axis=0) for k, v in acc.items()}
+    meta = {"model": getattr(model, "name", None), "bos_token_id": c.bos_token_id if bos else None,
+            "setting": setting, "window": window, "n_with": len(withs), "n_without": len(withouts)}
+    return ConditionalHeads(trigger=name, trigger_ids=trig, n_top=int(top), meta=meta, **mean)

@@ -1,0 +1,364 @@
+"""Sink metrics over a prompt set, as Gu et al. (2024) measure them (PAPER.md §1).
+
+Each prompt is cut to its first T tokens and run once; the first-token importance
+
+    a_0^{(l,h)} = 1/T * sum_{i=0..T-1} A^{(l,h)}_{i,0}
+
+(the mean attention position 0 receives from the T queries that see it) is kept per prompt,
+layer and head. The sink rate for a threshold eps is the fraction of (prompt, layer, head)
+triples with a_0 > eps; query heads are counted (GQA models included).
+
+What "T tokens" means (*uncertain* in the paper; a parameter here): by default the BOS token is
+one of the T (``bos_in_T=True``: [BOS] + the prompt's first T-1 tokens, as when Gu et al. cut
+the tokenizer's output, BOS included, to 64 tokens), so with and without BOS the model sees
+sequences of the same length T and a_0 averages over the same number of queries. With
+``bos_in_T=False`` the BOS is added on top: [BOS] + the first T prompt tokens (T+1 in all).
+
+By default the importance comes from the C core's streaming attention statistics
+(``capture=("stats",)``, no T x T buffer); ``capture="attn"`` materialises the attention and
+applies :func:`sinklab.first_token_importance` instead (same numbers to ~1e-6).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .sinks import _check_eps, first_token_importance
+
+Prompt = Union[str, Sequence[int], np.ndarray]
+FORMAT = "sinklab.SinkStudy/1"
+
+
+@dataclass
+class SinkStudy:
+    """First-token importance of every (prompt, layer, head) and the sink rates derived from it.
+
+    Attributes:
+        importance: (P, L, H) float64, a_0 of each prompt, layer and query head (in [0, 1]).
+        T: tokens per sequence fed to the model (see ``bos_in_T``).
+        bos: whether a BOS token was prepended.
+        bos_token_id / bos_token: the BOS id and its text (None without BOS).
+        bos_in_T: whether the BOS counts among the T tokens.
+        eps: thresholds reported by default (each in (0, 1)).
+        model: the model's name; ``source`` describes the prompts.
+        first_token_ids: (P,) int64, the token at position 0 of each sequence (the BOS, or each
+            prompt's first token without BOS).
+        n_skipped: prompts left out as too short (``skip_short=True``).
+        capture: ``"stats"`` (streaming C statistics) or ``"attn"`` (full attention).
+    """
+
+    importance: np.ndarray
+    T: int
+    bos: bool
+    bos_token_id: Optional[int]
+    bos_token: Optional[str]
+    eps: Tuple[float, ...]
+    model: str
+    first_token_ids: np.ndarray
+    bos_in_T: bool = True
+    n_skipped: int = 0
+    source: str = ""
+    capture: str = "stats"
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- derived numbers
+    @property
+    def n_prompts(self) -> int:
+        """P, the number of prompts measured."""
+        return int(self.importance.shape[0])
+
+    @property
+    def mean(self) -> np.ndarray:
+        """(L, H) float64: a_0 averaged over prompts."""
+        return self.importance.mean(axis=0)
+
+    @property
+    def std(self) -> np.ndarray:
+        """(L, H) float64: standard deviation of a_0 over prompts (population, ddof=0)."""
+        return self.importance.std(axis=0)
+
+    def sink_rate(self, eps: float = 0.3) -> float:
+        """Fraction in [0, 1] of (prompt, layer, head) triples with a_0 > eps (x100 for %)."""
+        return float(np.mean(self.importance > _check_eps(eps)))
+
+    def layer_sink_rate(self, eps: float = 0.3) -> np.ndarray:
+        """(L,) float64: per layer, the fraction of (prompt, head) pairs with a_0 > eps."""
+        return (self.importance > _check_eps(eps)).mean(axis=(0, 2))
+
+    @property
+    def sink_rates(self) -> Dict[float, float]:
+        """{eps: sink rate} for every eps in ``self.eps``."""
+        return {e: self.sink_rate(e) for e in self.eps}
+
+    @property
+    def layer_rates(self) -> Dict[float, np.ndarray]:
+        """{eps: (L,) per-layer sink rate} for every eps in ``self.eps``."""
+        return {e: self.layer_sink_rate(e) for e in self.eps}
+
+    def summary(self) -> Dict[str, Any]:
+        """The headline numbers as plain JSON-able values (no per-prompt arrays)."""
+        return {"model": self.model, "T": self.T, "bos": self.bos, "bos_token_id": self.bos_token_id,
+                "bos_token": self.bos_token, "bos_in_T": self.bos_in_T, "n_prompts": self.n_prompts,
+                "n_skipped": self.n_skipped, "source": self.source, "capture": self.capture,
+                "sink_rate": {f"{e:g}": r for e, r in self.sink_rates.items()},
+                "layer_sink_rate": {f"{e:g}": v.tolist() for e, v in self.layer_rates.items()},
+                "mean_first_token_importance": float(self.importance.mean())}
+
+    def __str__(self) -> str:
+        rates = ", ".join(f"eps={e:g}: {100 * r:.2f}%" for e, r in self.sink_rates.items())
+        b = f"BOS {self.bos_token!r} (id {self.bos_token_id})" if self.bos else "no BOS"
+        return (f"SinkStudy({self.model}, {self.n_prompts} prompts, T={self.T}, {b}; "
+                f"sink rate {rates})")
+
+    # -------------------------------------------------------------- persistence
+    def to_dict(self) -> Dict[str, Any]:
+        """Everything, as JSON-able values (``importance`` as nested lists)."""
+        d = self.summary()
+        d.update(format=FORMAT, eps=list(self.eps), importance=self.importance.tolist(),
+                 first_token_ids=self.first_token_ids.tolist(), meta=self.meta)
+        return d
+
+    def to_json(self, indent: Optional[int] = None) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any]) -> "SinkStudy":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not a saved SinkStudy (format {d.get('format')!r}, expected {FORMAT!r})")
+        return cls(importance=np.asarray(d["importance"], dtype=np.float64), T=int(d["T"]),
+                   bos=bool(d["bos"]), bos_token_id=d["bos_token_id"], bos_token=d["bos_token"],
+                   eps=tuple(float(e) for e in d["eps"]), model=d["model"],
+                   first_token_ids=np.asarray(d["first_token_ids"], dtype=np.int64),
+                   bos_in_T=bool(d["bos_in_T"]), n_skipped=int(d["n_skipped"]),
+                   source=d.get("source", ""), capture=d.get("capture", "stats"),
+                   meta=d.get("meta", {}))
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Writes ``path``: JSON if it ends in ``.json``, otherwise an ``.npz`` (arrays + JSON
+        metadata; no pickle)."""
+        path = os.fspath(path)
+        if path.endswith(".json"):
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(self.to_json())
+            return
+        d = self.to_dict()
+        imp, first = d.pop("importance"), d.pop("first_token_ids")
+        np.savez(path, importance=np.asarray(imp, np.float64), first_token_ids=np.asarray(first, np.int64),
+                 meta=np.frombuffer(json.dumps(d).encode(), dtype=np.uint8))
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "SinkStudy":
+        """Reads what :meth:`save` wrote (``.json`` or ``.npz``)."""
+        path = os.fspath(path)
+        if path.endswith(".json"):
+            with open(path, encoding="utf-8") as f:
+                return cls.from_dict(json.load(f))
+        with np.load(path, allow_pickle=False) as z:
+            d = json.loads(bytes(z["meta"]).decode())
+            d["importance"], d["first_token_ids"] = z["importance"], z["first_token_ids"]
+        return cls.from_dict(d)
+
+
+@dataclass
+class BosComparison:
+    """The same prompts measured with (``with_bos``) and without (``without_bos``) a BOS token."""
+
+    with_bos: SinkStudy
+    without_bos: SinkStudy
+
+    def summary(self) -> Dict[str, Any]:
+        return {"with_bos": self.with_bos.summary(), "without_bos": self.without_bos.summary()}
+
+    def table(self) -> str:
+        """A small Markdown table of the sink rates (%), with and without BOS."""
+        eps = sorted(set(self.with_bos.eps) | set(self.without_bos.eps))
+        head = "| | " + " | ".join(f"sink rate eps={e:g}" for e in eps) + " | mean a_0 |"
+        rows = [head, "|---" * (len(eps) + 2) + "|"]
+        for name, s in (("with BOS", self.with_bos), ("without BOS", self.without_bos)):
+            rows.append(f"| {name} | " + " | ".join(f"{100 * s.sink_rate(e):.2f}%" for e in eps)
+                        + f" | {s.importance.mean():.3f} |")
+        return "\n".join(rows)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": "sinklab.BosComparison/1", "with_bos": self.with_bos.to_dict(),
+                           "without_bos": self.without_bos.to_dict()})
+
+    def save(self, path: Union[str, os.PathLike]) -> None:
+        """Writes both studies to one JSON file."""
+        with open(os.fspath(path), "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: Union[str, os.PathLike]) -> "BosComparison":
+        with open(os.fspath(path), encoding="utf-8") as f:
+            d = json.load(f)
+        if d.get("format") != "sinklab.BosComparison/1":
+            raise ValueError(f"{path} is not a saved BosComparison")
+        return cls(SinkStudy.from_dict(d["with_bos"]), SinkStudy.from_dict(d["without_bos"]))
+
+
+# ------------------------------------------------------------------ helpers
+def _check_T(model, T: int, extra: int) -> int:
+    if isinstance(T, bool) or not isinstance(T, (int, np.integer)):
+        raise TypeError(f"T must be an integer, got {T!r}")
+    T = int(T)
+    if T < 2:
+        raise ValueError(f"T must be at least 2 tokens, got {T}")
+    ctx = model.config.context_length
+    if T + extra > ctx:
+        raise ValueError(f"T={T}{' plus the BOS' if extra else ''} exceeds the model's context "
+                         f"length {ctx}")
+    return T
+
+
+def _check_eps_tuple(eps: Union[float, Sequence[float]]) -> Tuple[float, ...]:
+    seq = (eps,) if np.isscalar(eps) else tuple(eps)
+    if not seq:
+        raise ValueError("eps: give at least one threshold")
+    return tuple(_check_eps(e) for e in seq)
+
+
+def _bos_id(model, bos: bool) -> Optional[int]:
+    if not bos:
+        return None
+    b = model.config.bos_token_id
+    if b is None:
+        raise ValueError(f"{model.name} has no BOS token; use bos=False")
+    return int(b)
+
+
+def _describe(p: Prompt) -> str:
+    if isinstance(p, str):
+        s = " ".join(p.split())
+        return repr(s[:50] + ("..." if len(s) > 50 else ""))
+    return f"token ids {list(np.asarray(p).reshape(-1)[:6])}..."
+
+
+def _token_lists(model, prompts: Sequence[Prompt]) -> List[np.ndarray]:
+    out = []
+    for p in prompts:
+        if isinstance(p, str):
+            out.append(np.asarray(model.tokenize(p, bos=False), dtype=np.int64))
+        else:
+            arr = np.asarray(p)
+            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+                raise TypeError(f"a prompt must be a str or a 1-D integer array of token ids, got {_describe(p)}")
+            out.append(arr.astype(np.int64))
+    return out
+
+
+def _select(prompts: Sequence[Prompt], tokens: List[np.ndarray], need: int, T: int,
+            skip_short: bool) -> Tuple[List[int], int]:
+    """Indices of the prompts with at least ``need`` tokens; ValueError for the first short
+    one unless ``skip_short``."""
+    keep = []
+    for i, ids in enumerate(tokens):
+        if len(ids) >= need:
+            keep.append(i)
+        elif not skip_short:
+            raise ValueError(f"prompt {i} ({_describe(prompts[i])}) has {len(ids)} tokens, fewer than "
+                             f"the {need} needed for T={T}; shorten T, drop it, or pass skip_short=True")
+    if not keep:
+        raise ValueError(f"no prompt has the {need} tokens needed for T={T}")
+    return keep, len(tokens) - len(keep)
+
+
+def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prompt], str]:
+    if prompts is None:
+        from .prompts import load_passages
+        return load_passages("sinks"), "sinklab passages, split 'sinks'"
+    if isinstance(prompts, (str, bytes)):
+        raise TypeError("prompts must be a list of prompts, not a single string")
+    prompts = list(prompts)
+    if not prompts:
+        raise ValueError("prompts is empty")
+    return prompts, f"{len(prompts)} user prompts"
+
+
+def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str) -> np.ndarray:
+    """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T)."""
+    from tqdm.auto import tqdm
+
+    out = np.empty((len(seqs), model.config.n_layers, model.config.n_heads), np.float64)
+    for p in tqdm(range(len(seqs)), desc=desc, unit="prompt", disable=not progress):
+        if capture == "stats":
+            tr = model.run(seqs[p], capture=("stats",), progress=False)
+            out[p] = tr.stats.importance[..., 0]
+        else:
+            tr = model.run(seqs[p], capture=("attn",), progress=False)
+            out[p] = first_token_importance(tr.attn)
+    return out
+
+
+# ------------------------------------------------------------------ public API
+def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
+               eps: Union[float, Sequence[float]] = (0.3, 0.8), bos: bool = True,
+               skip_short: bool = False, bos_in_T: bool = True, capture: str = "stats",
+               progress: bool = True) -> SinkStudy:
+    """First-token importance and sink rates of ``model`` over a prompt set (PAPER.md §1).
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        prompts: strings (tokenized without BOS) or 1-D arrays of token ids (without BOS);
+            default: the shipped passages, split ``"sinks"`` (144 passages).
+        T: tokens per sequence (default 64, as Gu et al.); every prompt is cut to its first
+            T tokens (T - 1 after a BOS when ``bos_in_T``).
+        eps: threshold(s) in (0, 1) reported by the result (any other eps can be asked later).
+        bos: prepend the model's BOS token.
+        skip_short: leave out prompts with too few tokens (counted in ``n_skipped``) instead of
+            raising a ValueError that names the first one.
+        bos_in_T: the BOS counts among the T tokens (default) or comes on top of them.
+        capture: ``"stats"`` (streaming C statistics, default) or ``"attn"`` (full attention).
+        progress: show a tqdm bar over prompts.
+
+    Returns:
+        A :class:`SinkStudy` with ``importance`` (P, L, H) float64.
+    """
+    eps_t = _check_eps_tuple(eps)
+    if capture not in ("stats", "attn"):
+        raise ValueError(f"capture must be 'stats' or 'attn', got {capture!r}")
+    bos_id = _bos_id(model, bos)
+    extra = 1 if (bos and not bos_in_T) else 0
+    T = _check_T(model, T, extra)
+    prompts, source = _default_prompts(prompts)
+    tokens = _token_lists(model, prompts)
+    need = T - 1 if (bos and bos_in_T) else T
+    keep, skipped = _select(prompts, tokens, need, T, skip_short)
+    body = np.stack([tokens[i][:need] for i in keep])
+    seqs = np.concatenate([np.full((len(body), 1), bos_id, np.int64), body], axis=1) if bos else body
+    imp = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})")
+    return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
+                     bos_token=None if bos_id is None else model.detokenize([bos_id]),
+                     eps=eps_t, model=model.name, first_token_ids=seqs[:, 0].copy(),
+                     bos_in_T=bool(bos_in_T), n_skipped=skipped, source=source, capture=capture,
+                     meta={"seq_len": int(seqs.shape[1]), "kept_prompts": keep,
+                           "n_layers": model.config.n_layers, "n_heads": model.config.n_heads})
+
+
+def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
+                eps: Union[float, Sequence[float]] = (0.3, 0.8), skip_short: bool = False,
+                bos_in_T: bool = True, capture: str = "stats", progress: bool = True) -> BosComparison:
+    """:func:`sink_study` of the same prompts with and without the BOS token.
+
+    Both runs use exactly the same prompts: with ``skip_short`` a prompt is kept only if it is
+    long enough for both (T tokens without BOS). Without BOS position 0 is each prompt's own
+    first token. Arguments as for :func:`sink_study`.
+    """
+    eps_t = _check_eps_tuple(eps)
+    _bos_id(model, True)
+    T = _check_T(model, T, 0 if bos_in_T else 1)
+    prompts, source = _default_prompts(prompts)
+    tokens = _token_lists(model, prompts)
+    keep, skipped = _select(prompts, tokens, T, T, skip_short)
+    chosen = [tokens[i] for i in keep]
+    kw = dict(T=T, eps=eps_t, bos_in_T=bos_in_T, capture=capture, progress=progress)
+    with_b = sink_study(model, chosen, bos=True, **kw)
+    without = sink_study(model, chosen, bos=False, **kw)
+    for s in (with_b, without):
+        s.n_skipped, s.source = skipped, source
+        s.meta["kept_prompts"] = keep
+    return BosComparison(with_b, without)
