@@ -51,7 +51,9 @@ setup(
             "sinklab._core",
             sources=sorted(glob.glob("csrc/*.c")),
             include_dirs=[numpy.get_include(), "csrc"],
-            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION")],
+            # NumPy 2 headers, targeting the 1.23 ABI: one build runs on NumPy 1.23+ and 2.x.
+            define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_23_API_VERSION"),
+                           ("NPY_TARGET_VERSION", "NPY_1_23_API_VERSION")],
         )
     ],
     cmdclass={"build_ext": BuildExt},
