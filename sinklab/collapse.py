@@ -15,20 +15,29 @@ the original last token is read from the same forward pass as the repeated one (
 the sequence with the repeat appended), so each D costs one forward pass.
 
 :func:`collapse_vs_length` sweeps T (the first T text tokens of a passage), with and without
-BOS. With BOS, the sequence is BOS + T text tokens; the rank-collapse residual is by default
-computed over the T text positions only (``rank_positions="text"``), so the two settings see the
-same tokens and the BOS row (often of a very different norm) does not dominate ||V||_F;
-``rank_positions="all"`` includes it.
+BOS. With BOS, the sequence is BOS + T text tokens. Which rows enter V for the rank-collapse
+residual is a parameter (the sink row often has a norm far above the others and then dominates
+both ||V - 1 mu^T||_F and ||V||_F):
+
+- ``"text_after_first"`` (default): text tokens 1..T-1 — the same tokens in both settings and
+  never position 0, so no sink row in either setting (on SmolLM2 the position-0 row has a norm
+  far above the rest with or without BOS and pushes the residual to ~0.99 in middle layers);
+- ``"text"``: the T text tokens — without BOS this includes the first text token, which is then
+  usually the sink, so the two settings are not comparable;
+- ``"all"``: every position of the run (BOS included).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
 from .perturbation import (BosArg, _progress, bos_settings, check_length, load_npz, save_npz,
                            text_ids, to_jsonable, with_setting)
+
+
+RANK_POSITIONS = ("text", "text_after_first", "all")
 
 
 def rank_collapse(resid: np.ndarray, start: int = 0) -> np.ndarray:
@@ -143,36 +152,38 @@ class CollapseResult:
 
 def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
                        lengths: Sequence[int] = (8, 16, 32, 64, 128, 256), bos: BosArg = "both",
-                       rank_positions: str = "text", progress: bool = True) -> CollapseResult:
+                       rank_positions: str = "text_after_first", progress: bool = True) -> CollapseResult:
     """Rank and representational collapse of the first T tokens of a passage, for each T.
 
     Args:
         model: a :class:`sinklab.Model`.
         text: a passage (tokenized without BOS) or its token ids; needs >= max(lengths) tokens.
-        lengths: numbers of text tokens T (each >= 2). With BOS the run has T+1 tokens, plus one
+        lengths: numbers of text tokens T (each >= 3). With BOS the run has T+1 tokens, plus one
             for the repeated last token; all must fit in the context (checked before running).
         bos: ``True``, ``False`` or ``"both"``.
-        rank_positions: ``"text"`` (default: the T text tokens) or ``"all"`` (include BOS).
+        rank_positions: rows of V for the rank-collapse residual: ``"text_after_first"``
+            (default: text tokens 1..T-1), ``"text"`` (the T text tokens) or ``"all"`` (with BOS).
         progress: tqdm bar over the len(lengths) × settings forward passes.
 
     Returns:
         :class:`CollapseResult` with (len(lengths), L+1) arrays per setting.
     """
     settings = bos_settings(bos)
-    if rank_positions not in ("text", "all"):
-        raise ValueError(f"rank_positions must be 'text' or 'all', got {rank_positions!r}")
+    if rank_positions not in RANK_POSITIONS:
+        raise ValueError(f"rank_positions must be one of {RANK_POSITIONS}, got {rank_positions!r}")
     Ts = np.asarray([int(t) for t in lengths], dtype=np.int64)
     if Ts.size == 0:
         raise ValueError("lengths is empty")
-    if Ts.min() < 2:
-        raise ValueError(f"every length must be >= 2 tokens, got {Ts.tolist()}")
+    if Ts.min() < 3:
+        raise ValueError(f"every length must be >= 3 tokens, got {Ts.tolist()}")
+    extra = 1 + (1 if "bos" in settings else 0)
+    check_length(model, int(Ts.max()) + extra,
+                 f"length T={int(Ts.max())} (+{extra} for {'BOS and ' if extra == 2 else ''}the repeated "
+                 f"token): a sequence")
     ids = text_ids(model, text)
     if len(ids) < Ts.max():
         raise ValueError(f"the text has {len(ids)} tokens, fewer than the longest requested length "
                          f"{int(Ts.max())}")
-    extra = 1 + (1 if "bos" in settings else 0)
-    check_length(model, int(Ts.max()) + extra,
-                 f"length T={int(Ts.max())} (+{extra} for {'BOS and ' if extra == 2 else ''}the repeated token): a sequence")
     L = model.config.n_layers
     rank = {s: np.empty((len(Ts), L + 1)) for s in settings}
     rdist = {s: np.empty((len(Ts), L + 1)) for s in settings}
@@ -185,7 +196,7 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
         tr = model.run(_repeat_last(seq), capture=("resid",), progress=False)
         resid = tr.resid
         n = len(seq)
-        start = off if rank_positions == "text" else 0
+        start = {"text": off, "text_after_first": off + 1, "all": 0}[rank_positions]
         rank[s][i] = rank_collapse(resid[:, :n, :], start=start)
         rdist[s][i] = _repr_from_resid(resid, n, relative=False)
         lnorm[s][i] = np.linalg.norm(np.asarray(resid[:, n - 1, :], dtype=np.float64), axis=-1)

@@ -288,6 +288,8 @@ class ConditionalHeads:
         to_trigger_with: attention of the queries after the trigger to the trigger token(s).
         to_first_with: attention of those same queries to position 0.
         to_first_without: attention of queries i >= 1 to position 0 in the trigger-free prompts.
+        to_prev_without: attention of queries i >= 2 to the previous token i-1 in the trigger-free
+            prompts (a control: a previous-token head also "attends to the trigger" with window=1).
         out_norm_with / out_norm_without: mean head-output norm over the same queries.
         score: to_trigger_with * to_first_without (the ranking).
     ``top``: the best ``n_top`` heads as dicts with their numbers.
@@ -298,6 +300,7 @@ class ConditionalHeads:
     to_trigger_with: np.ndarray
     to_first_with: np.ndarray
     to_first_without: np.ndarray
+    to_prev_without: np.ndarray
     out_norm_with: np.ndarray
     out_norm_without: np.ndarray
     n_top: int = 10
@@ -318,6 +321,7 @@ class ConditionalHeads:
                         "to_trigger_with": float(self.to_trigger_with[l, h]),
                         "to_first_with": float(self.to_first_with[l, h]),
                         "to_first_without": float(self.to_first_without[l, h]),
+                        "to_prev_without": float(self.to_prev_without[l, h]),
                         "out_norm_with": float(self.out_norm_with[l, h]),
                         "out_norm_without": float(self.out_norm_without[l, h])})
         return out
@@ -326,21 +330,22 @@ class ConditionalHeads:
         """The top heads as a fixed-width text table."""
         lines = [f"conditional heads for trigger {self.trigger!r} (tokens {self.trigger_ids})",
                  f"{'layer':>5} {'head':>4} {'score':>6} {'A→trig|with':>12} {'A→0|with':>9} "
-                 f"{'A→0|without':>12} {'|o| with':>9} {'|o| without':>12}"]
+                 f"{'A→0|without':>12} {'A→prev|without':>15} {'|o| with':>9} {'|o| without':>12}"]
         for r in self.top:
             lines.append(f"{r['layer']:>5} {r['head']:>4} {r['score']:6.3f} {r['to_trigger_with']:12.3f} "
-                         f"{r['to_first_with']:9.3f} {r['to_first_without']:12.3f} "
+                         f"{r['to_first_with']:9.3f} {r['to_first_without']:12.3f} {r['to_prev_without']:15.3f} "
                          f"{r['out_norm_with']:9.3f} {r['out_norm_without']:12.3f}")
         return "\n".join(lines)
 
     def summary(self) -> Dict[str, Any]:
         return to_jsonable({"trigger": self.trigger, "trigger_ids": self.trigger_ids, "meta": self.meta,
                             "top": self.top, "score": self.score, "to_trigger_with": self.to_trigger_with,
-                            "to_first_with": self.to_first_with, "to_first_without": self.to_first_without})
+                            "to_first_with": self.to_first_with, "to_first_without": self.to_first_without,
+                            "to_prev_without": self.to_prev_without})
 
     def save(self, path: str) -> None:
         save_npz(path, {k: getattr(self, k) for k in ("to_trigger_with", "to_first_with", "to_first_without",
-                                                       "out_norm_with", "out_norm_without")},
+                                                       "to_prev_without", "out_norm_with", "out_norm_without")},
                  {"trigger": self.trigger, "trigger_ids": self.trigger_ids, "n_top": self.n_top,
                   "meta": self.meta})
 
@@ -387,7 +392,9 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
 
     Attention to the trigger is summed over the trigger's tokens and averaged over the queries
     after it (over every occurrence), then over prompts; attention to position 0 "without" is
-    averaged over queries i >= 1.
+    averaged over queries i >= 1. As a control, ``to_prev_without`` is the attention to the
+    previous token in the trigger-free prompts (high for previous-token heads, which look
+    "conditional" with ``window=1``).
     """
     if isinstance(trigger, str):
         trig = [int(t) for t in model.tokenize(trigger, bos=False)]
@@ -403,7 +410,7 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
     off = 1 if bos else 0
     c = model.config
     acc = {k: [] for k in ("to_trigger_with", "to_first_with", "out_norm_with", "to_first_without",
-                           "out_norm_without")}
+                           "to_prev_without", "out_norm_without")}
     withs, withouts = _as_list(with_trigger_text), _as_list(without_trigger_text)
     jobs = [("with", t) for t in withs] + [("without", t) for t in withouts]
     for kind, t in _progress(jobs, progress, "conditional heads"):
@@ -421,6 +428,10 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         T = len(ids)
         if kind == "without":
             acc["to_first_without"].append(a[:, :, 1:, 0].mean(axis=-1))
+            if T < 3:
+                raise ValueError(f"the trigger-free prompt {t!r} needs at least 3 tokens")
+            i = np.arange(2, T)
+            acc["to_prev_without"].append(a[:, :, i, i - 1].mean(axis=-1))
             acc["out_norm_without"].append(onorm[:, :, 1:].mean(axis=-1))
             continue
         to_trig, to_first, on = [], [], []

@@ -1,0 +1,160 @@
+"""Collapse metrics (PAPER.md §2) against an independent float64 implementation written from the
+formulas, applied to residual streams captured from Hugging Face transformers (fp32 eager) on
+random tiny models:
+
+    rank-collapse residual  r = ||V - 1 mu^T||_F / ||V||_F,  mu = mean over tokens
+    representational collapse  D = ||v_T - v'_{T+1}||_2  (sequence vs. same with the last token
+    repeated; the reference runs the two sequences separately)."""
+import math
+
+import numpy as np
+import pytest
+
+from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, random_ids, require, save_hf
+
+torch = require("torch")
+
+import sinklab as sl  # noqa: E402
+from sinklab.collapse import (CollapseResult, collapse_vs_length, rank_collapse,  # noqa: E402
+                              representational_collapse)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    hf = make_hf_model(SPECS["mha"])
+    d = save_hf(hf, tmp_path_factory.mktemp("mha"))
+    return hf, sl.load(str(d))
+
+
+def rank_loops(V, start=0):
+    """||V - 1 mu^T||_F / ||V||_F term by term (V: (T, d))."""
+    V = [[float(x) for x in row] for row in np.asarray(V)[start:]]
+    T, d = len(V), len(V[0])
+    mu = [sum(V[i][c] for i in range(T)) / T for c in range(d)]
+    num = math.sqrt(sum((V[i][c] - mu[c]) ** 2 for i in range(T) for c in range(d)))
+    den = math.sqrt(sum(V[i][c] ** 2 for i in range(T) for c in range(d)))
+    return num / den
+
+
+def repr_ref(hf, ids):
+    """D^(l) from two separate HF runs."""
+    a = hf_forward(hf, np.asarray(ids, dtype=np.int64))["resid"]
+    b = hf_forward(hf, np.asarray(list(ids) + [ids[-1]], dtype=np.int64))["resid"]
+    T = len(ids)
+    d = [math.sqrt(sum((float(x) - float(y)) ** 2 for x, y in zip(a[l, T - 1], b[l, T]))) for l in range(a.shape[0])]
+    n = [math.sqrt(sum(float(x) ** 2 for x in a[l, T - 1])) for l in range(a.shape[0])]
+    return np.asarray(d), np.asarray(n), float(np.abs(a).max())
+
+
+def test_rank_collapse_formula_on_hf_resid(tiny):
+    hf, _ = tiny
+    resid = hf_forward(hf, random_ids(hf.config.vocab_size, 24, seed=3))["resid"]   # (L+1, T, d)
+    got = rank_collapse(resid)
+    assert got.shape == (resid.shape[0],) and got.dtype == np.float64
+    for l in range(resid.shape[0]):
+        assert got[l] == pytest.approx(rank_loops(resid[l]), rel=1e-12)
+        assert rank_collapse(resid, start=1)[l] == pytest.approx(rank_loops(resid[l], start=1), rel=1e-12)
+    # batch axes are kept
+    np.testing.assert_allclose(rank_collapse(np.stack([resid, resid[:, ::-1]])), np.stack([got, got]), rtol=1e-12)
+
+
+def test_rank_collapse_known_values():
+    row = np.arange(1.0, 6.0)
+    assert rank_collapse(np.tile(row, (7, 1))) == 0.0                   # all tokens identical
+    V = np.array([[1.0, -2.0], [-1.0, 2.0]])                             # zero mean: residual 1
+    assert rank_collapse(V) == pytest.approx(1.0)
+    assert np.isnan(rank_collapse(np.zeros((3, 4))))
+    with pytest.raises(ValueError, match="start"):
+        rank_collapse(V, start=2)
+    with pytest.raises(ValueError, match="shape"):
+        rank_collapse(np.zeros(4))
+
+
+def test_rank_collapse_sinklab_run_matches_hf(tiny):
+    hf, model = tiny
+    ids = random_ids(hf.config.vocab_size, 32, seed=4)
+    want = np.array([rank_loops(v) for v in hf_forward(hf, ids)["resid"]])
+    got = rank_collapse(model.run(ids, capture=("resid",)).resid)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("T", [2, 9, 30])
+def test_representational_collapse_matches_reference(tiny, T):
+    hf, model = tiny
+    ids = random_ids(hf.config.vocab_size, T, seed=T)
+    d, n, scale = repr_ref(hf, ids)
+    got = representational_collapse(model, ids)
+    assert got.shape == (model.config.n_layers + 1,)
+    np.testing.assert_allclose(got, d, rtol=0, atol=1e-4 * scale)
+    assert got[0] == pytest.approx(0.0, abs=1e-12)       # same token, same embedding
+    np.testing.assert_allclose(representational_collapse(model, ids, relative=True)[1:], (d / n)[1:],
+                               rtol=0, atol=1e-4 * scale / n[1:].min())
+
+
+@pytest.mark.parametrize("rank_positions", ["text", "text_after_first", "all"])
+def test_collapse_vs_length_matches_reference(tiny, rank_positions):
+    hf, model = tiny
+    text = random_ids(hf.config.vocab_size, 40, seed=9, bos=False)
+    lengths = (3, 8, 20)
+    res = collapse_vs_length(model, text, lengths=lengths, bos="both", rank_positions=rank_positions,
+                             progress=False)
+    L1 = model.config.n_layers + 1
+    assert res.lengths.tolist() == list(lengths) and res.settings == ["bos", "nobos"]
+    for s in res.settings:
+        assert res.rank[s].shape == res.repr_dist[s].shape == (len(lengths), L1)
+        for i, T in enumerate(lengths):
+            seq = ([BOS_ID] if s == "bos" else []) + [int(x) for x in text[:T]]
+            resid = hf_forward(hf, np.asarray(seq))["resid"]
+            off = 1 if s == "bos" else 0
+            start = {"text": off, "text_after_first": off + 1, "all": 0}[rank_positions]
+            want_rank = [rank_loops(resid[l], start) for l in range(L1)]
+            np.testing.assert_allclose(res.rank[s][i], want_rank, rtol=1e-5)
+            d, n, scale = repr_ref(hf, seq)
+            np.testing.assert_allclose(res.repr_dist[s][i], d, rtol=0, atol=1e-4 * scale)
+            np.testing.assert_allclose(res.last_norm[s][i], n, rtol=1e-5)
+
+
+def test_collapse_vs_length_errors(tiny):
+    hf, model = tiny
+    ctx = model.config.context_length
+    long_text = random_ids(hf.config.vocab_size, ctx + 5, seed=1, bos=False)
+    # BOS + T text tokens + the repeated token must fit: T = ctx - 1 does not with BOS
+    with pytest.raises(ValueError, match=rf"T={ctx - 1}.*{ctx + 1} tokens exceeds the model's context length {ctx}"):
+        collapse_vs_length(model, long_text, lengths=(4, ctx - 1), bos="both", progress=False)
+    with pytest.raises(ValueError, match="context length"):
+        collapse_vs_length(model, long_text, lengths=(ctx,), bos=False, progress=False)
+    with pytest.raises(ValueError, match="context length"):
+        representational_collapse(model, long_text[:ctx])
+    with pytest.raises(ValueError, match="the text has 10 tokens, fewer than .* 16"):
+        collapse_vs_length(model, long_text[:10], lengths=(4, 16), progress=False)
+    with pytest.raises(ValueError, match=">= 3"):
+        collapse_vs_length(model, long_text, lengths=(2, 4), progress=False)
+    with pytest.raises(ValueError, match="rank_positions"):
+        collapse_vs_length(model, long_text, lengths=(4,), rank_positions="bos", progress=False)
+    with pytest.raises(ValueError, match="1-D"):
+        representational_collapse(model, np.zeros((2, 3), dtype=np.int64))
+
+
+def test_text_input_save_load_and_figure(tiny, tmp_path):
+    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure
+
+    from sinklab.figures_mixing import collapse_figure
+
+    _, model = tiny
+    text = " the cat sat on the mat and the bat ran to the hat, then the rat sat on the cat"
+    res = collapse_vs_length(model, text, lengths=(4, 8, 16), bos=True, progress=False)
+    assert res.settings == ["bos"]
+    np.testing.assert_array_equal(res.meta["ids"], model.tokenize(text)[:16])
+    p = tmp_path / "collapse.npz"
+    res.save(str(p))
+    back = CollapseResult.load(str(p))
+    assert back.meta == res.meta and back.settings == res.settings
+    np.testing.assert_array_equal(back.rank["bos"], res.rank["bos"])
+    np.testing.assert_array_equal(back.repr_rel["bos"], res.repr_rel["bos"])
+    assert res.summary()["settings"]["bos"]["rank_collapse"][0][0] == pytest.approx(res.rank["bos"][0, 0])
+    both = collapse_vs_length(model, text, lengths=(4, 8), progress=False)
+    for r in (res, both):
+        fig = collapse_figure(r)
+        assert isinstance(fig, Figure)
+        plt.close(fig)
