@@ -1,4 +1,5 @@
-"""Command line: ``sinklab sinks MODEL`` measures the first-token attention sink."""
+"""Command line: ``sinklab sinks MODEL`` measures the first-token attention sink;
+``sinklab reproduce`` runs every analysis and writes a report."""
 from __future__ import annotations
 
 import argparse
@@ -77,6 +78,15 @@ def cmd_sinks(args) -> int:
     return 0
 
 
+def cmd_reproduce(args) -> int:
+    from sinklab.report import reproduce
+
+    res = reproduce(args.model, out=args.out, quick=args.quick, progress=not args.quiet)
+    print(f"wrote {os.path.join(args.out, 'report.md')} and results.json "
+          f"({res['meta']['seconds_total']:.0f} s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab", description="Attention sinks in transformer language models.")
     p.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all cores)")
@@ -92,6 +102,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default="sinks-out", help="output folder for the heatmap and JSON")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sinks)
+    r = sub.add_parser("reproduce", help="run every analysis of the paper and write a report (Markdown, PNG, JSON)")
+    r.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or HF folder")
+    r.add_argument("--quick", action="store_true", help="small prompt sets and lengths (a few minutes on 2 cores)")
+    r.add_argument("--out", default="sinklab-report", help="output folder")
+    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    r.set_defaults(func=cmd_reproduce)
     return p
 
 

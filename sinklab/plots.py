@@ -33,3 +33,27 @@ def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, titl
     fig.colorbar(im, ax=ax, label="first-token importance a₀ (mean attention received)")
     fig.tight_layout()
     return fig
+
+
+def layer_lines(panels: "dict", title: str = "") -> "Figure":
+    """One panel per quantity, a line per condition against layer.
+
+    ``panels``: {panel title: {condition label: (L,) values}}.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    for ax, (name, lines) in zip(axes[0], panels.items()):
+        for label, values in lines.items():
+            ax.plot(np.arange(len(values)), values, marker="o", ms=3, label=label.replace("_", " "))
+        ax.set_xlabel("layer")
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
