@@ -120,7 +120,7 @@ class PerplexityResult:
 
 
 def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = None, bos: bool = True,
-               max_tokens: int = 1024, progress: bool = True) -> PerplexityResult:
+               max_tokens: int = 1024, intervene=None, progress: bool = True) -> PerplexityResult:
     """Held-out perplexity over ``texts`` with or without BOS, on the same predicted tokens.
 
     Args:
@@ -131,6 +131,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
         max_tokens: each text is cut to its first ``max_tokens`` tokens (and to the context
             length - 1). Memory: the forward keeps (n, vocab) float32 logits, 0.2 GB at n=1024
             for a 49k vocabulary.
+        intervene: an optional :class:`sinklab.Intervention` applied in every forward.
         progress: show a tqdm bar over texts.
 
     Returns:
@@ -161,7 +162,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
             ids, start = np.concatenate([[bos_id], x]), 1   # skip the row predicting x_0
         else:
             ids, start = x, 0
-        tr = model.run(ids, capture=("logits",), logits_from=start, progress=False)
+        tr = model.run(ids, capture=("logits",), logits_from=start, intervene=intervene, progress=False)
         rows = tr.logits[: len(x) - 1]                       # predict x_1 .. x_{n-1}
         v = _nll_rows(rows, x[1:])
         nll.append(float(v.mean()))
@@ -350,7 +351,7 @@ def _score(model, p: PasskeyPrompt, bos_id: Optional[int], method: str) -> Tuple
         tr = model.run(seq, capture=("logits",), logits_from=len(seq) - m - 1, progress=False)
         pred = tr.logits[:m].argmax(axis=-1)
     else:
-        ctx = np.concatenate(([bos_id] if bos_id is not None else []) + [p.ids]).astype(np.int64)
+        ctx = np.concatenate([[bos_id] if bos_id is not None else [], p.ids]).astype(np.int64)
         pred = []
         for _ in range(m):
             tr = model.run(ctx, capture=("logits",), logits_from=-1, progress=False)
@@ -359,10 +360,7 @@ def _score(model, p: PasskeyPrompt, bos_id: Optional[int], method: str) -> Tuple
             ctx = np.append(ctx, nxt)
         pred = np.asarray(pred, np.int64)
     hits = pred == p.answer
-    text = model.detokenize(pred)
-    if method == "forced":
-        return text, bool(hits.all()), float(hits.mean())
-    return text, bool(hits.all()), float(np.mean(hits))
+    return model.detokenize(pred), bool(hits.all()), float(hits.mean())
 
 
 def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int] = None,
@@ -408,9 +406,10 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
         raise ValueError(f"trials must be >= 1, got {trials}")
     bos_id = _bos_id(model, bos)
     acc, dacc, secs, out = {}, {}, {}, []
-    bar = _tqdm(range(len(lengths) * trials), progress, desc=f"passkey ({'BOS' if bos else 'no BOS'})",
-                unit="trial")
-    it = iter(bar)
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(lengths) * trials, disable=not progress, unit="trial",
+               desc=f"passkey ({'BOS' if bos else 'no BOS'})")
     for n in lengths:
         t0 = time.perf_counter()
         res = []
@@ -420,13 +419,12 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
             pred, ok, da = _score(model, p, bos_id, method)
             res.append(PasskeyTrial(length=n, n_tokens=p.n_tokens - (0 if bos else 1), depth=p.depth,
                                     passkey=p.passkey, predicted=pred, correct=ok, digit_accuracy=da))
-            next(it, None)
+            bar.update(1)
         secs[n] = time.perf_counter() - t0
         acc[n] = float(np.mean([r.correct for r in res]))
         dacc[n] = float(np.mean([r.digit_accuracy for r in res]))
         out.extend(res)
-    if hasattr(bar, "close"):
-        bar.close()
+    bar.close()
     return PasskeyResult(accuracy=acc, digit_accuracy=dacc, seconds=secs, trials=out, bos=bool(bos),
                          bos_token_id=bos_id, template=template, method=method, seed=int(seed),
                          model=model.name)

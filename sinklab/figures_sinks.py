@@ -1,0 +1,104 @@
+"""Figures for prompt-set sink studies and quality with/without BOS. Each returns a matplotlib
+Figure and never calls plt.show()."""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
+                          title: Optional[str] = None) -> "Figure":
+    """Mean first-token importance a_0 per (layer, head), with and without BOS, side by side,
+    their spread over prompts (standard deviation), and the per-layer sink rate at ``eps``.
+
+    Args:
+        with_bos: a :class:`sinklab.sinkset.SinkStudy` with BOS, or a ``BosComparison``.
+        without_bos: the study without BOS (omit when ``with_bos`` is a ``BosComparison``).
+        eps: threshold for the per-layer sink-rate panel and the outlined heads.
+
+    Layout (2 x 3): top row mean a_0 (L x H heatmaps, shared 0-1 scale; heads whose mean exceeds
+    ``eps`` are dotted) and per-layer sink rate (%); bottom row the standard deviation of a_0
+    over prompts (shared scale) and the distribution of a_0 over all (prompt, layer, head).
+    """
+    if without_bos is None:
+        with_bos, without_bos = with_bos.with_bos, with_bos.without_bos
+    plt = _plt()
+    studies = (("with BOS", with_bos), ("without BOS", without_bos))
+    L, H = with_bos.mean.shape
+    fig, axes = plt.subplots(2, 3, figsize=(4.0 + 0.55 * H * 2 + 4.5, max(6.5, 0.36 * L + 2.0)),
+                             gridspec_kw={"width_ratios": [1, 1, 1.25]}, layout="constrained")
+    smax = max(float(with_bos.std.max()), float(without_bos.std.max()), 1e-6)
+    for col, (name, s) in enumerate(studies):
+        ax = axes[0, col]
+        im = ax.imshow(s.mean, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
+        ys, xs = np.nonzero(s.mean > eps)
+        ax.scatter(xs, ys, s=6, c="white", marker=".")
+        first = s.bos_token if s.bos else "each prompt's first token"
+        ax.set_title(f"mean a₀, {name}\n(position 0: {first!s})", fontsize=9)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        ax.set_xticks(range(H))
+        ims = axes[1, col].imshow(s.std, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=smax)
+        axes[1, col].set_title(f"std of a₀ over {s.n_prompts} prompts, {name}", fontsize=9)
+        axes[1, col].set_xlabel("head")
+        axes[1, col].set_ylabel("layer")
+        axes[1, col].set_xticks(range(H))
+    fig.colorbar(im, ax=axes[0, :2].tolist(), label="mean a₀", shrink=0.9)
+    fig.colorbar(ims, ax=axes[1, :2].tolist(), label="std of a₀", shrink=0.9)
+
+    ax = axes[0, 2]
+    for (name, s), style in zip(studies, ("-o", "--s")):
+        ax.plot(100 * s.layer_sink_rate(eps), np.arange(L), style, ms=3,
+                label=f"{name}: {100 * s.sink_rate(eps):.1f}%")
+    ax.set_xlim(-2, 102)
+    ax.set_xlabel(f"sink rate at eps={eps:g} (% of heads x prompts)")
+    ax.set_ylabel("layer")
+    ax.set_title("per-layer sink rate", fontsize=9)
+    ax.legend(fontsize=8, loc="best")
+    ax.grid(alpha=0.3)
+
+    ax = axes[1, 2]
+    bins = np.linspace(0, 1, 41)
+    for name, s in studies:
+        ax.hist(s.importance.ravel(), bins=bins, histtype="step", lw=1.5, label=name)
+    ax.axvline(eps, color="k", ls=":", lw=1)
+    ax.set_yscale("log")
+    ax.set_xlabel("a₀ (all prompts, layers, heads)")
+    ax.set_ylabel("count")
+    ax.legend(fontsize=8)
+    fig.suptitle(title or f"{with_bos.model}: attention to position 0, T={with_bos.T}", fontsize=11)
+    return fig
+
+
+def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> "Figure":
+    """Passkey accuracy (%) against length (tokens, log scale), with and without BOS.
+
+    ``with_bos``/``without_bos``: :class:`sinklab.quality.PasskeyResult`.
+    """
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for r, name, style in ((with_bos, "with BOS", "-o"), (without_bos, "without BOS", "--s")):
+        xs = sorted(r.accuracy)
+        ax.plot(xs, [100 * r.accuracy[n] for n in xs], style, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(with_bos.accuracy))
+    ax.set_xticklabels([str(n) for n in sorted(with_bos.accuracy)])
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel("passkey accuracy (%)")
+    n = sum(1 for t in with_bos.trials if t.length == min(with_bos.accuracy))
+    ax.set_title(title or f"{with_bos.model}: passkey retrieval ({n} trials per length)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
