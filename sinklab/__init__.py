@@ -20,10 +20,19 @@ from .interventions import Intervention
 from .model import Model, load
 from .sinks import first_token_importance, key_importance, sink_rate
 from .trace import AttentionStats, Trace
+from .collapse import collapse_vs_length, rank_collapse, representational_collapse
+from .noop import find_conditional_heads, head_output_norms, noop_analysis, value_norms
+from .perturbation import perturb
+from .prompts import load_passages
+from .quality import compare_bos_quality, passkey, perplexity
+from .sinkset import compare_bos, sink_study
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
-           "first_token_importance", "set_num_threads", "get_num_threads", "simd"]
+           "first_token_importance", "set_num_threads", "get_num_threads", "simd",
+           "sink_study", "compare_bos", "perturb", "rank_collapse", "representational_collapse",
+           "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
+           "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages"]
 
 
 def set_num_threads(n: int) -> None:

@@ -6,16 +6,9 @@ import argparse
 import json
 import os
 import sys
-from importlib import resources
 from typing import List, Optional, Sequence
 
 import numpy as np
-
-
-def default_prompts() -> List[str]:
-    """The passages shipped with sinklab for quick measurements (one per line)."""
-    text = resources.files("sinklab").joinpath("data/default_prompts.txt").read_text(encoding="utf-8")
-    return [line.strip() for line in text.splitlines() if line.strip()]
 
 
 def _read_prompts(args) -> List[str]:
@@ -27,7 +20,9 @@ def _read_prompts(args) -> List[str]:
         if not prompts:
             raise SystemExit(f"sinklab: {args.file} holds no prompts (one per line)")
         return prompts
-    return default_prompts()
+    from sinklab.prompts import load_passages
+
+    return load_passages("sinks")
 
 
 def cmd_sinks(args) -> int:
@@ -94,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sinks", help="sink rate and per-layer first-token importance of a model")
     s.add_argument("model", help="registered name (smollm2-135m-instruct), .gguf file, or Hugging Face folder")
     g = s.add_mutually_exclusive_group()
-    g.add_argument("--prompt", action="append", help="a prompt (repeatable); default: the shipped passages")
+    g.add_argument("--prompt", action="append", help="a prompt (repeatable); default: the 144 shipped passages")
     g.add_argument("--file", help="a text file with one prompt per line")
     s.add_argument("--eps", type=float, default=0.3, help="sink threshold on first-token importance (default 0.3)")
     s.add_argument("--max-tokens", type=int, default=64, help="cut prompts to their first T tokens (default 64, as Gu et al.)")

@@ -6,11 +6,14 @@ calls ``plt.show()``; save it with ``fig.savefig(path, dpi=150)``.
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence, Union
+from typing import Any, Sequence, TYPE_CHECKING, Union
 
 import numpy as np
 
 from .perturbation import LABELS
+
+if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
+    from matplotlib.figure import Figure
 
 COLORS = {"bos": "#1f77b4", "nobos": "#d62728"}
 

@@ -2,9 +2,12 @@
 Figure and never calls plt.show()."""
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Optional, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
+    from matplotlib.figure import Figure
 
 
 def _plt():

@@ -47,6 +47,14 @@ class Model:
                 f"({c.n_kv_heads} kv), d={c.d_model}, vocab={c.vocab_size}>")
 
     # ------------------------------------------------------------------ tokens
+    def bos_id(self, bos: bool = True) -> Optional[int]:
+        """The BOS token id to prepend when ``bos`` is true (None when false); ValueError if the model has none."""
+        if not bos:
+            return None
+        if self.config.bos_token_id is None:
+            raise ValueError(f"{self.name} has no BOS token; use bos=False")
+        return int(self.config.bos_token_id)
+
     def tokenize(self, text: str, bos: bool = False) -> np.ndarray:
         """Token ids (T,) int64 of ``text``; ``bos=True`` prepends the model's BOS token."""
         if self.tokenizer is None:

@@ -65,10 +65,7 @@ def with_setting(model: Any, text_ids: np.ndarray, setting: str) -> np.ndarray:
         return ids
     if setting != "bos":
         raise ValueError(f"unknown setting {setting!r}; expected 'bos' or 'nobos'")
-    bos = model.config.bos_token_id
-    if bos is None:
-        raise ValueError(f"{model.name} has no BOS token; use bos=False")
-    return np.concatenate([[int(bos)], ids]).astype(np.int64)
+    return np.concatenate([[model.bos_id(True)], ids]).astype(np.int64)
 
 
 def check_length(model: Any, n_tokens: int, what: str = "sequence") -> None:

@@ -1,9 +1,12 @@
 """Figures. Every function returns a matplotlib Figure and never calls plt.show()."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
+    from matplotlib.figure import Figure
 
 
 def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, title: str = "") -> "Figure":

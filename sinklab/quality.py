@@ -64,15 +64,6 @@ def _tqdm(it, progress: bool, **kw):
     return tqdm(it, disable=not progress, **kw)
 
 
-def _bos_id(model, bos: bool) -> Optional[int]:
-    if not bos:
-        return None
-    b = model.config.bos_token_id
-    if b is None:
-        raise ValueError(f"{model.name} has no BOS token; use bos=False")
-    return int(b)
-
-
 def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """-log softmax(logits)[target] per row, float64: logits (N, V), targets (N,) -> (N,)."""
     z = np.asarray(logits, dtype=np.float64)
@@ -149,7 +140,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     if int(max_tokens) < 2:
         raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
     cap = min(int(max_tokens), model.config.context_length - 1)
-    bos_id = _bos_id(model, bos)
+    bos_id = model.bos_id(bos)
     t0 = time.perf_counter()
     nll, counts = [], []
     for i, t in enumerate(_tqdm(texts, progress, desc=f"perplexity ({'BOS' if bos else 'no BOS'})",
@@ -404,7 +395,7 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
     trials = int(trials if trials is not None else (QUICK_TRIALS if quick else DEFAULT_TRIALS))
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
-    bos_id = _bos_id(model, bos)
+    bos_id = model.bos_id(bos)
     acc, dacc, secs, out = {}, {}, {}, []
     from tqdm.auto import tqdm
 

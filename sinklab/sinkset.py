@@ -222,15 +222,6 @@ def _check_eps_tuple(eps: Union[float, Sequence[float]]) -> Tuple[float, ...]:
     return tuple(_check_eps(e) for e in seq)
 
 
-def _bos_id(model, bos: bool) -> Optional[int]:
-    if not bos:
-        return None
-    b = model.config.bos_token_id
-    if b is None:
-        raise ValueError(f"{model.name} has no BOS token; use bos=False")
-    return int(b)
-
-
 def _describe(p: Prompt) -> str:
     if isinstance(p, str):
         s = " ".join(p.split())
@@ -321,7 +312,7 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     eps_t = _check_eps_tuple(eps)
     if capture not in ("stats", "attn"):
         raise ValueError(f"capture must be 'stats' or 'attn', got {capture!r}")
-    bos_id = _bos_id(model, bos)
+    bos_id = model.bos_id(bos)
     extra = 1 if (bos and not bos_in_T) else 0
     T = _check_T(model, T, extra)
     prompts, source = _default_prompts(prompts)
@@ -349,7 +340,7 @@ def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     first token. Arguments as for :func:`sink_study`.
     """
     eps_t = _check_eps_tuple(eps)
-    _bos_id(model, True)
+    model.bos_id(True)
     T = _check_T(model, T, 0 if bos_in_T else 1)
     prompts, source = _default_prompts(prompts)
     tokens = _token_lists(model, prompts)

@@ -1,7 +1,6 @@
 """Loading: config from both sources, and truncated, corrupted or incomplete files rejected
 with an error that names the problem (never a crash or silent garbage)."""
 import json
-import os
 import shutil
 
 import numpy as np
