@@ -1,7 +1,11 @@
 /* The transformer forward, layer by layer, in the order of Hugging Face's LlamaDecoderLayer:
  *   x += Wo · attention(rope(Wq·n1(x)), rope(Wk·n1(x)), Wv·n1(x))
  *   x += Wdown · (silu(Wgate·n2(x)) * Wup·n2(x))
- * Activations live in one workspace allocated per call; weights are only read. */
+ * Activations live in one workspace allocated per call; weights are only read.
+ *
+ * Each residual add is x + (W·h) with the product summed on its own first, as the reference
+ * does: accumulating the dot product straight onto x would round every term at the scale of x,
+ * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2). */
 #include "model.h"
 
 #include <math.h>
@@ -77,7 +81,9 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, worksp
     sl_rope_apply(w->k, T, kvd, m->n_kv_heads, hd, w->cosv, w->sinv, m->rope_layout);
     sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, hd, (float)(1.0 / sqrt((double)hd))};
     SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, attn_capture, aiv, st));
-    return sl_sgemm_nt(T, d, qd, w->att, qd, lw->wo, qd, w->x, d, 1, 1);
+    SL_TRY(sl_sgemm_nt(T, d, qd, w->att, qd, lw->wo, qd, w->xb, d, 0, 1));
+    sl_add_inplace(w->x, w->xb, T * d);
+    return SL_OK;
 }
 
 static int mlp_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T) {
@@ -86,7 +92,9 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, workspace *w
     SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_gate, d, w->gate, F, 0, 1));
     SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_up, d, w->up, F, 0, 1));
     sl_swiglu(w->gate, w->gate, w->up, T * F);
-    return sl_sgemm_nt(T, d, F, w->gate, F, lw->w_down, F, w->x, d, 1, 1);
+    SL_TRY(sl_sgemm_nt(T, d, F, w->gate, F, lw->w_down, F, w->xb, d, 0, 1));
+    sl_add_inplace(w->x, w->xb, T * d);
+    return SL_OK;
 }
 
 static void capture_resid(const sl_capture *cap, int64_t l, const float *x, int64_t T, int64_t d) {

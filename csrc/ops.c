@@ -145,6 +145,11 @@ float sl_softmax_entropy(float *x, int64_t n) {
     return softmax_entropy_generic(x, n);
 }
 
+void sl_add_inplace(float *x, const float *y, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+}
+
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d) {
     for (int64_t t = 0; t < T; t++) memcpy(out + t * d, table + ids[t] * d, (size_t)d * sizeof(float));
 }

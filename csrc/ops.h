@@ -25,6 +25,9 @@ void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
  * entropy of the result in nats, from log Z - E[x - max] so no per-element log is needed. */
 float sl_softmax_entropy(float *x, int64_t n);
 
+/* x[i] += y[i] for i < n (the residual connection). */
+void sl_add_inplace(float *x, const float *y, int64_t n);
+
 /* out[t] = table[ids[t]]; every id must already be checked against vocab (done by the caller). */
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d);
 
