@@ -165,15 +165,11 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     if (!src) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n_elements must be >= 0, got %lld", n);
     /* Size checks before allocating, so a bogus n_elements is a ValueError, not a MemoryError. */
-    int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
-    if (be > 0 && (n % be != 0 || n / be > PyArray_DIM(src, 0) / bb || (n / be) * bb != PyArray_DIM(src, 0)))
-        return PyErr_Format(PyExc_ValueError,
-                            "ggml type %d: %lld elements need %lld bytes in whole blocks of %lld, data has %zd",
-                            type, n, (long long)((n / be) * bb), (long long)be, (Py_ssize_t)PyArray_DIM(src, 0));
+    int rc = sl_dequantize_check(type, PyArray_DIM(src, 0), n);
+    if (rc != SL_OK) return raise_status(rc);
     npy_intp dims[1] = {(npy_intp)n};
     PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
     if (!out) return NULL;
-    int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = sl_dequantize(type, PyArray_DATA(src), PyArray_DIM(src, 0), PyArray_DATA(out), n, 1);
     Py_END_ALLOW_THREADS

@@ -336,8 +336,7 @@ static int64_t sl_chunk_blocks(int64_t block_elems) {
     return c > 0 ? c : 1;
 }
 
-int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int64_t n_elements,
-                  int parallel) {
+int sl_dequantize_check(int type, int64_t nbytes, int64_t n_elements) {
     sl_qtype t;
     if (!sl_qtype_get(type, &t)) {
         const char *name = sl_ggml_type_name(type);
@@ -367,6 +366,15 @@ int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int6
                        "blocks of %lld bytes)",
                        name, (long long)nbytes, (long long)want, (long long)n_elements, (long long)nb,
                        (long long)t.bytes);
+    return SL_OK;
+}
+
+int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int64_t n_elements,
+                  int parallel) {
+    SL_TRY(sl_dequantize_check(type, nbytes, n_elements));
+    sl_qtype t;
+    if (!sl_qtype_get(type, &t)) return sl_fail(SL_ERR_INTERNAL, "dequantize: type %d vanished", type);
+    const int64_t nb = n_elements / t.elems;
     if (nb == 0) return SL_OK;
     if (src == NULL) return sl_fail(SL_ERR_VALUE, "dequantize: source pointer is NULL");
     if (dst == NULL) return sl_fail(SL_ERR_VALUE, "dequantize: destination pointer is NULL");

@@ -15,6 +15,10 @@ enum {
 int64_t sl_quant_block_elems(int type);
 int64_t sl_quant_block_bytes(int type);
 
+/* The size checks of sl_dequantize alone (supported type, whole blocks, exact byte count), so a
+ * caller can validate before allocating the output. */
+int sl_dequantize_check(int type, int64_t nbytes, int64_t n_elements);
+
 /* Decodes n_elements values of `type` from src (exactly nbytes long) into dst.
  * Checks that n_elements is a whole number of blocks and nbytes is exactly their size.
  * OpenMP over blocks when parallel != 0. */
