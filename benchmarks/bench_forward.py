@@ -8,11 +8,13 @@ What is timed, per sequence length T and thread count n:
 Both get the same weights: transformers loads the same GGUF file (dequantized to fp32 by its
 GGUF loader); both capture every layer's attention probabilities, the hidden states and the
 logits. The two are timed alternately in one process (sinklab, HF, sinklab, HF, ...) after one
-warm-up call each, and the median is reported; the ratio is HF median / sinklab median.
+warm-up call each; the median (and the minimum, robust to other load on a shared machine) is
+reported, and the speed-up is HF / sinklab for each.
 
 Peak memory: each tool runs alone in a fresh subprocess (load the model, one forward at the
 largest T with full capture) and reports its peak resident set size
-(resource.getrusage(RUSAGE_SELF).ru_maxrss) and its RSS right after loading.
+(VmHWM from /proc/self/status, else resource.getrusage(RUSAGE_SELF).ru_maxrss) and its RSS
+right after loading. These run first, before the timing process loads anything.
 
 Usage:
   python benchmarks/bench_forward.py [--model PATH.gguf] [--seq 128,512,2048] [--threads 1,2]
@@ -31,6 +33,11 @@ import sys
 import time
 
 import numpy as np
+
+# run from a checkout without installing: the package sits one folder up
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
 
 CAPTURE = ("attn", "resid", "logits")
 
@@ -93,6 +100,16 @@ def rss_now_mb():
 
 
 def peak_rss_mb():
+    """Peak RSS of this process image. VmHWM (Linux) belongs to the current address space, so
+    it is not inherited from the parent the way ru_maxrss is across fork+exec; ru_maxrss is the
+    fallback elsewhere (the memory children are started before the parent loads anything)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / 1024 if sys.platform != "darwin" else r / 2**20
 
@@ -178,6 +195,16 @@ def main():
 
     seqs = [int(s) for s in args.seq.split(",") if s]
     threads = [int(s) for s in args.threads.split(",") if s]
+
+    # memory first, each tool in its own fresh process, before this process grows
+    mem = []
+    if not args.skip_memory:
+        Tm = args.memory_T or max(seqs)
+        nm = max(threads)
+        for tool in (["sinklab"] + ([] if args.skip_hf else ["hf"])):
+            mem.append(measure_memory(args, Tm, nm, tool))
+            print(f"memory: {mem[-1]}", flush=True)
+
     sl, sl_model = load_sinklab(args.model)
     torch, hf_model = (None, None) if args.skip_hf else load_hf(args.model)
     vocab = sl_model.config.vocab_size
@@ -210,23 +237,19 @@ def main():
                   flush=True)
     del hf_model, sl_model
 
-    mem = []
-    if not args.skip_memory:
-        Tm = args.memory_T or max(seqs)
-        nm = max(threads)
-        for tool in (["sinklab"] + ([] if args.skip_hf else ["hf"])):
-            mem.append(measure_memory(args, Tm, nm, tool))
 
     print()
-    print("| threads | T | repeats | sinklab median (s) | HF eager median (s) | speed-up |")
-    print("|---:|---:|---:|---:|---:|---:|")
+    print("| threads | T | repeats | sinklab median (min) s | HF eager median (min) s | speed-up (median) | speed-up (min) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        hf = f"{r['hf_median_s']:.3f}" if r["hf_median_s"] is not None else "-"
+        slm = f"{r['sinklab_median_s']:.3f} ({min(r['sinklab_times_s']):.3f})"
+        hf = f"{r['hf_median_s']:.3f} ({min(r['hf_times_s']):.3f})" if r["hf_times_s"] else "-"
         sp = f"{r['speedup']:.2f}x" if r["speedup"] is not None else "-"
-        print(f"| {r['threads']} | {r['T']} | {r['repeats']} | {r['sinklab_median_s']:.3f} | {hf} | {sp} |")
+        spm = f"{min(r['hf_times_s']) / min(r['sinklab_times_s']):.2f}x" if r["hf_times_s"] else "-"
+        print(f"| {r['threads']} | {r['T']} | {r['repeats']} | {slm} | {hf} | {sp} | {spm} |")
     if mem:
         print()
-        print("| tool (own process) | T | threads | load (s) | forward (s) | RSS after load (MiB) | peak RSS (MiB) |")
+        print("| tool (own process) | T | threads | load (s) | first forward (s) | RSS after load (MiB) | peak RSS (MiB) |")
         print("|---|---:|---:|---:|---:|---:|---:|")
         for m in mem:
             if "error" in m:

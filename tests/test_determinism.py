@@ -5,8 +5,16 @@ with the SIMD ones to rounding.
   large enough to be split across threads and on SmolLM2-135M (a short prompt).
 - The generic kernels, selected with sinklab._core.set_simd("generic") or with the environment
   variable SINKLAB_SIMD=generic at import, agree with the default (runtime-dispatched) kernels
-  within 1e-6 * max|default| per tensor on the tiny model, and within SMOL_SIMD_RTOL on SmolLM2
-  (30 layers of float32 rounding differences, see the constant).
+  within SIMD_RTOL * max|default| per tensor on the tiny model, SMOL_SIMD_RTOL on SmolLM2, and
+  meet the same 1e-4 parity bound against transformers as the default path.
+
+Why the generic-vs-SIMD bounds are not 1e-6: the two kernel families differ in FMA contraction,
+the exp polynomial and the summation order, so each op differs by a few ulps; softmax turns an
+absolute difference delta in an attention logit into a relative difference delta in the
+probability, so attention picks up |logit| * eps (|logit| reaches 10-40 in SmolLM2), and depth
+compounds it. Measured (2-layer tiny model): attn 1.1e-6..1.4e-6, logits up to 1.2e-6, resid
+< 1e-6; SmolLM2 (30 layers): attn 1.4e-5..1.6e-5, logits 3e-6..5e-6, resid < 1e-6. The bounds
+below keep a ~3x margin over those and stay well under the 1e-4 bound against transformers.
 """
 import os
 import subprocess
@@ -29,10 +37,8 @@ import sinklab._core as core  # noqa: E402
 
 CAPTURE = ("attn", "resid", "logits")
 THREADS = (1, 2, 3, 4)
-SIMD_RTOL = 1e-6
-# SmolLM2: 30 layers; FMA vs separate multiply-add changes each dot product's rounding and the
-# difference grows through the residual stream. Measured worst case is recorded in the report.
-SMOL_SIMD_RTOL = 1e-5
+SIMD_RTOL = 5e-6         # tiny model (see the module docstring for the measured values)
+SMOL_SIMD_RTOL = 5e-5    # SmolLM2-135M, 30 layers; measured values go to SINKLAB_PARITY_REPORT
 
 # wide enough that every kernel has several row/column blocks and OpenMP has work to split;
 # T and vocab deliberately not multiples of common block sizes (d_ff must suit Q8_0)
@@ -152,6 +158,7 @@ _CHILD = textwrap.dedent("""
     ids = np.load(sys.argv[2])
     tr = m.run(ids, capture=("attn", "resid", "logits"))
     np.savez(sys.argv[2] + ".out.npz", attn=tr.attn, resid=tr.resid, logits=tr.logits)
+    print("SIMD=" + sl.simd())
 """)
 
 
@@ -168,7 +175,28 @@ def test_env_simd_generic(det_files, tmp_path):
         r = subprocess.run([sys.executable, "-c", _CHILD, str(det_files["st"]), str(ids_path),
                             str(threads)], env=env, capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-4000:]
+        assert "SIMD=generic" in r.stdout, r.stdout[-2000:]
         got = dict(np.load(str(ids_path) + ".out.npz"))
         _assert_bitwise(want, got, f"SINKLAB_SIMD=generic subprocess ({threads} threads) vs set_simd('generic')")
     for k in CAPTURE:
         rm.assert_close(f"env generic vs auto {k}", got[k], auto[k], rtol=SIMD_RTOL)
+
+
+@pytest.mark.parametrize("spec,fmt", [("odd", "st-float32"), ("gqa_tied", "gguf-Q8_0"),
+                                      ("llama3", "gguf-F16")])
+def test_generic_simd_parity_vs_transformers(tmp_path, spec, fmt):
+    """The portable kernels alone meet the parity bound against transformers."""
+    s = rm.SPECS[spec]
+    m = rm.make_hf_model(s)
+    if fmt.startswith("st"):
+        path, ref_model = rm.save_hf(m, tmp_path / spec, legacy_config=s.legacy_config), m
+    else:
+        q = fmt.split("-", 1)[1]
+        path, ref_model = rm.write_gguf(m, tmp_path / f"{spec}.gguf", q), rm.dequantized_model(m, q)
+    model = sl.load(str(path))
+    for T in (1, 45):
+        ids = rm.random_ids(s.vocab_size, T, seed=7)
+        got = _with_simd("generic", lambda: model.run(ids, capture=CAPTURE))
+        ref = rm.hf_forward(ref_model, ids)
+        log = rm.ErrorLog("generic")
+        log.compare_trace(f"generic {spec}/{fmt}/T={T}", got, ref)
