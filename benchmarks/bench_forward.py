@@ -33,6 +33,7 @@ import sys
 import time
 
 import numpy as np
+from machine import cpu_name
 
 # run from a checkout without installing: the package sits one folder up
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -212,7 +213,7 @@ def main():
     import sinklab
     info = {
         "model": os.path.basename(args.model), "python": platform.python_version(),
-        "machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+        "machine": platform.machine(), "cpu": cpu_name(), "cores": os.cpu_count(),
         "sinklab": getattr(sinklab, "__version__", "?"),
         "torch": getattr(torch, "__version__", None),
         "transformers": None if args.skip_hf else __import__("transformers").__version__,
@@ -260,17 +261,6 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"info": info, "timing": rows, "memory": mem}, f, indent=2)
-
-
-def _cpu_name():
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "?"
 
 
 if __name__ == "__main__":

@@ -26,20 +26,11 @@ import subprocess
 import sys
 import time
 
+from machine import cpu_name
+
 # SmolLM2-135M: d_model 576, d_ff 1536, vocab 49152. (N, K) of each weight.
 SHAPES = [(576, 576), (1536, 576), (576, 1536), (49152, 576)]
 NAMES = {(576, 576): "q/o proj", (1536, 576): "gate/up", (576, 1536): "down", (49152, 576): "lm head"}
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def child(threads: int, Ts: list[int], reps: int, seconds: float) -> None:
