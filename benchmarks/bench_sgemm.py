@@ -72,10 +72,12 @@ def child(threads: int, Ts: list[int], reps: int, seconds: float) -> None:
             est = time.perf_counter() - t0
             n = max(reps, min(50, int(seconds / max(est, 1e-6))))
             ts_sl, ts_np = [], []
-            # Alternate blocks of calls rather than single calls: an idle OpenMP or OpenBLAS
-            # thread spins for a while after its call and would steal the other's core.
+            # Alternate blocks of calls rather than single calls, and pause before each block: an
+            # idle OpenBLAS worker keeps spinning for up to ~0.1 s after its call (OpenMP workers
+            # for less), and a block timed inside that window runs at one-core speed.
             for _ in range(3):
                 for f, ts in ((run_sl, ts_sl), (run_np, ts_np)):
+                    time.sleep(0.3)
                     f()
                     for _ in range(-(-n // 3)):  # ceil: at least n calls in all
                         t0 = time.perf_counter()
