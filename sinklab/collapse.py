@@ -33,8 +33,8 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from .perturbation import (BosArg, _progress, bos_settings, check_length, load_npz, save_npz,
-                           text_ids, to_jsonable, with_setting)
+from .perturbation import BosArg, _progress, bos_settings, check_length, text_ids, with_setting
+from .results import load_npz, save_npz, to_jsonable
 
 
 RANK_POSITIONS = ("text", "text_after_first", "all")

@@ -28,8 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .perturbation import (_progress, check_length, load_npz, save_npz, text_ids, to_jsonable,
-                           with_setting)
+from .perturbation import _progress, check_length, text_ids, with_setting
+from .results import load_npz, save_npz, to_jsonable
 
 TextLike = Union[str, Sequence[int], np.ndarray]
 

@@ -34,12 +34,13 @@ change and the choice of positions are documented parameters here.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+from .results import load_npz, save_npz, to_jsonable
 
 BosArg = Union[bool, str]
 SETTINGS = ("bos", "nobos")
@@ -123,45 +124,6 @@ def _progress(iterable, enabled: bool, desc: str, total: Optional[int] = None):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, total=total, leave=False)
-
-
-def _nan_to_none(x: Any) -> Any:
-    if isinstance(x, float) and not np.isfinite(x):
-        return None
-    if isinstance(x, list):
-        return [_nan_to_none(v) for v in x]
-    if isinstance(x, dict):
-        return {k: _nan_to_none(v) for k, v in x.items()}
-    return x
-
-
-def to_jsonable(x: Any) -> Any:
-    """NumPy arrays/scalars -> lists/floats, NaN/inf -> None, recursively."""
-    if isinstance(x, np.ndarray):
-        return _nan_to_none(x.tolist())
-    if isinstance(x, (np.floating,)):
-        return _nan_to_none(float(x))
-    if isinstance(x, (np.integer,)):
-        return int(x)
-    if isinstance(x, dict):
-        return {str(k): to_jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [to_jsonable(v) for v in x]
-    return _nan_to_none(x)
-
-
-def save_npz(path: str, arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> None:
-    """Arrays plus JSON metadata in one .npz (no pickle)."""
-    out = {k: np.asarray(v) for k, v in arrays.items()}
-    out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
-    np.savez(path, **out)
-
-
-def load_npz(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-    with np.load(path, allow_pickle=False) as z:
-        arrays = {k: z[k] for k in z.files if k != "__meta__"}
-        meta = json.loads(bytes(z["__meta__"]).decode())
-    return arrays, meta
 
 
 # ---------------------------------------------------------------------------------- result

@@ -36,7 +36,6 @@ exact chat template, without BOS the sequence starts at "user". Default ``"plain
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -45,6 +44,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .results import load_tagged_json, save_tagged_json
+
+QUALITY_FORMAT = "sinklab.QualityReport/1"
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
           "There and back again.")
 INTRO = ("There is an important piece of information hidden inside a lot of irrelevant text. "
@@ -445,22 +447,18 @@ class QualityReport:
         return "\n".join(lines)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"format": "sinklab.QualityReport/1",
+        return {"format": QUALITY_FORMAT,
                 "perplexity": {k: v.to_dict() for k, v in self.perplexity.items()},
                 "passkey": {k: v.to_dict() for k, v in self.passkey.items()},
                 "seconds": self.seconds}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes the report as JSON."""
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            json.dump(self.to_dict(), f)
+        save_tagged_json(path, QUALITY_FORMAT, {k: v for k, v in self.to_dict().items() if k != "format"})
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "QualityReport":
-        with open(os.fspath(path), encoding="utf-8") as f:
-            d = json.load(f)
-        if d.get("format") != "sinklab.QualityReport/1":
-            raise ValueError(f"{path} is not a saved QualityReport")
+        d = load_tagged_json(path, QUALITY_FORMAT)
         return cls(perplexity={k: PerplexityResult.from_dict(v) for k, v in d["perplexity"].items()},
                    passkey={k: PasskeyResult.from_dict(v) for k, v in d["passkey"].items()},
                    seconds=d.get("seconds", {}))

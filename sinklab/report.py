@@ -20,9 +20,10 @@ from . import figures_mixing, figures_sinks, plots
 from .collapse import collapse_vs_length
 from .interventions import Intervention
 from .noop import find_conditional_heads, noop_analysis
-from .perturbation import perturb, to_jsonable
+from .perturbation import perturb
 from .prompts import load_passages
 from .quality import compare_bos_quality, perplexity
+from .results import to_jsonable
 from .sinkset import compare_bos
 
 # The paper's example (Fig. 2): a word replaced by one of the same token length.

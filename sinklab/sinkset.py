@@ -27,6 +27,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .results import load_tagged_json, save_tagged_json
+
 from .sinks import _check_eps, first_token_importance
 
 Prompt = Union[str, Sequence[int], np.ndarray]
@@ -163,6 +165,9 @@ class SinkStudy:
         return cls.from_dict(d)
 
 
+BOS_FORMAT = "sinklab.BosComparison/1"
+
+
 @dataclass
 class BosComparison:
     """The same prompts measured with (``with_bos``) and without (``without_bos``) a BOS token."""
@@ -184,20 +189,18 @@ class BosComparison:
         return "\n".join(rows)
 
     def to_json(self) -> str:
-        return json.dumps({"format": "sinklab.BosComparison/1", "with_bos": self.with_bos.to_dict(),
-                           "without_bos": self.without_bos.to_dict()})
+        return json.dumps({"format": BOS_FORMAT, **self._payload()})
+
+    def _payload(self) -> Dict[str, Any]:
+        return {"with_bos": self.with_bos.to_dict(), "without_bos": self.without_bos.to_dict()}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes both studies to one JSON file."""
-        with open(os.fspath(path), "w", encoding="utf-8") as f:
-            f.write(self.to_json())
+        save_tagged_json(path, BOS_FORMAT, self._payload())
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "BosComparison":
-        with open(os.fspath(path), encoding="utf-8") as f:
-            d = json.load(f)
-        if d.get("format") != "sinklab.BosComparison/1":
-            raise ValueError(f"{path} is not a saved BosComparison")
+        d = load_tagged_json(path, BOS_FORMAT)
         return cls(SinkStudy.from_dict(d["with_bos"]), SinkStudy.from_dict(d["without_bos"]))
 
 

@@ -1,0 +1,63 @@
+"""Saving and loading results without pickle: JSON-ready conversion, .npz with JSON metadata,
+and JSON files tagged with a format name so a wrong file is refused with a clear error."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Tuple, Union
+
+import numpy as np
+
+
+def _nan_to_none(x: Any) -> Any:
+    if isinstance(x, float) and not np.isfinite(x):
+        return None
+    if isinstance(x, list):
+        return [_nan_to_none(v) for v in x]
+    if isinstance(x, dict):
+        return {k: _nan_to_none(v) for k, v in x.items()}
+    return x
+
+
+def to_jsonable(x: Any) -> Any:
+    """NumPy arrays/scalars -> lists/floats, NaN/inf -> None, recursively."""
+    if isinstance(x, np.ndarray):
+        return _nan_to_none(x.tolist())
+    if isinstance(x, (np.floating,)):
+        return _nan_to_none(float(x))
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, dict):
+        return {str(k): to_jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_jsonable(v) for v in x]
+    return _nan_to_none(x)
+
+
+def save_npz(path: str, arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> None:
+    """Arrays plus JSON metadata in one .npz (no pickle)."""
+    out = {k: np.asarray(v) for k, v in arrays.items()}
+    out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
+    np.savez(path, **out)
+
+
+def load_npz(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    with np.load(path, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files if k != "__meta__"}
+        meta = json.loads(bytes(z["__meta__"]).decode())
+    return arrays, meta
+
+
+def save_tagged_json(path: Union[str, os.PathLike], fmt: str, payload: Dict[str, Any]) -> None:
+    """Writes ``{"format": fmt, **payload}`` as JSON."""
+    with open(os.fspath(path), "w", encoding="utf-8") as f:
+        json.dump({"format": fmt, **payload}, f)
+
+
+def load_tagged_json(path: Union[str, os.PathLike], fmt: str) -> Dict[str, Any]:
+    """Reads a JSON file written by :func:`save_tagged_json`; ValueError unless its format is ``fmt``."""
+    with open(os.fspath(path), encoding="utf-8") as f:
+        d = json.load(f)
+    if not isinstance(d, dict) or d.get("format") != fmt:
+        raise ValueError(f"{path} is not a saved {fmt.split('/')[0].split('.')[-1]}")
+    return d
