@@ -54,16 +54,22 @@ static int causal_probs_block(const sl_attn_shape *s, const head_opts *o, const 
     return SL_OK;
 }
 
-/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero if asked), times the head scale. */
+/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero where asked), times the head scale. */
 static int weighted_values_block(const head_opts *o, const float *p, int64_t ld, const float *vth,
                                  int64_t T, int64_t hd, int64_t i0, int64_t i1, float *out,
                                  int64_t out_stride) {
-    const int64_t skip = o->zero_first_value ? 1 : 0;
+    /* Leaving key 0 out of the product is exact zeroing of v_0, for every row of the block. */
+    const int64_t skip = o->zero_first_value != SL_ZFV_NONE ? 1 : 0;
     float *o0 = out + i0 * out_stride;
     if (i1 - skip > 0) {
         SL_TRY(sl_sgemm_nt(i1 - i0, hd, i1 - skip, p + skip, ld, vth + skip, T, o0, out_stride, 0, 0));
     } else {
         for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
+    }
+    if (o->zero_first_value == SL_ZFV_OTHERS && i0 == 0) {
+        /* Query 0 keeps its own value. Its row of P has p00 and zeros after it, so the plain
+         * product sums p00·v0 with exact zeros; p00·v0 alone is therefore bitwise that row. */
+        for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * T];
     }
     if (o->scale != 1.0f)
         for (int64_t i = i0; i < i1; i++)
@@ -76,7 +82,7 @@ static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_
     head_opts o = {0, 0, 1.0f, NULL, NULL, NULL};
     if (iv) {
         o.mask_first = iv->mask_first && iv->mask_first[h];
-        o.zero_first_value = iv->zero_first_value && iv->zero_first_value[h];
+        o.zero_first_value = iv->zero_first_value ? iv->zero_first_value[h] : SL_ZFV_NONE;
         o.scale = iv->head_scale ? iv->head_scale[h] : 1.0f;
     }
     if (st) {
@@ -114,6 +120,12 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
     if (T <= 0 || H <= 0 || G <= 0 || hd <= 0 || H % G != 0)
         return sl_fail(SL_ERR_VALUE, "attention: bad shape T=%lld heads=%lld kv_heads=%lld",
                        (long long)T, (long long)H, (long long)G);
+    if (iv && iv->zero_first_value)
+        for (int64_t h = 0; h < H; h++)
+            if (iv->zero_first_value[h] > SL_ZFV_ALL)
+                return sl_fail(SL_ERR_VALUE,
+                               "attention: zero_first_value[%lld]=%d, expected 0 (none), 1 (others) or 2 (all)",
+                               (long long)h, (int)iv->zero_first_value[h]);
     const int64_t n_blocks = (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK;
     const int need_colsum = st && st->importance;
     const int64_t n_seg = need_colsum ? (n_blocks < SL_ATTN_SEGMENTS ? n_blocks : SL_ATTN_SEGMENTS) : n_blocks;

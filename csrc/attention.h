@@ -10,11 +10,28 @@ typedef struct {
     float scale; /* applied to q·k before softmax; 1/sqrt(head_dim) for LLaMA */
 } sl_attn_shape;
 
+/* Values of a zero_first_value entry. */
+enum {
+    SL_ZFV_NONE = 0,
+    /* Queries i >= 1 take v_0 as zero; query 0 keeps its own value. Row 0 of the output (and,
+     * the model being causal, position 0's whole residual stream) is bitwise that of the
+     * un-intervened run, and this layer's attention probabilities are unchanged: position 0
+     * stays a sink but what is read from it is nothing (the paper's reading of the sink as a
+     * no-op, its §3.2-3.3). */
+    SL_ZFV_OTHERS = 1,
+    /* Every query, query 0 included, takes v_0 as zero, so position 0 also loses its own
+     * attention update; on SmolLM2 this changes ⟨bos⟩'s residual stream so much that the sink
+     * disappears from the later layers. */
+    SL_ZFV_ALL = 2
+};
+
 /* Interventions, each an array over the n_heads query heads or NULL for none. */
 typedef struct {
-    const uint8_t *mask_first;       /* 1: queries i >= 1 may not attend to key 0 (renormalised over
-                                        keys 1..i); query 0 has no other key and is left as is */
-    const uint8_t *zero_first_value; /* 1: the value vector of position 0 counts as zero */
+    const uint8_t *mask_first;       /* nonzero: queries i >= 1 may not attend to key 0
+                                        (renormalised over keys 1..i); query 0 has no other key
+                                        and is left as is */
+    const uint8_t *zero_first_value; /* SL_ZFV_NONE, SL_ZFV_OTHERS or SL_ZFV_ALL; any other value
+                                        is an error (SL_ERR_VALUE) */
     const float *head_scale;         /* multiplies the head's output (before W_O) */
 } sl_attn_intervention;
 

@@ -397,7 +397,9 @@ static PyMethodDef methods[] = {
     {"model_forward", (PyCFunction)(void (*)(void))py_model_forward, METH_VARARGS | METH_KEYWORDS,
      "model_forward(handle, ids int64 (T,), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
-     "head_scale=None): capture lists hold None or a per-layer array; interventions are (L, H)."},
+     "head_scale=None): capture lists hold None or a per-layer array; interventions are (L, H):\n"
+     "mask_first uint8 (0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every\n"
+     "query including 0; other values raise ValueError), head_scale float32."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_core",

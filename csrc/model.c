@@ -50,6 +50,20 @@ static int check_model(const sl_model *m) {
     return SL_OK;
 }
 
+/* Rejects a zero_first_value code the kernel does not know before any layer runs, naming where. */
+static int check_intervention(const sl_model *m, const sl_intervention *iv) {
+    if (!iv || !iv->zero_first_value) return SL_OK;
+    for (int64_t l = 0; l < m->n_layers; l++)
+        for (int64_t h = 0; h < m->n_heads; h++) {
+            const int v = iv->zero_first_value[l * m->n_heads + h];
+            if (v > SL_ZFV_ALL)
+                return sl_fail(SL_ERR_VALUE,
+                               "forward: zero_first_value[layer %lld, head %lld]=%d, expected 0 (none), "
+                               "1 (others) or 2 (all)", (long long)l, (long long)h, v);
+        }
+    return SL_OK;
+}
+
 /* The per-layer slices of the capture and intervention arrays for the attention kernel. */
 static void layer_views(const sl_model *m, const sl_capture *cap, const sl_intervention *iv,
                         int64_t l, sl_attn_stats *st, sl_attn_intervention *aiv) {
@@ -104,6 +118,7 @@ static void capture_resid(const sl_capture *cap, int64_t l, const float *x, int6
 int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,
                      const sl_intervention *iv) {
     SL_TRY(check_model(m));
+    SL_TRY(check_intervention(m, iv));
     if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
     if (cap && cap->logits && (cap->logits_from < 0 || cap->logits_from >= T))
         return sl_fail(SL_ERR_VALUE, "forward: logits_from=%lld outside [0, %lld)",

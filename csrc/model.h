@@ -34,10 +34,12 @@ typedef struct {
     float **importance, **to_first, **entropy;
 } sl_capture;
 
-/* Interventions over (layer, head), each NULL or n_layers*n_heads entries, layer-major. */
+/* Interventions over (layer, head), each NULL or n_layers*n_heads entries, layer-major; see
+ * sl_attn_intervention (attention.h) for what each entry means. */
 typedef struct {
-    const uint8_t *mask_first;
-    const uint8_t *zero_first_value;
+    const uint8_t *mask_first;       /* 0 or nonzero */
+    const uint8_t *zero_first_value; /* 0 none, 1 queries i >= 1 only (SL_ZFV_OTHERS), 2 every
+                                        query including 0 (SL_ZFV_ALL); checked before the run */
     const float *head_scale;
 } sl_intervention;
 

@@ -1,12 +1,33 @@
-"""Interventions on the first token, applied inside the C forward (PAPER.md §3, §8).
+"""Interventions on the first token (position 0), applied inside the C forward.
 
-Each is chosen per (layer, head):
-  * ``mask_first``: queries i >= 1 may not attend to position 0; their attention is
-    renormalised over positions 1..i (query 0 has no other key and is left unchanged).
-  * ``zero_first_value``: the value vector of position 0 counts as zero, so attending to it
-    contributes nothing (the sink becomes an exact no-op).
-  * ``head_scale``: the head's output (before W_O) is multiplied by a factor; 0 ablates it.
-Running without the BOS token needs no intervention: tokenize with ``bos=False``.
+Each is chosen per (layer, head); "query i" and "key k" are positions 0..T-1 of one sequence.
+
+``mask_first``
+    Queries i >= 1 may not attend to key 0: their scores are renormalised over keys 1..i.
+    Query 0 has no other key and keeps its attention on itself. This does *not* force a head to
+    mix information: on every head of every layer it is the same computation as running the
+    sequence without its first token. Position 0 is then read by nobody, and with RoPE the
+    scores depend only on position differences, so positions 1..T-1 compute exactly what
+    positions 0..T-2 of the shortened run compute (equal up to float rounding: SmolLM2-135M's
+    logits agree with the no-⟨bos⟩ run to within 7e-5). The sink simply moves to the first
+    text token. On a subset of heads it removes the sink from those heads only.
+``zero_first_value`` with ``zero_first_value_scope="others"`` (default)
+    Queries i >= 1 take position 0's value vector v_0 as zero; query 0 keeps its own value.
+    The attention probabilities of the intervened head are unchanged, so position 0 stays a
+    sink, but whatever the head puts on it contributes nothing to the other positions: the
+    paper's reading of the sink as an approximate no-op (its §3.2-3.3) made exact. Position
+    0's own residual stream is bitwise that of the un-intervened run at every layer (the model
+    is causal and its own attention output is untouched).
+``zero_first_value`` with ``zero_first_value_scope="all"``
+    Every query, query 0 included, takes v_0 as zero (the behaviour before the scope existed).
+    Position 0 then also loses its own attention update, which changes its residual stream
+    from the first intervened layer on; on SmolLM2 with all heads of layers 0-3 intervened the
+    sink collapses in the later layers (mean attention to position 0 goes to about zero).
+    Use it to ablate the sink, not to test the no-op reading.
+``head_scale``
+    The head's output (before W_O) is multiplied by a factor; 0 ablates the head.
+
+Running without the ⟨bos⟩ token needs no intervention: tokenize with ``bos=False``.
 """
 from __future__ import annotations
 
@@ -18,25 +39,58 @@ import numpy as np
 Heads = Union[bool, Iterable[Tuple[int, int]], np.ndarray, None]
 
 
+ZERO_FIRST_VALUE_SCOPES: Dict[str, int] = {"others": 1, "all": 2}
+"""``zero_first_value_scope`` names and the code the C core takes for them in the (L, H) array."""
+
+
 @dataclass
 class Intervention:
-    """Which heads to intervene on.
+    """Which heads to intervene on, and how (see the module docstring for the exact meaning).
 
-    ``mask_first`` and ``zero_first_value``: True (every head of every layer), an iterable of
-    (layer, head) pairs, a boolean array (L, H), or None. ``head_scale``: {(layer, head): factor}
-    or a float array (L, H).
+    Attributes:
+        mask_first: queries i >= 1 of these heads may not attend to position 0 (query 0 is left
+            alone). On all heads of all layers this equals running without the first token.
+        zero_first_value: on these heads position 0's value vector counts as zero, for the
+            queries chosen by ``zero_first_value_scope``.
+        zero_first_value_scope: ``"others"`` (default): queries i >= 1 only, so position 0 stays
+            a sink that contributes nothing to other tokens and its own stream is unchanged;
+            ``"all"``: every query including 0, which also removes position 0's own update.
+        head_scale: factor on each head's output before W_O; {(layer, head): factor} or a float
+            array (L, H).
+
+    Head sets (``mask_first``, ``zero_first_value``) are True (every head of every layer), an
+    iterable of (layer, head) pairs, a boolean array (L, H), or None.
     """
 
     mask_first: Heads = None
     zero_first_value: Heads = None
     head_scale: Union[Dict[Tuple[int, int], float], np.ndarray, None] = field(default=None)
+    zero_first_value_scope: str = "others"
+
+    def __post_init__(self) -> None:
+        _scope_code(self.zero_first_value_scope)
 
     def arrays(self, n_layers: int, n_heads: int) -> Dict[str, Optional[np.ndarray]]:
-        """The C core's form: uint8 (L, H) masks and a float32 (L, H) scale, or None."""
+        """The C core's form, keys ``mask_first``, ``zero_first_value``, ``head_scale``.
+
+        Returns uint8 (L, H) ``mask_first`` (0/1); uint8 (L, H) ``zero_first_value`` with 0 (none),
+        1 (scope "others") or 2 (scope "all"); float32 (L, H) ``head_scale``; each None if unused.
+        """
         shape = (n_layers, n_heads)
+        zero = _mask(self.zero_first_value, shape, "zero_first_value")
+        if zero is not None:
+            zero *= np.uint8(_scope_code(self.zero_first_value_scope))
         return {"mask_first": _mask(self.mask_first, shape, "mask_first"),
-                "zero_first_value": _mask(self.zero_first_value, shape, "zero_first_value"),
+                "zero_first_value": zero,
                 "head_scale": _scale(self.head_scale, shape)}
+
+
+def _scope_code(scope: str) -> int:
+    if not isinstance(scope, str) or scope not in ZERO_FIRST_VALUE_SCOPES:
+        raise ValueError(f"zero_first_value_scope={scope!r}; expected one of "
+                         f"{sorted(ZERO_FIRST_VALUE_SCOPES)} ('others': queries i >= 1 only, "
+                         f"'all': every query including 0)")
+    return ZERO_FIRST_VALUE_SCOPES[scope]
 
 
 def _pairs(pairs, shape, name):
