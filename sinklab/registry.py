@@ -15,7 +15,7 @@ import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,66 @@ def sha256_file(path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+# Files of a Hugging Face folder that define the model sinklab runs: the config, the weights
+# (every *.safetensors, with the shard index) and the tokenizer. Anything else in the folder
+# (README, .git, optimizer states, other frameworks' weights) is left out, so copying a folder
+# with or without them does not change its digest.
+MODEL_FILE_NAMES = frozenset({
+    "config.json", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+    "special_tokens_map.json", "added_tokens.json", "vocab.json", "merges.txt",
+})
+
+
+def _defines_model(name: str) -> bool:
+    return name in MODEL_FILE_NAMES or name.endswith(".safetensors") or name.endswith(".safetensors.index.json")
+
+
+def path_manifest(path: Union[str, os.PathLike]) -> Dict[str, str]:
+    """{relative path: sha256 hex} of the files that define the model at ``path``.
+
+    A file (e.g. a ``.gguf``): ``{basename: its sha256}``. A Hugging Face folder: its top-level
+    ``config.json``, ``*.safetensors``, ``*.safetensors.index.json`` and tokenizer files
+    (``MODEL_FILE_NAMES``), with POSIX relative paths as keys, in sorted order. Raises
+    FileNotFoundError when ``path`` does not exist or a folder holds none of these files.
+    """
+    p = Path(path)
+    if p.is_file():
+        return {p.name: sha256_file(p)}
+    if not p.is_dir():
+        raise FileNotFoundError(f"{os.fspath(path)!r} is neither a file nor a folder")
+    names = sorted(f.name for f in p.iterdir() if f.is_file() and _defines_model(f.name))
+    if not names:
+        raise FileNotFoundError(f"{os.fspath(path)!r} holds no config.json, *.safetensors or tokenizer files")
+    return {n: sha256_file(p / n) for n in names}
+
+
+def manifest_digest(manifest: Dict[str, str]) -> str:
+    """sha256 of a folder manifest written as ``sha256sum`` prints it: one line
+    ``"<sha256 hex>  <relative path>\n"`` per file, sorted by path, UTF-8 (so the manifest
+    text itself can be checked with ``sha256sum -c``)."""
+    text = "".join(f"{manifest[k]}  {k}\n" for k in sorted(manifest))
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def sha256_manifest(path: Union[str, os.PathLike]) -> Tuple[str, Dict[str, str]]:
+    """(digest, manifest) of a model file or folder, hashing each file once.
+
+    The digest is a file's own sha256, or for a folder :func:`manifest_digest` of
+    :func:`path_manifest`. Record both in results: the digest names the weights, the manifest
+    says which files it covers.
+    """
+    manifest = path_manifest(path)
+    if Path(path).is_file():
+        return next(iter(manifest.values())), manifest
+    return manifest_digest(manifest), manifest
+
+
+def sha256_path(path: Union[str, os.PathLike]) -> str:
+    """sha256 hex of a model file, or of a Hugging Face folder's manifest (see
+    :func:`sha256_manifest`); unlike :func:`sha256_file` it accepts folders."""
+    return sha256_manifest(path)[0]
 
 
 def _stamp(path: Path) -> Tuple[int, int]:

@@ -1,5 +1,8 @@
-"""Named-model fetching: verified, atomic, and clear about failures."""
+"""Named-model fetching (verified, atomic, clear about failures) and model fingerprints
+(sha256 of a file, or of a Hugging Face folder's manifest)."""
 import hashlib
+import shutil
+import subprocess
 import zipfile
 
 import pytest
@@ -72,3 +75,68 @@ def test_unknown_name():
 
 def test_real_model_checksum(smollm2_gguf):
     assert registry.sha256_file(smollm2_gguf) == registry.MODELS["smollm2-135m-instruct"].sha256
+
+
+# ------------------------------------------------------------------ sha256_path: files and folders
+def _expected_manifest_digest(folder, names):
+    """sha256 of the `sha256sum`-style manifest, computed here with hashlib alone."""
+    lines = "".join(f"{hashlib.sha256((folder / n).read_bytes()).hexdigest()}  {n}\n" for n in sorted(names))
+    return hashlib.sha256(lines.encode()).hexdigest(), lines
+
+
+def test_sha256_path_of_a_file(tmp_path):
+    p = tmp_path / "m.gguf"
+    p.write_bytes(CONTENT)
+    digest, manifest = registry.sha256_manifest(p)
+    assert digest == registry.sha256_path(p) == registry.sha256_file(p) == hashlib.sha256(CONTENT).hexdigest()
+    assert manifest == {"m.gguf": digest}
+
+
+@pytest.fixture(scope="module")
+def sharded_folder(tmp_path_factory):
+    from reference_models import SPECS, make_hf_model, save_hf
+
+    d = save_hf(make_hf_model(SPECS["mha"]), tmp_path_factory.mktemp("hf") / "m", max_shard_size="40KB")
+    (d / "README.md").write_text("not part of the model")
+    (d / "sub").mkdir()
+    (d / "sub" / "model.safetensors").write_bytes(b"ignored: the loader reads the top level only")
+    return d
+
+
+def test_sha256_path_of_a_sharded_folder(sharded_folder, tmp_path):
+    d = sharded_folder
+    shards = sorted(p.name for p in d.glob("model-*-of-*.safetensors"))
+    assert len(shards) >= 2
+    names = shards + ["config.json", "model.safetensors.index.json", "tokenizer.json", "tokenizer_config.json"]
+    digest, manifest = registry.sha256_manifest(d)
+    want, text = _expected_manifest_digest(d, names)
+    assert list(manifest) == sorted(names)          # README, generation_config, sub/ left out
+    assert digest == registry.sha256_path(d) == want
+    assert manifest == {n: hashlib.sha256((d / n).read_bytes()).hexdigest() for n in names}
+    # the manifest text is what `sha256sum -c` verifies
+    if shutil.which("sha256sum"):
+        (tmp_path / "MANIFEST").write_text(text)
+        res = subprocess.run(["sha256sum", "-c", "--quiet", str(tmp_path / "MANIFEST")], cwd=d,
+                             capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_sha256_path_changes_with_any_model_file(sharded_folder, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(sharded_folder, d)
+    before = registry.sha256_path(d)
+    (d / "README.md").write_text("edited")              # not a model file: same digest
+    assert registry.sha256_path(d) == before
+    shard = sorted(d.glob("model-*-of-*.safetensors"))[-1]
+    raw = bytearray(shard.read_bytes())
+    raw[-1] ^= 1
+    shard.write_bytes(bytes(raw))
+    assert registry.sha256_path(d) != before
+
+
+def test_sha256_path_rejects_what_is_not_a_model(tmp_path):
+    with pytest.raises(FileNotFoundError, match="neither a file nor a folder"):
+        registry.sha256_path(tmp_path / "nope")
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        registry.sha256_path(tmp_path)
