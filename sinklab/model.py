@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -14,6 +14,51 @@ from .trace import AttentionStats, Trace
 
 CAPTURES = ("attn", "resid", "logits", "stats")
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
+MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available for new allocations, or None when it cannot be told.
+
+    psutil's ``virtual_memory().available`` when psutil is installed (it is only a test
+    dependency), else Linux's ``MemAvailable`` from /proc/meminfo; None elsewhere, and then no
+    size check is made.
+    """
+    try:
+        import psutil  # type: ignore
+    except ImportError:
+        psutil = None
+    if psutil is not None:
+        try:
+            return int(psutil.virtual_memory().available)
+        except Exception:  # psutil without support for this platform: fall back
+            pass
+    try:
+        with open(MEMINFO, encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
+    """``capture`` as a tuple of names: a plain string is one name (``"attn"`` -> ``("attn",)``),
+    any other iterable (list, tuple, set, generator) gives its elements; ValueError for names
+    outside ``CAPTURES``, TypeError for non-strings."""
+    names = (capture,) if isinstance(capture, str) else tuple(capture)
+    bad = [n for n in names if not isinstance(n, str)]
+    if bad:
+        raise TypeError(f"capture names must be strings, got {bad!r}")
+    unknown = set(names) - set(CAPTURES)
+    if unknown:
+        raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
+    return names
 
 
 class Model:
@@ -93,14 +138,46 @@ class Model:
             raise ValueError(f"layers {bad} out of range for a model with {L} layers")
         return out
 
-    def run(self, ids: Any, capture: Sequence[str] = ("attn", "resid", "logits"),
+    def capture_bytes(self, T: int, capture: Union[str, Iterable[str]] = ("attn", "resid", "logits"),
+                      layers: Optional[Sequence[int]] = None, logits_from: int = 0,
+                      B: int = 1) -> Dict[str, int]:
+        """Bytes of the float32 buffers :meth:`run` allocates for ``B`` sequences of ``T`` tokens.
+
+        ``{"attn": B*L'*H*T*T*4, "resid": B*(L+1)*T*d*4, "logits": B*(T-logits_from)*V*4,
+        "stats": 3*B*L'*H*T*4}`` for the requested captures (L' = number of captured layers).
+        """
+        names = normalize_capture(capture)
+        c, n_sel = self.config, len(self._check_layers(layers))
+        logits_from %= max(T, 1)
+        per = {"attn": n_sel * c.n_heads * T * T, "resid": (c.n_layers + 1) * T * c.d_model,
+               "logits": (T - logits_from) * c.vocab_size, "stats": 3 * n_sel * c.n_heads * T}
+        return {k: 4 * B * per[k] for k in CAPTURES if k in names}
+
+    def _check_memory(self, need: Dict[str, int], B: int, T: int, n_sel: int) -> None:
+        """MemoryError before allocating when the capture buffers exceed the available memory."""
+        total = sum(need.values())
+        avail = available_memory()
+        if avail is None or total <= avail:
+            return
+        c = self.config
+        parts = ", ".join(f"{k} {_gb(v)}" for k, v in need.items())
+        stats = 4 * B * 3 * n_sel * c.n_heads * T
+        one_layer = 4 * B * c.n_heads * T * T
+        raise MemoryError(
+            f"capture for {B} x {T} tokens needs {_gb(total)} ({parts}) but only {_gb(avail)} of memory "
+            f"is available; attn alone is B*L'*H*T*T*4 bytes = {B}*{n_sel}*{c.n_heads}*{T}^2*4. Cheaper: "
+            f"capture only some layers (layers=[...], {_gb(one_layer)} of attn per layer), or "
+            f"capture=\"stats\" (first-token importance, attention to position 0 and row entropy, "
+            f"(L', H, T) each, {_gb(stats)} in all, no T x T buffer), or fewer tokens or sequences")
+
+    def run(self, ids: Any, capture: Union[str, Iterable[str]] = ("attn", "resid", "logits"),
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Args:
             ids: token ids, (T,) or (B, T), any integer array-like.
-            capture: any of ``"attn"`` (L', H, T, T) probabilities; ``"resid"`` (L+1, T, d);
+            capture: one name or an iterable of names, each of ``"attn"`` (L', H, T, T) probabilities; ``"resid"`` (L+1, T, d);
                 ``"logits"`` (T - logits_from, V); ``"stats"``: attention statistics (L', H, T)
                 computed without a (T, T) buffer (see :class:`AttentionStats`), for long contexts.
                 With (B, T) ids each gets a leading B axis.
@@ -109,10 +186,13 @@ class Model:
             logits_from: first position whose logits are computed (negative counts from the end:
                 -1 gives only the last position's, which is all generation needs).
             progress: show a progress bar over the batch when B > 1.
+
+        Raises:
+            MemoryError: before allocating anything, when the capture buffers
+                (:meth:`capture_bytes`) exceed the available memory; the message names the size
+                and the cheaper captures.
         """
-        unknown = set(capture) - set(CAPTURES)
-        if unknown:
-            raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
+        capture = normalize_capture(capture)
         arr = self.check_ids(ids)
         sel = self._check_layers(layers)
         batch = arr.reshape(-1, arr.shape[-1])
@@ -120,6 +200,7 @@ class Model:
         if not -T <= logits_from < T:
             raise ValueError(f"logits_from={logits_from} outside [-{T}, {T}) for T={T}")
         logits_from %= T
+        self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B), B, T, len(sel))
         c = self.config
         ivs = (intervene or Intervention()).arrays(c.n_layers, c.n_heads)
 

@@ -2,13 +2,35 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
 
-@dataclass
+def _shape(a: Optional[np.ndarray]) -> str:
+    return "-" if a is None else f"{tuple(a.shape)} {a.dtype}"
+
+
+def _layer_list(layers: List[int]) -> str:
+    """``"0-29"`` for a contiguous run, else the first few indices."""
+    if not layers:
+        return "none"
+    if list(layers) == list(range(layers[0], layers[-1] + 1)) and len(layers) > 2:
+        return f"{layers[0]}-{layers[-1]}"
+    head = ", ".join(str(l) for l in layers[:8])
+    return f"[{head}{', ...' if len(layers) > 8 else ''}]"
+
+
+def npz_path(path: Union[str, os.PathLike]) -> str:
+    """The file :meth:`Trace.save` writes and :meth:`Trace.load` reads for ``path``: ``path``
+    itself when it ends in ``.npz``, otherwise ``path + ".npz"`` (what ``np.savez`` does)."""
+    p = os.fspath(path)
+    return p if p.endswith(".npz") else p + ".npz"
+
+
+@dataclass(repr=False)
 class AttentionStats:
     """Attention statistics computed inside the C kernel, each (L', H, T) float32 for the
     captured layers (a leading B axis with batched ids):
@@ -22,8 +44,11 @@ class AttentionStats:
     to_first: np.ndarray
     entropy: np.ndarray
 
+    def __repr__(self) -> str:
+        return f"AttentionStats(importance, to_first, entropy: {_shape(self.importance)})"
 
-@dataclass
+
+@dataclass(repr=False)
 class Trace:
     """Captured tensors of one run (a leading batch axis B when ids were (B, T)).
 
@@ -47,19 +72,46 @@ class Trace:
     layers: List[int] = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)
 
-    def save(self, path: str) -> None:
-        """Writes an .npz with every captured array and the metadata as JSON."""
+    def __repr__(self) -> str:
+        """One line: what was captured (shape, dtype), the layers, the model and a few meta keys."""
+        parts = [f"ids {_shape(self.ids)}"]
+        parts += [f"{k} {_shape(v)}" for k, v in (("attn", self.attn), ("resid", self.resid),
+                                                   ("logits", self.logits)) if v is not None]
+        if self.stats is not None:
+            parts.append(f"stats 3 x {_shape(self.stats.importance)}")
+        parts.append(f"layers {_layer_list(self.layers)}")
+        m = self.meta
+        shown = [f"{k}={m[k]!r}" for k in ("bos_token_id", "starts_with_bos", "logits_from") if k in m]
+        iv = m.get("intervention")
+        if isinstance(iv, dict):
+            shown.append("intervention=" + ("+".join(k for k, v in iv.items() if v) or "none"))
+        rest = [k for k in m if k not in ("model", "source", "bos_token_id", "starts_with_bos",
+                                          "logits_from", "intervention")]
+        if rest:
+            shown.append("more meta: " + ", ".join(rest[:6]) + (", ..." if len(rest) > 6 else ""))
+        return f"<sinklab.Trace {m.get('model', '?')}: " + "; ".join(parts + shown) + ">"
+
+    def save(self, path: Union[str, os.PathLike]) -> str:
+        """Writes an .npz with every captured array and the metadata as JSON.
+
+        The file is :func:`npz_path` of ``path`` (``".npz"`` appended unless already there), the
+        same file :meth:`load` reads for the same ``path``; returns that path.
+        """
         arrays = {k: v for k, v in (("ids", self.ids), ("attn", self.attn), ("resid", self.resid),
                                      ("logits", self.logits)) if v is not None}
         if self.stats is not None:
             arrays.update({f"stats_{k}": v for k, v in vars(self.stats).items()})
         arrays["layers"] = np.asarray(self.layers, dtype=np.int64)
         arrays["meta"] = np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8)
-        np.savez(path, **arrays)
+        target = npz_path(path)
+        np.savez(target, **arrays)
+        return target
 
     @classmethod
-    def load(cls, path: str) -> "Trace":
-        with np.load(path, allow_pickle=False) as z:
+    def load(cls, path: Union[str, os.PathLike]) -> "Trace":
+        """Reads what :meth:`save` wrote for the same ``path`` (``"tr"`` and ``"tr.npz"`` both
+        name ``tr.npz``)."""
+        with np.load(npz_path(path), allow_pickle=False) as z:
             get = lambda k: z[k] if k in z.files else None  # noqa: E731
             stats = None
             if "stats_importance" in z.files:
