@@ -1,5 +1,11 @@
 """Command line: ``sinklab sinks MODEL`` measures the first-token attention sink;
-``sinklab reproduce`` runs every analysis and writes a report."""
+``sinklab reproduce`` runs the report's analyses and writes it.
+
+Global options (``--threads``, ``--quiet``, ``--debug``) go before or after the subcommand.
+Errors a user can fix (a missing path, a corrupt model file, prompts too short for
+``--max-tokens``) print one line ``sinklab: error: ...`` to stderr and exit with status 1;
+``--debug`` shows the traceback instead.
+"""
 from __future__ import annotations
 
 import argparse
@@ -8,7 +14,13 @@ import os
 import sys
 from typing import List, Optional, Sequence
 
-import numpy as np
+from sinklab import __version__
+
+DEFAULT_EPS = (0.3, 0.8)  # Gu et al.'s threshold and the one of the paper's Table 1
+
+
+class CLIError(Exception):
+    """A problem with what the user asked for, reported as one line without a traceback."""
 
 
 def _read_prompts(args) -> List[str]:
@@ -18,54 +30,71 @@ def _read_prompts(args) -> List[str]:
         with open(args.file, encoding="utf-8") as f:
             prompts = [line.strip() for line in f if line.strip()]
         if not prompts:
-            raise SystemExit(f"sinklab: {args.file} holds no prompts (one per line)")
+            raise CLIError(f"{args.file} holds no prompts (one per line)")
         return prompts
     from sinklab.prompts import load_passages
 
     return load_passages("sinks")
 
 
+def _check_model_arg(name: str) -> None:
+    """CLIError unless ``name`` is an existing path or a registered model name."""
+    from sinklab import registry
+
+    if not os.path.exists(name) and not registry.is_registered(name):
+        raise CLIError(f"{name!r} is neither a file, a folder, nor a registered model name "
+                       f"({', '.join(sorted(registry.MODELS))})")
+
+
 def cmd_sinks(args) -> int:
+    """Sink rate of the first token over prompts of exactly ``--max-tokens`` tokens (Gu et al.)."""
     import sinklab as sl
     from sinklab.plots import importance_heatmap
-    from sinklab.registry import sha256_file
+    from sinklab.registry import sha256_manifest
 
-    from tqdm.auto import tqdm
-
-    model = sl.load(args.model)
+    _check_model_arg(args.model)
+    prompts = _read_prompts(args)
+    model = sl.load(args.model, quiet=args.quiet)
     c = model.config
     bos = not args.no_bos
     if bos and c.bos_token_id is None:
-        raise SystemExit("sinklab: this model has no BOS token; use --no-bos")
-    importances = []
-    lengths = []
-    for text in tqdm(_read_prompts(args), desc="prompts", unit="prompt", disable=args.quiet):
-        ids = model.tokenize(text, bos=bos)[: args.max_tokens]
-        lengths.append(len(ids))
-        tr = model.run(ids, capture=("attn",))
-        importances.append(sl.first_token_importance(tr.attn))
-    imp = np.stack(importances)  # (P, L, H)
-    rates = {eps: float(np.mean(imp > eps)) for eps in sorted({args.eps, 0.3, 0.8})}
-    per_layer = (imp > args.eps).mean(axis=(0, 2))
+        raise CLIError(f"{model.name} has no BOS token; use --no-bos")
+    T = args.max_tokens
+    eps_all = tuple(sorted({args.eps, *DEFAULT_EPS}))
+    try:
+        # Gu et al.'s rule: every prompt is cut to exactly its first T tokens (the BOS among
+        # them), shorter prompts are dropped, so a_0 always averages over T queries.
+        study = sl.sink_study(model, prompts, T=T, eps=eps_all, bos=bos, skip_short=True, bos_in_T=True,
+                              capture="stats", progress=not args.quiet)
+    except ValueError as e:
+        raise CLIError(f"--max-tokens {T}: {e}") from e
+    n_given, dropped = len(prompts), study.n_skipped
+    mean_imp = study.mean  # (L, H)
+    per_layer = study.layer_sink_rate(args.eps)
 
     print(f"model: {model.name} ({c.n_layers} layers x {c.n_heads} heads)")
-    print(f"prompts: {len(imp)}, tokens per prompt: {min(lengths)}-{max(lengths)} (cut to {args.max_tokens}), "
-          f"BOS: {'id %d prepended' % c.bos_token_id if bos else 'none'}")
-    for eps, r in rates.items():
-        print(f"sink rate (first token, eps={eps:g}): {100 * r:.2f}%")
+    print(f"prompts: {study.n_prompts} of {n_given}, each cut to exactly {T} tokens, "
+          f"BOS: {'id %d prepended (counted in the %d)' % (c.bos_token_id, T) if bos else 'none'}")
+    if dropped:
+        print(f"dropped {dropped} of {n_given} prompts shorter than {T} tokens "
+              f"(lower --max-tokens to keep them)")
+    for eps in eps_all:
+        print(f"sink rate (first token, eps={eps:g}): {100 * study.sink_rate(eps):.2f}%")
     print(f"\n{'layer':>5}  {'mean a0':>8}  {'max a0':>7}  sink heads (eps={args.eps:g})")
-    mean_imp = imp.mean(axis=0)
     for l in range(c.n_layers):
         print(f"{l:>5}  {mean_imp[l].mean():8.3f}  {mean_imp[l].max():7.3f}  {100 * per_layer[l]:6.1f}%")
 
     os.makedirs(args.out, exist_ok=True)
     fig = importance_heatmap(mean_imp, eps=args.eps,
-                             title=f"{model.name}: first-token importance ({'with' if bos else 'no'} BOS)")
+                             title=f"{model.name}: first-token importance ({'with' if bos else 'no'} BOS, T={T})")
     png = os.path.join(args.out, "sinks_heatmap.png")
     fig.savefig(png, dpi=130)
-    result = {"model": model.name, "source": model.source, "sha256": sha256_file(model.source),
-              "bos_token_id": c.bos_token_id if bos else None, "eps": args.eps, "max_tokens": args.max_tokens,
-              "n_prompts": len(imp), "prompt_tokens": lengths, "sink_rate": {str(k): v for k, v in rates.items()},
+    digest, manifest = sha256_manifest(model.source)
+    result = {"model": model.name, "source": model.source, "sha256": digest, "sha256_manifest": manifest,
+              "bos_token_id": c.bos_token_id if bos else None, "eps": args.eps, "max_tokens": T, "T": T,
+              "bos_in_T": True, "n_prompts_given": n_given, "n_prompts": study.n_prompts, "n_dropped": dropped,
+              "kept_prompts": study.meta["kept_prompts"], "prompt_tokens": [T] * study.n_prompts,
+              "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
               "first_token_importance_mean": mean_imp.tolist(), "sinklab_version": sl.__version__}
     with open(os.path.join(args.out, "sinks.json"), "w") as f:
         json.dump(result, f, indent=1)
@@ -74,47 +103,102 @@ def cmd_sinks(args) -> int:
 
 
 def cmd_reproduce(args) -> int:
-    from sinklab.report import reproduce
+    from sinklab import report
 
-    res = reproduce(args.model, out=args.out, quick=args.quick, progress=not args.quiet)
-    print(f"wrote {os.path.join(args.out, 'report.md')} and results.json "
-          f"({res['meta']['seconds_total']:.0f} s)")
+    _check_model_arg(args.model)
+    res = report.reproduce(args.model, out=args.out, quick=args.quick, progress=not args.quiet,
+                           eps=tuple(args.eps), bos=not args.no_bos)
+    secs = (res or {}).get("meta", {}).get("seconds_total")
+    print(f"wrote {os.path.join(args.out, 'report.md')} and results.json"
+          + (f" ({secs:.0f} s)" if secs is not None else ""))
     return 0
+
+
+def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
+    """--threads/--quiet/--debug on the main parser (``defaults``) and on each subcommand
+    (default SUPPRESS, so a value given before the subcommand is not reset after it)."""
+    d = (lambda v: v) if defaults else (lambda v: argparse.SUPPRESS)
+    p.add_argument("--threads", type=int, default=d(None), help="OpenMP threads (default: all cores)")
+    p.add_argument("--quiet", action="store_true", default=d(False), help="no progress bars")
+    p.add_argument("--debug", action="store_true", default=d(False), help="show tracebacks on errors")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sinklab", description="Attention sinks in transformer language models.")
-    p.add_argument("--threads", type=int, default=None, help="OpenMP threads (default: all cores)")
+    p.add_argument("--version", action="version", version=f"sinklab {__version__}")
+    _global_options(p, defaults=True)
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser("sinks", help="sink rate and per-layer first-token importance of a model")
     s.add_argument("model", help="registered name (smollm2-135m-instruct), .gguf file, or Hugging Face folder")
     g = s.add_mutually_exclusive_group()
     g.add_argument("--prompt", action="append", help="a prompt (repeatable); default: the 144 shipped passages")
     g.add_argument("--file", help="a text file with one prompt per line")
-    s.add_argument("--eps", type=float, default=0.3, help="sink threshold on first-token importance (default 0.3)")
-    s.add_argument("--max-tokens", type=int, default=64, help="cut prompts to their first T tokens (default 64, as Gu et al.)")
+    s.add_argument("--eps", type=float, default=0.3,
+                   help="sink threshold on first-token importance (default 0.3; 0.3 and 0.8 are always reported)")
+    s.add_argument("--max-tokens", type=int, default=64,
+                   help="T: every prompt is cut to exactly its first T tokens, BOS included, and shorter "
+                        "prompts are dropped (default 64, as Gu et al.)")
     s.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
     s.add_argument("--out", default="sinks-out", help="output folder for the heatmap and JSON")
-    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)
-    r = sub.add_parser("reproduce", help="run every analysis of the paper and write a report (Markdown, PNG, JSON)")
-    r.add_argument("--model", default="smollm2-135m-instruct", help="registered name, .gguf file or HF folder")
-    r.add_argument("--quick", action="store_true", help="small prompt sets and lengths (a few minutes on 2 cores)")
+    r = sub.add_parser("reproduce", help="run the report's analyses (Markdown, PNG, JSON)")
+    r.add_argument("--model", default="smollm2-135m-instruct",
+                   help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    r.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS),
+                   help="sink thresholds in (0, 1) (default 0.3 0.8)")
+    r.add_argument("--no-bos", action="store_true", help="run the analyses without prepending the BOS token")
+    r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")
     r.add_argument("--out", default="sinklab-report", help="output folder")
-    r.add_argument("--quiet", action="store_true", help="no progress bars")
+    _global_options(r, defaults=False)
     r.set_defaults(func=cmd_reproduce)
     return p
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    if getattr(args, "eps", None) is not None and not 0 < args.eps < 1:
-        raise SystemExit(f"sinklab: --eps must lie in (0, 1), got {args.eps}")
-    if args.threads:
-        import sinklab as sl
+def _check_args(parser: argparse.ArgumentParser, args) -> None:
+    eps = args.eps if isinstance(args.eps, list) else [args.eps]
+    for e in eps:
+        if not 0 < e < 1:
+            parser.error(f"--eps must lie in (0, 1), got {e:g}")
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
+    if getattr(args, "max_tokens", 2) < 2:
+        parser.error(f"--max-tokens must be at least 2, got {args.max_tokens}")
 
-        sl.set_num_threads(args.threads)
-    return args.func(args)
+
+def _one_line(e: BaseException) -> str:
+    """The exception's message as one line (its first), naming the type when it is not one a
+    user is expected to fix."""
+    msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+    lines = [ln.strip() for ln in str(msg).strip().splitlines() if ln.strip()]
+    text = lines[0] if lines else type(e).__name__
+    if len(lines) > 1:
+        text += " (more with --debug)"
+    if not isinstance(e, (CLIError, OSError, ValueError, KeyError, RuntimeError, MemoryError)):
+        text = f"{type(e).__name__}: {text} (a bug? --debug shows the traceback)"
+    return text
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    _check_args(parser, args)
+    try:
+        if args.threads:
+            import sinklab as sl
+
+            sl.set_num_threads(args.threads)
+        return args.func(args)
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("sinklab: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # one line for the user; the traceback only with --debug
+        if args.debug:
+            raise
+        print(f"sinklab: error: {_one_line(e)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

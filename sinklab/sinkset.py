@@ -1,4 +1,5 @@
-"""Sink metrics over a prompt set, as Gu et al. (2024) measure them (PAPER.md §1).
+"""Sink metrics over a prompt set, as Gu et al. (2024) measure them: the sink rate
+behind the paper's Fig. 5 and Tables 1–2.
 
 Each prompt is cut to its first T tokens and run once; the first-token importance
 
@@ -257,7 +258,10 @@ def _select(prompts: Sequence[Prompt], tokens: List[np.ndarray], need: int, T: i
             raise ValueError(f"prompt {i} ({_describe(prompts[i])}) has {len(ids)} tokens, fewer than "
                              f"the {need} needed for T={T}; shorten T, drop it, or pass skip_short=True")
     if not keep:
-        raise ValueError(f"no prompt has the {need} tokens needed for T={T}")
+        longest = max((len(t) for t in tokens), default=0)
+        raise ValueError(f"no prompt has the {need} tokens needed for T={T}"
+                         f"{' after the BOS' if need < T else ''}: the longest of the {len(tokens)} "
+                         f"has {longest}; lower T or give longer prompts")
     return keep, len(tokens) - len(keep)
 
 
@@ -293,7 +297,7 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                eps: Union[float, Sequence[float]] = (0.3, 0.8), bos: bool = True,
                skip_short: bool = False, bos_in_T: bool = True, capture: str = "stats",
                progress: bool = True) -> SinkStudy:
-    """First-token importance and sink rates of ``model`` over a prompt set (PAPER.md §1).
+    """First-token importance and sink rates of ``model`` over a prompt set (Gu et al.'s metric).
 
     Args:
         model: a :class:`sinklab.Model`.

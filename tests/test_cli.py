@@ -1,4 +1,11 @@
-"""The main job, `sinklab sinks`, on the real model: outputs exist and agree with the API."""
+"""The command line: `sinklab sinks` on a Hugging Face folder and a GGUF file, Gu et al.'s
+exactly-T-tokens rule, global options, one-line errors, and `reproduce`'s arguments.
+
+Reference for the numbers: transformers' fp32 eager forward of the tiny model, its prompts
+tokenized by the `tokenizers` library from the folder's tokenizer.json and cut by hand; the
+first-token importance a_0 = 1/T * sum_i A[i, 0] is computed here in float64 NumPy.
+"""
+import hashlib
 import json
 import subprocess
 import sys
@@ -7,28 +14,215 @@ import numpy as np
 import pytest
 
 import sinklab as sl
+from sinklab import cli
+from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, save_hf
+
+T = 12
+LONG = ["the cat sat on the mat and the dog ran away",
+        "a river rose slowly through the night and the fields were under water"]
+SHORT = "hi there"  # fewer than T tokens: dropped
 
 
-def test_sinks_command(smollm2_gguf, tmp_path):
-    prompt = "The river rose slowly through the night, and by morning the lower fields were under water."
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(transformers model, its saved Hugging Face folder)."""
+    model = make_hf_model(SPECS["mha"])
+    return model, save_hf(model, tmp_path_factory.mktemp("cli") / "tiny-hf")
+
+
+def run_cli(argv, capsys):
+    """(exit status, stdout, stderr) of sinklab's main() run in this process."""
+    try:
+        rc = cli.main([str(a) for a in argv])
+    except SystemExit as e:  # argparse: usage errors and --version
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def reference_importance(hf_model, folder, texts):
+    """(P, L, H) float64 a_0 of [BOS] + each text's first T-1 tokens, from transformers."""
+    tokenizers = require("tokenizers")
+    tok = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
+    out = []
+    for text in texts:
+        ids = [BOS_ID] + tok.encode(text, add_special_tokens=False).ids[: T - 1]
+        assert len(ids) == T
+        attn = hf_forward(hf_model, np.array(ids))["attn"].astype(np.float64)  # (L, H, T, T)
+        out.append(attn[:, :, :, 0].sum(axis=-1) / T)
+    return np.stack(out)
+
+
+def test_sinks_on_a_hf_folder_keeps_exactly_T_tokens(tiny, tmp_path, capsys):
+    hf_model, folder = tiny
+    out = tmp_path / "out"
+    argv = ["sinks", folder, "--prompt", LONG[0], "--prompt", SHORT, "--prompt", LONG[1],
+            "--max-tokens", T, "--eps", 0.3, "--out", out, "--quiet"]
+    rc, stdout, stderr = run_cli(argv, capsys)
+    assert rc == 0, stderr
+    assert f"dropped 1 of 3 prompts shorter than {T} tokens" in stdout
+    res = json.loads((out / "sinks.json").read_text())
+    assert (res["T"], res["n_prompts"], res["n_dropped"], res["kept_prompts"]) == (T, 2, 1, [0, 2])
+    assert res["prompt_tokens"] == [T, T]
+
+    ref = reference_importance(hf_model, folder, LONG)
+    assert np.abs(np.array(res["first_token_importance_mean"]) - ref.mean(axis=0)).max() < 1e-5
+    for eps in (0.3, 0.8):
+        assert np.abs(ref - eps).min() > 1e-4  # no a_0 on the threshold, so the rates are exact
+        assert res["sink_rate"][f"{eps:g}"] == pytest.approx(float(np.mean(ref > eps)), abs=1e-12)
+        assert f"sink rate (first token, eps={eps:g}): {100 * np.mean(ref > eps):.2f}%" in stdout
+
+    # the folder's fingerprint: sha256 of a sha256sum-style manifest of the model's files
+    names = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    files = {n: hashlib.sha256((folder / n).read_bytes()).hexdigest() for n in names}
+    text = "".join(f"{files[n]}  {n}\n" for n in sorted(names))
+    assert res["sha256_manifest"] == files
+    assert res["sha256"] == hashlib.sha256(text.encode()).hexdigest()
+    png = (out / "sinks_heatmap.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_sinks_with_no_prompt_long_enough(tiny, tmp_path, capsys):
+    rc, stdout, stderr = run_cli(["sinks", tiny[1], "--prompt", SHORT, "--max-tokens", T,
+                                  "--out", tmp_path, "--quiet"], capsys)
+    assert rc == 1 and not (tmp_path / "sinks.json").exists()
+    assert stderr.count("\n") == 1 and stderr.startswith("sinklab: error: --max-tokens 12: no prompt has")
+
+
+def test_sinks_on_the_real_gguf(smollm2_gguf, tmp_path):
+    """End to end through the installed entry point, with global options after the subcommand."""
+    prompt = sl.load_passages("sinks")[0]
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "sinklab.cli", "sinks", str(smollm2_gguf), "--prompt", prompt,
-                          "--eps", "0.5", "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=600)
+                          "--prompt", "Too short.", "--eps", "0.5", "--out", str(out), "--quiet", "--threads", "1"],
+                         capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    assert "sink rate (first token, eps=0.5)" in res.stdout and "sink rate (first token, eps=0.8)" in res.stdout
-    png = (out / "sinks_heatmap.png").read_bytes()
-    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
+    assert "sink rate (first token, eps=0.5)" in res.stdout and "dropped 1 of 2" in res.stdout
     result = json.loads((out / "sinks.json").read_text())
+    assert result["sha256"] == sl.registry.MODELS["smollm2-135m-instruct"].sha256
+    assert result["sha256_manifest"] == {smollm2_gguf.name: result["sha256"]}
     model = sl.load(smollm2_gguf)
     ids = model.tokenize(prompt, bos=True)[:64]
-    attn = model.run(ids, capture=("attn",)).attn
-    assert result["bos_token_id"] == 1 and result["prompt_tokens"] == [len(ids)]
-    assert result["sink_rate"]["0.5"] == pytest.approx(sl.sink_rate(attn, eps=0.5))
+    assert len(ids) == 64 and result["bos_token_id"] == 1 and result["n_prompts"] == 1
+    attn = model.run(ids, capture="attn").attn.astype(np.float64)
+    a0 = attn[:, :, :, 0].mean(axis=-1)
     imp = np.array(result["first_token_importance_mean"])
-    assert imp.shape == (30, 9) and np.allclose(imp, sl.first_token_importance(attn), atol=1e-12)
+    assert imp.shape == (30, 9) and np.abs(imp - a0).max() < 1e-5
 
 
-def test_cli_rejects_bad_eps():
-    res = subprocess.run([sys.executable, "-m", "sinklab.cli", "sinks", "x", "--eps", "1.5"],
+# ------------------------------------------------------------------ options
+def test_version():
+    from importlib.metadata import version
+
+    res = subprocess.run([sys.executable, "-m", "sinklab.cli", "--version"], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.strip() == f"sinklab {version('sinklab')}"
+
+
+@pytest.mark.parametrize("argv", [["--threads", "2", "--quiet", "--debug", "sinks", "M"],
+                                  ["sinks", "M", "--threads", "2", "--quiet", "--debug"],
+                                  ["--quiet", "sinks", "M", "--threads", "2", "--debug"]])
+def test_global_options_before_or_after_the_subcommand(argv):
+    args = cli.build_parser().parse_args(argv)
+    assert (args.model, args.threads, args.quiet, args.debug) == ("M", 2, True, True)
+    plain = cli.build_parser().parse_args(["sinks", "M"])
+    assert (plain.threads, plain.quiet, plain.debug) == (None, False, False)
+    r = cli.build_parser().parse_args(["reproduce", "--threads", "3", "--quiet"])
+    assert (r.threads, r.quiet) == (3, True)
+
+
+def test_threads_after_the_subcommand_take_effect(tiny, tmp_path, capsys):
+    before = sl.get_num_threads()
+    try:
+        rc, _, err = run_cli(["sinks", tiny[1], "--prompt", LONG[0], "--max-tokens", T,
+                              "--out", tmp_path, "--threads", 1, "--quiet"], capsys)
+        assert rc == 0, err
+        assert sl.get_num_threads() == 1
+    finally:
+        sl.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bad", [["--eps", "1.5"], ["--threads", "0"], ["--max-tokens", "1"]])
+def test_bad_option_values(bad, capsys):
+    rc, _, err = run_cli(["sinks", "x", *bad], capsys)
+    assert rc == 2 and f"sinklab: error: {bad[0]} must" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------ one-line errors
+def test_missing_path_is_one_line(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "sinklab.cli", "sinks", str(tmp_path / "nope.gguf")],
                          capture_output=True, text=True)
-    assert res.returncode != 0 and "--eps must lie in (0, 1)" in res.stderr
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.count("\n") == 1 and res.stderr.startswith("sinklab: error: ")
+    assert "nope.gguf" in res.stderr and "neither a file" in res.stderr
+
+
+@pytest.mark.parametrize("kind", ["garbage_gguf", "empty_folder", "truncated_safetensors"])
+def test_bad_model_file_is_one_line(kind, tiny, tmp_path, capsys):
+    if kind == "garbage_gguf":
+        bad = tmp_path / "bad.gguf"
+        bad.write_bytes(b"GGUF" + bytes(100))
+    elif kind == "empty_folder":
+        bad = tmp_path / "empty"
+        bad.mkdir()
+    else:
+        import shutil
+
+        bad = tmp_path / "trunc"
+        shutil.copytree(tiny[1], bad)
+        st = bad / "model.safetensors"
+        st.write_bytes(st.read_bytes()[:-1000])
+    argv = ["sinks", bad, "--prompt", LONG[0], "--max-tokens", T, "--out", tmp_path / "o", "--quiet"]
+    rc, stdout, stderr = run_cli(argv, capsys)
+    assert rc == 1 and stderr.count("\n") == 1 and stderr.startswith("sinklab: error: "), stderr
+    assert "Traceback" not in stderr
+    with pytest.raises(Exception) as e:  # --debug: the exception propagates with its traceback
+        cli.main([str(a) for a in argv] + ["--debug"])
+    assert not isinstance(e.value, SystemExit)
+    assert str(e.value).splitlines()[0] in stderr
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "sinklab.cli", "sinks", str(tmp_path / "nope"), "--debug"],
+                         capture_output=True, text=True)
+    assert res.returncode != 0 and "Traceback (most recent call last)" in res.stderr
+
+
+# ------------------------------------------------------------------ reproduce
+@pytest.fixture
+def fake_reproduce(monkeypatch):
+    import sinklab.report
+
+    calls = []
+
+    def fake(model, **kw):
+        calls.append((model, kw))
+        return {"meta": {"seconds_total": 1.0}}
+
+    monkeypatch.setattr(sinklab.report, "reproduce", fake)
+    return calls
+
+
+def test_reproduce_passes_its_arguments(fake_reproduce, tiny, tmp_path, capsys):
+    rc, out, err = run_cli(["reproduce", "--model", tiny[1], "--eps", "0.5", "0.9", "--no-bos", "--quick",
+                            "--out", tmp_path, "--threads", 1], capsys)
+    assert rc == 0, err
+    assert fake_reproduce == [(str(tiny[1]), dict(out=str(tmp_path), quick=True, progress=True,
+                                                  eps=(0.5, 0.9), bos=False))]
+    assert "report.md" in out
+
+
+def test_reproduce_defaults(fake_reproduce, capsys):
+    rc, _, err = run_cli(["reproduce", "--quiet"], capsys)
+    assert rc == 0, err
+    model, kw = fake_reproduce[0]
+    assert model == "smollm2-135m-instruct"
+    assert kw == dict(out="sinklab-report", quick=False, progress=False, eps=(0.3, 0.8), bos=True)
+    assert all(type(e) is float for e in kw["eps"])
+
+
+def test_reproduce_rejects_bad_input(fake_reproduce, tmp_path, capsys):
+    rc, _, err = run_cli(["reproduce", "--model", tmp_path / "missing.gguf"], capsys)
+    assert rc == 1 and err.startswith("sinklab: error: ") and err.count("\n") == 1
+    rc, _, err = run_cli(["reproduce", "--eps", "0.3", "1.2"], capsys)
+    assert rc == 2 and "--eps must lie in (0, 1), got 1.2" in err
+    assert fake_reproduce == []

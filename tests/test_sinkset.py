@@ -2,7 +2,8 @@
 
 Reference: Hugging Face transformers' fp32 eager forward of the real SmolLM2-135M-Instruct GGUF
 on the same prompts, tokenized by transformers' own tokenizer and cut by hand; the first-token
-importance and sink rate are then computed here in float64 NumPy straight from PAPER.md §1:
+importance and sink rate are then computed here in float64 NumPy straight from Gu et al.'s
+definition (the sink rate the paper uses for Fig. 5 and Tables 1-2):
 
     a_0^{(l,h)} = 1/T * sum_{i=0..T-1} A^{(l,h)}_{i,0},   Sink^eps = mean over (prompt, l, h) of 1[a_0 > eps]
 """
