@@ -189,6 +189,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             sl.set_num_threads(args.threads)
         return args.func(args)
+    except BrokenPipeError:  # stdout closed early (`sinklab sinks M | head`): not an error worth a line
+        try:  # as the Python docs advise: keep the interpreter's final flush from failing again
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        return 1
     except KeyboardInterrupt:
         if args.debug:
             raise
