@@ -1,10 +1,12 @@
-"""Collapse metrics (PAPER.md §2) against an independent float64 implementation written from the
+"""Collapse metrics (the paper's §3, Prop. 3.1) against an independent float64 implementation written from the
 formulas, applied to residual streams captured from Hugging Face transformers (fp32 eager) on
 random tiny models:
 
     rank-collapse residual  r = ||V - 1 mu^T||_F / ||V||_F,  mu = mean over tokens
     representational collapse  D = ||v_T - v'_{T+1}||_2  (sequence vs. same with the last token
-    repeated; the reference runs the two sequences separately)."""
+    repeated; the reference runs the two sequences separately)
+    Prop. 3.1  ||v_T - v_{T-1}||_2 <= 2 ||V - 1 mu^T||_F  (the implication with the tightest Δ),
+    both sides in absolute units, term by term."""
 import math
 
 import numpy as np
@@ -15,8 +17,8 @@ from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, random_id
 torch = require("torch")
 
 import sinklab as sl  # noqa: E402
-from sinklab.collapse import (CollapseResult, collapse_vs_length, rank_collapse,  # noqa: E402
-                              representational_collapse)
+from sinklab.collapse import (CollapseResult, collapse_vs_length, prop31_check,  # noqa: E402
+                              rank_collapse, representational_collapse)
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,16 @@ def rank_loops(V, start=0):
     num = math.sqrt(sum((V[i][c] - mu[c]) ** 2 for i in range(T) for c in range(d)))
     den = math.sqrt(sum(V[i][c] ** 2 for i in range(T) for c in range(d)))
     return num / den
+
+
+def prop31_loops(V, start=0):
+    """(||V - 1 mu^T||_F, ||v_T - v_{T-1}||_2) term by term in float64 (V: (T, d))."""
+    V = [[float(x) for x in row] for row in np.asarray(V)[start:]]
+    T, d = len(V), len(V[0])
+    mu = [sum(V[i][c] for i in range(T)) / T for c in range(d)]
+    dev = math.sqrt(sum((V[i][c] - mu[c]) ** 2 for i in range(T) for c in range(d)))
+    last = math.sqrt(sum((V[-1][c] - V[-2][c]) ** 2 for c in range(d)))
+    return dev, last
 
 
 def repr_ref(hf, ids):
@@ -112,6 +124,13 @@ def test_collapse_vs_length_matches_reference(tiny, rank_positions):
             d, n, scale = repr_ref(hf, seq)
             np.testing.assert_allclose(res.repr_dist[s][i], d, rtol=0, atol=1e-4 * scale)
             np.testing.assert_allclose(res.last_norm[s][i], n, rtol=1e-5)
+            want = np.array([prop31_loops(resid[l], start) for l in range(L1)])
+            np.testing.assert_allclose(res.dev_frob[s][i], want[:, 0], rtol=1e-5)
+            np.testing.assert_allclose(res.last_two[s][i], want[:, 1], rtol=0, atol=1e-4 * scale)
+        p = res.prop31(s)
+        assert p.holds.shape == p.slack.shape == (len(lengths), L1) and p.holds.dtype == bool
+        assert np.all(p.holds) and np.nanmax(p.slack) <= 1 / math.sqrt(2) + 1e-9
+        np.testing.assert_allclose(p.slack, res.last_two[s] / (2 * res.dev_frob[s]), rtol=1e-12)
 
 
 def test_collapse_vs_length_errors(tiny):
@@ -152,9 +171,96 @@ def test_text_input_save_load_and_figure(tiny, tmp_path):
     assert back.meta == res.meta and back.settings == res.settings
     np.testing.assert_array_equal(back.rank["bos"], res.rank["bos"])
     np.testing.assert_array_equal(back.repr_rel["bos"], res.repr_rel["bos"])
+    np.testing.assert_array_equal(back.prop31("bos").slack, res.prop31("bos").slack)
+    np.testing.assert_array_equal(back.last_two["bos"], res.last_two["bos"])
     assert res.summary()["settings"]["bos"]["rank_collapse"][0][0] == pytest.approx(res.rank["bos"][0, 0])
     both = collapse_vs_length(model, text, lengths=(4, 8), progress=False)
     for r in (res, both):
         fig = collapse_figure(r)
         assert isinstance(fig, Figure)
         plt.close(fig)
+
+
+# ------------------------------------------------------------------ Prop. 3.1
+def test_prop31_check_on_random_arrays():
+    rng = np.random.default_rng(0)
+    R = rng.normal(size=(3, 9, 5)) * np.array([1.0, 10.0, 0.1])[:, None, None]
+    p = prop31_check(R)
+    assert p.dev_frob.shape == p.last_two.shape == (3,) and p.dev_frob.dtype == np.float64
+    for k in range(3):
+        for start in (0, 4):
+            dev, last = prop31_loops(R[k], start)
+            q = prop31_check(R[k], start=start)
+            assert float(q.dev_frob) == pytest.approx(dev, rel=1e-12)
+            assert float(q.last_two) == pytest.approx(last, rel=1e-12)
+            assert bool(q.holds) == (last <= 2 * dev)
+            assert float(q.slack) == pytest.approx(last / (2 * dev), rel=1e-12)
+    with pytest.raises(ValueError, match="fewer than 2 tokens"):
+        prop31_check(R, start=8)
+    with pytest.raises(ValueError, match="shape"):
+        prop31_check(np.zeros(4))
+
+
+def test_prop31_constructed_cases():
+    d = 4
+    mu = np.array([3.0, -1.0, 2.0, 0.5])
+    u = np.array([0.2, 0.1, -0.3, 0.4])
+    # tight case: every row at mu except the last two at mu ± u -> slack = 2|u| / (2 sqrt(2)|u|)
+    V = np.tile(mu, (6, 1))
+    V[-2] -= u
+    V[-1] += u
+    p = prop31_check(V)
+    assert float(p.dev_frob) == pytest.approx(math.sqrt(2) * np.linalg.norm(u), rel=1e-12)
+    assert float(p.last_two) == pytest.approx(2 * np.linalg.norm(u), rel=1e-12)
+    assert float(p.slack) == pytest.approx(1 / math.sqrt(2), rel=1e-12) and bool(p.holds)
+    # last two rows equal, the spread elsewhere: left side 0, slack 0
+    W = np.tile(mu, (5, 1))
+    W[0] += 5 * u
+    assert float(prop31_check(W).last_two) == 0 and float(prop31_check(W).slack) == 0
+    # tiny residual: rows = a large common vector + 1e-8 noise; reference from the noise alone
+    rng = np.random.default_rng(1)
+    noise = rng.normal(size=(7, d)) * 1e-8
+    X = (np.full(d, 100.0) + noise).astype(np.float64)
+    q = prop31_check(X)
+    dn = noise - noise.mean(axis=0)
+    assert float(q.dev_frob) == pytest.approx(float(np.sqrt((dn ** 2).sum())), rel=1e-5)
+    assert float(q.last_two) == pytest.approx(float(np.linalg.norm(noise[-1] - noise[-2])), rel=1e-5)
+    assert float(q.dev_frob) < 1e-7 and bool(q.holds) and 0 < float(q.slack) <= 1 / math.sqrt(2)
+    # identical rows: both sides 0, the implication holds, the slack is undefined
+    z = prop31_check(np.tile(mu, (4, 1)))
+    assert float(z.dev_frob) == 0 and float(z.last_two) == 0 and bool(z.holds) and np.isnan(z.slack)
+    # a violation is reported as such (values that no matrix can produce)
+    from sinklab.collapse import Prop31
+
+    bad = Prop31(dev_frob=np.array([1.0, 1.0]), last_two=np.array([2.0, 2.5]))
+    assert bad.holds.tolist() == [True, False] and bad.slack.tolist() == [1.0, 1.25]
+
+
+def test_smollm2_prop31_matches_float64(smollm2_gguf):
+    """Real model: both sides of Prop. 3.1 per layer against float64 NumPy on the residual
+    stream of a separate run of the T-token prompt; the implication holds on every layer."""
+    from sinklab.prompts import load_passages
+
+    model = sl.load(str(smollm2_gguf), quiet=True)
+    text = load_passages("sinks")[0]
+    lengths = (8, 40)
+    res = collapse_vs_length(model, text, lengths=lengths, bos="both", progress=False)
+    ids = model.tokenize(text, bos=False)
+    L1 = model.config.n_layers + 1
+    for s in ("bos", "nobos"):
+        for i, T in enumerate(lengths):
+            seq = np.concatenate([[model.bos_id(True)], ids[:T]]) if s == "bos" else ids[:T]
+            R = model.run(seq, capture=("resid",)).resid.astype(np.float64)
+            V = R[:, len(seq) - T + 1:, :]                     # text tokens 1..T-1
+            mu = V.mean(axis=1, keepdims=True)
+            dev = np.sqrt(((V - mu) ** 2).sum(axis=(1, 2)))
+            last = np.sqrt(((V[:, -1] - V[:, -2]) ** 2).sum(axis=-1))
+            np.testing.assert_allclose(res.dev_frob[s][i], dev, rtol=1e-4)
+            np.testing.assert_allclose(res.last_two[s][i], last, rtol=1e-4, atol=1e-4 * np.abs(R).max())
+        p = res.prop31(s)
+        assert p.holds.shape == (len(lengths), L1) and np.all(p.holds)
+        assert np.all(p.slack[:, 1:] > 0) and np.nanmax(p.slack) <= 1 / math.sqrt(2) + 1e-9
+    summ = res.summary()
+    assert summ["prop31_all_hold"] is True
+    assert len(summ["settings"]["bos"]["prop31"]["slack"]) == len(lengths)
+    assert len(summ["settings"]["bos"]["prop31"]["holds"][0]) == L1
