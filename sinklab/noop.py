@@ -1,4 +1,4 @@
-"""Sinks as approximate no-ops (PAPER.md §3): value norms, head-output norms, sink mass, and a
+"""Sinks as approximate no-ops (the paper's §3.2–3.3): value norms, head-output norms, sink mass, and a
 search for "conditional" heads.
 
 For layer l, head h (query head; it reads kv head g = h // (H / G)), with x_j the attention input
@@ -20,6 +20,14 @@ layout by GGUF and Hugging Face files (only Q/K rows are permuted by llama.cpp),
 quantities do not depend on the file format.
 
 Queries: statistics over queries skip query 0 (its only key is position 0 itself).
+
+GQA: query heads that share one kv head (SmolLM2: 9 query heads, 3 kv heads) see the same value
+vectors, so comparisons of value norms are made per kv head, not per query head (which would
+count one value head up to H/G times): :meth:`NoopResult.kv_first_value_ratio` is (L, G), and a
+kv head is a *sink kv head* when the majority (more than half) of its query heads are sink
+heads (:meth:`NoopResult.kv_sink_heads`; ``"any"`` and ``"all"`` are options, and
+:meth:`NoopResult.summary` reports all three). Attention, head outputs and their norms are per
+query head (each query head has its own attention row and its own W_O^h slice).
 """
 from __future__ import annotations
 
@@ -32,6 +40,7 @@ from .perturbation import _progress, check_length, text_ids, with_setting
 from .results import load_npz, save_npz, to_jsonable
 
 TextLike = Union[str, Sequence[int], np.ndarray]
+KV_RULES = ("majority", "any", "all")
 
 
 # ---------------------------------------------------------------------------------- primitives
@@ -59,10 +68,11 @@ def _check_resid(model: Any, resid: np.ndarray) -> np.ndarray:
 
 
 def value_norms(model: Any, resid: np.ndarray) -> np.ndarray:
-    """||W_V^h x_j||_2 per layer, query head and token: (L, H, T) float64.
+    """||W_V^g x_j||_2 per layer, query head and token: (L, H, T) float64.
 
-    ``resid``: (L+1, T, d) residual stream (``Trace.resid``). Query heads sharing a kv head
-    (GQA) get the same values.
+    ``resid``: (L+1, T, d) residual stream (``Trace.resid``). Query head h reads kv head
+    g = h // (H/G); query heads sharing a kv head (GQA) get the same (repeated) values, so
+    ``out[:, ::H//G]`` is the (L, G, T) per-kv-head array.
     """
     c = model.config
     r = _check_resid(model, resid)
@@ -128,11 +138,12 @@ class NoopResult:
 
     Attributes:
         ids: list of (T_p,) int64 sequences as run (BOS included when used).
-        value_norm: list of (L, H, T_p) float64 ||W_V^h x_j||.
-        out_norm: list of (L, H, T_p) float64 head-output norm per query.
+        value_norm: list of (L, H, T_p) float64 ||W_V^g x_j|| per query head h (repeated over
+            the H/G query heads of kv head g; see :meth:`kv_value_norm`).
+        out_norm: list of (L, H, T_p) float64 head-output norm per query head and query.
         to_first: list of (L, H, T_p) float64 attention of each query to position 0.
         resid_norm: list of (L, T_p) float64 ||v_i^(l)||, the stream each head output is added to.
-        meta: model, BOS id, setting.
+        meta: model, BOS id, setting, ``n_kv_heads`` (G).
     """
 
     ids: List[np.ndarray]
@@ -177,22 +188,72 @@ class NoopResult:
                 out[l, h] = _pearson(x, y)
         return out
 
+    @property
+    def n_kv_heads(self) -> int:
+        """G, the number of kv heads (``meta["n_kv_heads"]``)."""
+        if "n_kv_heads" not in self.meta:
+            raise ValueError("this result does not record n_kv_heads (meta['n_kv_heads']); rerun noop_analysis")
+        return int(self.meta["n_kv_heads"])
+
+    def kv_value_norm(self) -> List[np.ndarray]:
+        """Per prompt, (L, G, T_p) float64 value norms per kv head (one copy per value head)."""
+        H = self.value_norm[0].shape[1]
+        G = self.n_kv_heads
+        return [v[:, ::H // G] for v in self.value_norm]
+
     def first_value_ratio(self) -> np.ndarray:
-        """(L, H): ||value of position 0|| / median ||value|| of positions 1.., averaged over prompts."""
+        """(L, H): ||value of position 0|| / median ||value|| of positions 1.., averaged over
+        prompts, per *query* head: query heads of one kv head repeat the same number, so compare
+        groups with :meth:`kv_first_value_ratio` instead."""
         r = [v[..., 0] / np.median(v[..., 1:], axis=-1) for v in self.value_norm if v.shape[-1] > 1]
         return np.mean(r, axis=0)
 
-    def first_value_is_smallest(self) -> np.ndarray:
-        """(L, H): fraction of prompts where position 0 has the smallest value norm of all tokens."""
-        return np.mean([v[..., 0] <= v[..., 1:].min(axis=-1) for v in self.value_norm if v.shape[-1] > 1], axis=0)
+    def kv_first_value_ratio(self) -> np.ndarray:
+        """(L, G): ||value of position 0|| / median ||value|| of positions 1.., averaged over
+        prompts, per kv head (each value head counted once)."""
+        r = [v[..., 0] / np.median(v[..., 1:], axis=-1) for v in self.kv_value_norm() if v.shape[-1] > 1]
+        return np.mean(r, axis=0)
 
-    def summary(self, eps: float = 0.5) -> Dict[str, Any]:
-        """Do sink heads (sink mass > ``eps``) have small outputs? JSON-ready numbers."""
+    def first_value_is_smallest(self) -> np.ndarray:
+        """(L, G): per kv head, the fraction of prompts where position 0 has the smallest value
+        norm of all tokens."""
+        return np.mean([v[..., 0] <= v[..., 1:].min(axis=-1) for v in self.kv_value_norm() if v.shape[-1] > 1],
+                       axis=0)
+
+    def kv_sink_heads(self, eps: float = 0.5, rule: str = "majority") -> np.ndarray:
+        """(L, G) bool: kv heads whose query heads are sink heads (sink mass > ``eps``).
+
+        ``rule``: ``"majority"`` (default: more than half of its H/G query heads), ``"any"``
+        (at least one) or ``"all"``.
+        """
+        if rule not in KV_RULES:
+            raise ValueError(f"rule must be one of {KV_RULES}, got {rule!r}")
+        sink = self.sink_mass() > eps                                   # (L, H)
+        L, H = sink.shape
+        n = sink.reshape(L, self.n_kv_heads, H // self.n_kv_heads).sum(axis=-1)
+        rep = H // self.n_kv_heads
+        return {"majority": n * 2 > rep, "any": n >= 1, "all": n == rep}[rule]
+
+    def summary(self, eps: float = 0.5, kv_rule: str = "majority") -> Dict[str, Any]:
+        """Do sink heads (sink mass > ``eps``) have small outputs? JSON-ready numbers.
+
+        Per query head (``*_sink_heads`` / ``*_other_heads``, ``n_heads``): head-output norms
+        and correlations. Per kv head (``*_kv_heads``, ``n_kv_heads``): value-norm ratios, with
+        sink kv heads chosen by ``kv_rule`` (:meth:`kv_sink_heads`); ``kv_groups`` gives the
+        counts and medians under every rule.
+        """
         mass, rel = self.sink_mass(), self.rel_out_norm()
-        corr, ratio = self.correlation(), self.first_value_ratio()
+        corr, kv_ratio = self.correlation(), self.kv_first_value_ratio()
         sink = mass > eps
         med = lambda a: float(np.nanmedian(a)) if a.size else float("nan")  # noqa: E731
         all_mass, all_rel = mass.ravel(), rel.ravel()
+        groups = {}
+        for rule in KV_RULES:
+            k = self.kv_sink_heads(eps, rule)
+            groups[rule] = {"n_sink_kv_heads": int(k.sum()), "n_other_kv_heads": int((~k).sum()),
+                            "median_first_value_ratio_sink_kv_heads": med(kv_ratio[k]),
+                            "median_first_value_ratio_other_kv_heads": med(kv_ratio[~k])}
+        kv_sink = self.kv_sink_heads(eps, kv_rule)
         return to_jsonable({
             "meta": self.meta, "eps": eps, "n_prompts": len(self.ids),
             "n_heads": int(mass.size), "n_sink_heads": int(sink.sum()),
@@ -203,11 +264,13 @@ class NoopResult:
             "median_query_corr_to_first_vs_out_norm_sink_heads": med(corr[sink]),
             "median_query_corr_to_first_vs_out_norm_other_heads": med(corr[~sink]),
             "fraction_heads_negative_query_corr": float(np.nanmean(corr < 0)),
-            "median_first_value_ratio_sink_heads": med(ratio[sink]),
-            "median_first_value_ratio_other_heads": med(ratio[~sink]),
+            "kv_rule": kv_rule, "n_kv_heads": int(kv_ratio.size),
+            **groups[kv_rule], "kv_groups": groups,
             "fraction_kv_heads_first_value_smallest": float(self.first_value_is_smallest().mean()),
             "per_head": {"sink_mass": mass, "rel_out_norm": rel, "mean_out_norm": self.mean_out_norm(),
-                         "query_corr": corr, "first_value_ratio": ratio},
+                         "query_corr": corr},
+            "per_kv_head": {"first_value_ratio": kv_ratio, "sink": kv_sink,
+                            "n_sink_query_heads": (sink.reshape(kv_sink.shape + (-1,))).sum(axis=-1)},
         })
 
     def save(self, path: str) -> None:
@@ -258,6 +321,11 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         bos: prepend the model's BOS token (position 0 is then BOS, else the first text token).
         max_tokens: cut each prompt to its first ``max_tokens`` text tokens.
         progress: tqdm bar over prompts.
+
+    Returns:
+        :class:`NoopResult`: per prompt (L, H, T_p) value norms (per query head, repeated within
+        a kv head), head-output norms and attention to position 0 per query head; summaries per
+        query head (outputs) and per kv head (values) via :meth:`NoopResult.summary`.
     """
     setting = "bos" if bos else "nobos"
     rows: Dict[str, list] = {k: [] for k in ("ids", "value_norm", "out_norm", "to_first", "resid_norm")}
@@ -275,7 +343,8 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         rows["to_first"].append(np.asarray(attn[..., :, 0], dtype=np.float64))
         rows["resid_norm"].append(np.linalg.norm(np.asarray(resid[:-1], dtype=np.float64), axis=-1))
     meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id if bos else None,
-            "setting": setting, "max_tokens": max_tokens}
+            "setting": setting, "max_tokens": max_tokens, "n_heads": model.config.n_heads,
+            "n_kv_heads": model.config.n_kv_heads}
     return NoopResult(meta=meta, **rows)
 
 

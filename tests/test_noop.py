@@ -1,4 +1,4 @@
-"""No-op analysis (PAPER.md §3) against Hugging Face transformers (fp32 eager) with forward hooks:
+"""No-op analysis (the paper's §3.2–3.3) against Hugging Face transformers (fp32 eager) with forward hooks:
 the input of v_proj is exactly the attention input x_j = RMSNorm(v_j) * w of every token and the
 input of o_proj is the concatenation of the per-head outputs sum_k A_ik W_V^h x_k, so
 
@@ -133,6 +133,61 @@ def test_noop_statistics_match_definitions(tiny, noop_res):
     s = r.summary(eps=0.3)
     assert s["n_heads"] == L * H and s["n_sink_heads"] == int((mass > 0.3).sum())
     assert len(s["per_head"]["sink_mass"]) == L
+
+
+def test_value_ratios_grouped_by_kv_head(tiny, noop_res):
+    """GQA (6 query heads, 2 kv heads): value-norm ratios per kv head from HF's v_proj (each
+    value head once), sink kv heads by the majority / any / all of their query heads, and the
+    summary's medians over those groups, from loops over the definitions."""
+    hf, model = tiny
+    texts, r = noop_res
+    cfg = hf.config
+    H, G = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = cfg.hidden_size // H
+    rep = H // G
+    assert (H, G) == (6, 2) and r.n_kv_heads == G and r.meta["n_heads"] == H
+    kv_ratio = np.zeros((4, G))
+    masses = []
+    for t in texts:
+        ids = np.concatenate([[BOS_ID], t])
+        v_in, _, attn = hf_hooked(hf, ids)
+        masses.append([[[float(a[h, i, 0]) for i in range(1, len(ids))] for h in range(H)] for a in attn])
+        for l, layer in enumerate(hf.model.layers):
+            Wv = layer.self_attn.v_proj.weight.detach().double().numpy()
+            for g in range(G):
+                vn = [float(np.linalg.norm(Wv[g * hd:(g + 1) * hd] @ v_in[l][j])) for j in range(len(ids))]
+                kv_ratio[l, g] += vn[0] / median_loops(vn[1:]) / len(texts)
+    got = r.kv_first_value_ratio()
+    assert got.shape == (4, G)
+    np.testing.assert_allclose(got, kv_ratio, rtol=1e-4)
+    # the per-query-head ratio repeats its kv head's value
+    np.testing.assert_array_equal(r.first_value_ratio(), np.repeat(got, rep, axis=1))
+    assert r.first_value_is_smallest().shape == (4, G)
+    mass = np.array([[sum(sum(m[l][h]) for m in masses) / sum(len(m[l][h]) for m in masses) for h in range(H)]
+                     for l in range(4)])
+    eps = float(np.median(mass))                     # both groups non-empty
+    for rule in ("majority", "any", "all"):
+        want = np.zeros((4, G), dtype=bool)
+        for l in range(4):
+            for g in range(G):
+                n = sum(mass[l, h] > eps for h in range(g * rep, (g + 1) * rep))
+                want[l, g] = {"majority": n >= 2, "any": n >= 1, "all": n == 3}[rule]
+        np.testing.assert_array_equal(r.kv_sink_heads(eps, rule), want)
+        s = r.summary(eps=eps, kv_rule=rule)
+        grp = s["kv_groups"][rule]
+        assert s["n_kv_heads"] == 4 * G and s["kv_rule"] == rule
+        assert s["n_sink_kv_heads"] == grp["n_sink_kv_heads"] == int(want.sum())
+        assert s["n_other_kv_heads"] == int((~want).sum())
+        if want.any():
+            assert s["median_first_value_ratio_sink_kv_heads"] == pytest.approx(
+                median_loops(kv_ratio[want]), rel=1e-4)
+        if (~want).any():
+            assert s["median_first_value_ratio_other_kv_heads"] == pytest.approx(
+                median_loops(kv_ratio[~want]), rel=1e-4)
+    assert r.summary(eps)["kv_rule"] == "majority"
+    assert 0 < r.summary(eps)["n_sink_kv_heads"] < 4 * G
+    with pytest.raises(ValueError, match="rule must be"):
+        r.kv_sink_heads(eps, "most")
 
 
 def test_noop_save_load_and_figure(noop_res, tmp_path):
