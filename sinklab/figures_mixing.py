@@ -1,30 +1,20 @@
-"""Figures for perturbation propagation, collapse and no-op analyses (PAPER.md §2–§4).
+"""Figures for perturbation propagation (the paper's Fig. 2–3), rank/representational collapse
+(§3.1, Prop. 3.1) and approximate no-op heads (§3.2).
 
-Every function returns a matplotlib Figure (Agg backend unless one is already chosen) and never
-calls ``plt.show()``; save it with ``fig.savefig(path, dpi=150)``.
+Every function returns a :class:`sinklab.figure.Figure`, built without pyplot (the user's backend is
+never switched); it shows inline in Jupyter and saves with ``fig.savefig(path, dpi=150)``.
 """
 from __future__ import annotations
 
 import warnings
-from typing import Any, Sequence, TYPE_CHECKING, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 
+from .figure import Figure, colormap, subplots
 from .perturbation import LABELS
 
-if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
-    from matplotlib.figure import Figure
-
 COLORS = {"bos": "#1f77b4", "nobos": "#d62728"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _bos_label(setting: str, meta: dict) -> str:
@@ -35,7 +25,7 @@ def _bos_label(setting: str, meta: dict) -> str:
 
 # ---------------------------------------------------------------------------------- perturbation
 def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: int = 48,
-                          title: str = "") -> "Figure":
+                          title: str = "") -> Figure:
     """Layers × positions heatmaps of the perturbation, with and without BOS side by side (Fig. 2).
 
     Colour: log10 of the relative (default) or absolute change ||v_j^(l) - ṽ_j^(l)||, on one
@@ -45,7 +35,6 @@ def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: i
     """
     from matplotlib.colors import LogNorm
 
-    plt = _plt()
     settings = list(result.settings)
     data = {s: np.asarray(result.change(s, relative), dtype=np.float64) for s in settings}
     pos = np.concatenate([d[d > 0] for d in data.values()])
@@ -55,9 +44,9 @@ def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: i
     T = len(result.ids)
     L1 = data[settings[0]].shape[0]
     width = min(22.0, max(5.0, 0.28 * T + 2.0)) * len(settings) / 2 + 1.5
-    fig, axes = plt.subplots(1, len(settings), figsize=(max(6.0, width), max(4.0, 0.16 * L1 + 2.5)),
+    fig, axes = subplots(1, len(settings), figsize=(max(6.0, width), max(4.0, 0.16 * L1 + 2.5)),
                              sharey=True, squeeze=False, layout="constrained")
-    cmap = plt.get_cmap("magma").with_extremes(bad="#d9d9d9")
+    cmap = colormap("magma").with_extremes(bad="#d9d9d9")
     im = None
     for ax, s in zip(axes[0], settings):
         d = np.ma.masked_less_equal(data[s], 0.0)
@@ -79,14 +68,13 @@ def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: i
     return fig
 
 
-def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True, title: str = "") -> "Figure":
+def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True, title: str = "") -> Figure:
     """Three panels vs layer (Fig. 3): mean change over reachable positions, the spread ratio
     without/with BOS, and mean attention entropy — for one result or the mean of several (thin
     lines: individual prompts)."""
-    plt = _plt()
     rs = list(results) if isinstance(results, (list, tuple)) else [results]
     settings = [s for s in ("bos", "nobos") if all(s in r.settings for r in rs)]
-    fig, axes = plt.subplots(1, 3, figsize=(14.0, 4.0))
+    fig, axes = subplots(1, 3, figsize=(14.0, 4.0))
     ax = axes[0]
     for s in settings:
         curves = np.array([r.mean_change(s, relative) for r in rs])
@@ -137,15 +125,55 @@ def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True
     return fig
 
 
+def perturbation_study_figure(study: Any, relative: bool = True, title: str = "") -> Figure:
+    """Fig. 2–3 over many swaps (a :class:`sinklab.perturbation.PerturbationStudy`): the spread
+    ratio without/with BOS per layer (median, 10–90% band over swaps, mean), the fraction of
+    swaps that spread more without BOS, and the mean attention entropy on all keys, on text keys
+    only (the same keys in both settings) and without BOS."""
+    rs = study.ratio_stats(relative)
+    x = np.arange(len(rs["mean"]))
+    fig, axes = subplots(1, 3, figsize=(14.5, 4.0))
+    ax = axes[0]
+    ax.fill_between(x, rs["q10"], rs["q90"], color="k", alpha=0.15, label="10–90% of swaps")
+    ax.plot(x, rs["q50"], color="k", lw=2, label="median")
+    ax.plot(x, rs["mean"], color="k", lw=1, ls="--", label="mean")
+    ax.axhline(1.0, color="gray", ls=":")
+    ax.set_yscale("log")
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("spread without BOS / with BOS")
+    ax.set_title("spread ratio (> 1: spreads more without BOS)")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    ax.plot(x, rs["frac_gt1"], color="k", marker=".")
+    ax.axhline(0.5, color="gray", ls=":")
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("fraction of swaps with ratio > 1")
+    ax.set_title(f"{study.n_swaps} swaps on {study.n_passages} passages")
+    ax = axes[2]
+    ent = study.mean_entropies()
+    styles = {"bos_all_keys": (COLORS["bos"], ":", "with BOS, all keys"),
+              "bos_text_keys": (COLORS["bos"], "-", "with BOS, text keys only"),
+              "nobos": (COLORS["nobos"], "-", "without BOS")}
+    for k, (color, ls, label) in styles.items():
+        ax.plot(np.arange(len(ent[k])), ent[k], color=color, ls=ls, lw=2, label=label)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("mean attention row entropy (nats)")
+    ax.set_title("attention smoothness on the same keys")
+    ax.legend(fontsize=8)
+    fig.suptitle(title or f"{study.meta.get('model') or ''}: perturbation propagation over many swaps", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
 # ---------------------------------------------------------------------------------- collapse
-def collapse_figure(result: Any, title: str = "") -> "Figure":
+def collapse_figure(result: Any, title: str = "") -> Figure:
     """Three panels: rank-collapse residual vs layer (one line per T; solid with BOS, dashed
     without), the residual at the last layer vs T, and the representational-collapse distance
     ||v_T − v'_{T+1}|| / ||v_T|| at the last layer vs T."""
-    plt = _plt()
     Ts = np.asarray(result.lengths)
-    fig, axes = plt.subplots(1, 3, figsize=(14.5, 4.2))
-    cmap = plt.get_cmap("viridis")
+    fig, axes = subplots(1, 3, figsize=(14.5, 4.2))
+    cmap = colormap("viridis")
     ls = {"bos": "-", "nobos": "--"}
     ax = axes[0]
     for i, T in enumerate(Ts):
@@ -182,12 +210,11 @@ def collapse_figure(result: Any, title: str = "") -> "Figure":
 
 
 # ---------------------------------------------------------------------------------- no-op
-def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> "Figure":
+def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> Figure:
     """Are sink heads' outputs small? Three panels, one dot per (layer, head), colour = layer:
     (a) sink mass vs head-output norm relative to the residual stream, (b) sink mass vs the
     position-0 value norm / median value norm, (c) sink mass vs the correlation across queries
     between attention to position 0 and head-output norm."""
-    plt = _plt()
     mass = result.sink_mass()
     L, H = mass.shape
     layer = np.repeat(np.arange(L), H)
@@ -196,7 +223,7 @@ def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> "Figure":
                "value norm of position 0", 1.0),
               (result.correlation(), "corr over queries: A→0 vs ‖output‖", "linear",
                "within-head relation", 0.0)]
-    fig, axes = plt.subplots(1, 3, figsize=(15.5, 4.6), layout="constrained")
+    fig, axes = subplots(1, 3, figsize=(15.5, 4.6), layout="constrained")
     sc = None
     for ax, (y, ylab, scale, ttl, ref) in zip(axes, panels):
         sc = ax.scatter(mass.ravel(), y.ravel(), c=layer, cmap="viridis", s=14, alpha=0.85, vmin=0, vmax=L - 1)
@@ -217,13 +244,12 @@ def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> "Figure":
     return fig
 
 
-def conditional_heads_figure(result: Any, title: str = "") -> "Figure":
+def conditional_heads_figure(result: Any, title: str = "") -> Figure:
     """Left: every head's attention to the trigger (when present) vs attention to position 0
     (when absent), the top heads labelled; right: score heatmap layers × heads."""
-    plt = _plt()
     a, b, s = result.to_trigger_with, result.to_first_without, result.score
     L, H = s.shape
-    fig, axes = plt.subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
+    fig, axes = subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
     ax = axes[0]
     sc = ax.scatter(b.ravel(), a.ravel(), c=np.repeat(np.arange(L), H), cmap="viridis", s=14)
     for r in result.top[:5]:

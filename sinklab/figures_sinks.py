@@ -1,26 +1,18 @@
 """Figures for prompt-set sink studies and quality with/without BOS. Each returns a matplotlib
-Figure and never calls plt.show()."""
+Figure built without pyplot
+(see :mod:`sinklab.figure`): the user's backend is never switched."""
 from __future__ import annotations
 
-from typing import Optional, TYPE_CHECKING
+from typing import Optional
 
 import numpy as np
 
-if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
-    from matplotlib.figure import Figure
+from .figure import Figure, subplots
 
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
-                          title: Optional[str] = None) -> "Figure":
+                          title: Optional[str] = None) -> Figure:
     """Mean first-token importance a_0 per (layer, head), with and without BOS, side by side,
     their spread over prompts (standard deviation), and the per-layer sink rate at ``eps``.
 
@@ -35,10 +27,9 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     """
     if without_bos is None:
         with_bos, without_bos = with_bos.with_bos, with_bos.without_bos
-    plt = _plt()
     studies = (("with BOS", with_bos), ("without BOS", without_bos))
     L, H = with_bos.mean.shape
-    fig, axes = plt.subplots(2, 3, figsize=(4.0 + 0.55 * H * 2 + 4.5, max(6.5, 0.36 * L + 2.0)),
+    fig, axes = subplots(2, 3, figsize=(4.0 + 0.55 * H * 2 + 4.5, max(6.5, 0.36 * L + 2.0)),
                              gridspec_kw={"width_ratios": [1, 1, 1.25]}, layout="constrained")
     smax = max(float(with_bos.std.max()), float(without_bos.std.max()), 1e-6)
     for col, (name, s) in enumerate(studies):
@@ -83,13 +74,12 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     return fig
 
 
-def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> "Figure":
+def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure:
     """Passkey accuracy (%) against length (tokens, log scale), with and without BOS.
 
     ``with_bos``/``without_bos``: :class:`sinklab.quality.PasskeyResult`.
     """
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    fig, ax = subplots(figsize=(5.5, 3.6))
     for r, name, style in ((with_bos, "with BOS", "-o"), (without_bos, "without BOS", "--s")):
         xs = sorted(r.accuracy)
         ax.plot(xs, [100 * r.accuracy[n] for n in xs], style, label=name)

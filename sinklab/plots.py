@@ -1,27 +1,22 @@
-"""Figures. Every function returns a matplotlib Figure and never calls plt.show()."""
+"""Figures. Every function returns a matplotlib Figure built without pyplot
+(see :mod:`sinklab.figure`): the user's backend is never switched."""
 from __future__ import annotations
 
-from typing import Optional, TYPE_CHECKING
+from typing import Optional
 
 import numpy as np
 
-if TYPE_CHECKING:  # only for annotations; matplotlib is imported lazily
-    from matplotlib.figure import Figure
+from .figure import Figure, subplots
 
 
-def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, title: str = "") -> "Figure":
-    """Layers × heads heatmap of first-token importance a_0 (PAPER.md §1).
+def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, title: str = "") -> Figure:
+    """Layers × heads heatmap of first-token importance a_0 (Gu et al.'s metric).
 
     ``importance``: (L, H) values in [0, 1]. Heads above ``eps`` (sinks) are outlined.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
     imp = np.asarray(importance, dtype=np.float64)
     L, H = imp.shape
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.45 * H + 2.0), max(4.0, 0.22 * L + 1.5)))
+    fig, ax = subplots(figsize=(max(4.0, 0.45 * H + 2.0), max(4.0, 0.22 * L + 1.5)))
     im = ax.imshow(imp, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
     if eps is not None:
         ys, xs = np.nonzero(imp > eps)
@@ -38,17 +33,12 @@ def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, titl
     return fig
 
 
-def layer_lines(panels: "dict", title: str = "") -> "Figure":
+def layer_lines(panels: "dict", title: str = "") -> Figure:
     """One panel per quantity, a line per condition against layer.
 
     ``panels``: {panel title: {condition label: (L,) values}}.
     """
-    import matplotlib
-
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
+    fig, axes = subplots(1, len(panels), figsize=(5.2 * len(panels), 3.8), squeeze=False)
     for ax, (name, lines) in zip(axes[0], panels.items()):
         for label, values in lines.items():
             ax.plot(np.arange(len(values)), values, marker="o", ms=3, label=label.replace("_", " "))

@@ -1,4 +1,5 @@
-"""Model quality with and without the BOS token (PAPER.md §8, offline stand-ins).
+"""Model quality with and without the BOS token: offline stand-ins for the benchmarks on which the
+paper's authors report Gemma 7B collapsing when its ⟨bos⟩ is removed at inference.
 
 Two measurements, each run once with the model's BOS prepended and once without:
 
@@ -113,7 +114,8 @@ class PerplexityResult:
 
 
 def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = None, bos: bool = True,
-               max_tokens: int = 1024, intervene=None, progress: bool = True) -> PerplexityResult:
+               max_tokens: int = 1024, intervene=None, progress: bool = True,
+               desc: Optional[str] = None) -> PerplexityResult:
     """Held-out perplexity over ``texts`` with or without BOS, on the same predicted tokens.
 
     Args:
@@ -126,6 +128,8 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
             for a 49k vocabulary.
         intervene: an optional :class:`sinklab.Intervention` applied in every forward.
         progress: show a tqdm bar over texts.
+        desc: the progress bar's label (default: "perplexity (BOS)" or "perplexity (no BOS)");
+            name the condition when several runs differ only by ``intervene``.
 
     Returns:
         :class:`PerplexityResult`; ``mean_nll`` in nats per predicted token.
@@ -145,7 +149,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     bos_id = model.bos_id(bos)
     t0 = time.perf_counter()
     nll, counts = [], []
-    for i, t in enumerate(_tqdm(texts, progress, desc=f"perplexity ({'BOS' if bos else 'no BOS'})",
+    for i, t in enumerate(_tqdm(texts, progress, desc=desc or f"perplexity ({'BOS' if bos else 'no BOS'})",
                                 unit="text")):
         x = model.tokenize(t, bos=False) if isinstance(t, str) else np.asarray(t, np.int64)
         x = np.asarray(x, np.int64)[:cap]
@@ -360,7 +364,7 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
             bos: bool = True, seed: int = 0, depths: Optional[Sequence[float]] = None,
             template: str = "plain", method: str = "forced", quick: bool = False,
             progress: bool = True) -> PasskeyResult:
-    """Passkey retrieval accuracy per length (PAPER.md §8 stand-in for RULER).
+    """Passkey retrieval accuracy per length (a local stand-in for the RULER long-context benchmark).
 
     Args:
         model: a :class:`sinklab.Model`.
@@ -426,7 +430,7 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
 # ====================================================================== both conditions
 @dataclass
 class QualityReport:
-    """Perplexity and passkey accuracy with and without BOS (PAPER.md §8 stand-in)."""
+    """Perplexity and passkey accuracy with and without BOS (offline stand-in for the paper's ⟨bos⟩-removal benchmarks)."""
 
     perplexity: Dict[str, PerplexityResult]
     passkey: Dict[str, PasskeyResult]
@@ -467,17 +471,21 @@ class QualityReport:
 def compare_bos_quality(model, quick: bool = False, texts: Optional[Sequence[str]] = None,
                         max_tokens: int = 1024, lengths: Optional[Sequence[int]] = None,
                         trials: Optional[int] = None, seed: int = 0, template: str = "plain",
-                        method: str = "forced", progress: bool = True) -> QualityReport:
+                        method: str = "forced", progress: bool = True,
+                        perplexities: Optional[Dict[str, PerplexityResult]] = None) -> QualityReport:
     """:func:`perplexity` and :func:`passkey` with and without BOS, on identical inputs.
 
     ``quick``: passkey at 256/512/1024 tokens with 3 trials each (perplexity is always over
-    all of ``texts``). Wall seconds of each part are in ``seconds``.
+    all of ``texts``). Wall seconds of each part are in ``seconds``. ``perplexities``: results
+    already computed on the same texts ({"with_bos": ..., "without_bos": ...}), reused instead of
+    running the perplexity forwards again.
     """
-    ppl, pk, secs = {}, {}, {}
+    ppl, pk, secs = dict(perplexities or {}), {}, {}
     for key, b in (("with_bos", True), ("without_bos", False)):
-        t0 = time.perf_counter()
-        ppl[key] = perplexity(model, texts, bos=b, max_tokens=max_tokens, progress=progress)
-        secs[f"perplexity_{key}"] = time.perf_counter() - t0
+        if key not in ppl:
+            t0 = time.perf_counter()
+            ppl[key] = perplexity(model, texts, bos=b, max_tokens=max_tokens, progress=progress)
+            secs[f"perplexity_{key}"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         pk[key] = passkey(model, lengths=lengths, trials=trials, bos=b, seed=seed, template=template,
                           method=method, quick=quick, progress=progress)

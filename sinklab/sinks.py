@@ -1,4 +1,4 @@
-"""Sink metrics of Gu et al. (2024), as used in Barbero et al. (2025), PAPER.md §1.
+"""Sink metrics of Gu et al. (2024), as used throughout Barbero et al. (2025).
 
 Importance of key k in head (l, h): the mean attention it receives from the queries that can see
 it, a_k = 1/(T-k) * sum_{i>=k} A[i, k] (0-based). Sink rate of key k: the fraction of (layer,

@@ -14,10 +14,9 @@ Q and K rows permuted by `llama_cpp_permute` (undoing HF's rotate-half layout in
 interleaved-pair layout), 1-D norm weights always F32, every 2-D weight in the requested type,
 `output.weight` left out when embeddings are tied, llama3 rope scaling stored as a
 `rope_freqs.weight` tensor, linear rope scaling as rope.scaling.{type,factor} metadata.
-Checked two ways (tests/test_parity_tiny.py, "reference self-checks"): transformers' own GGUF
-loader reads back exactly the reference weights, and llama.cpp (llama-cpp-python, f32 KV cache)
-running these files matches the transformers forward on the original weights to ~1e-6 relative
-for every spec, llama3 and linear rope scaling included.
+Checked in tests/test_parity_tiny.py ("reference self-checks"): transformers' own GGUF loader
+reads back exactly the reference weights. (A llama.cpp cross-check, which needed
+llama-cpp-python compiled from source, was removed: it could never run in CI.)
 """
 from __future__ import annotations
 

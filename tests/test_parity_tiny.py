@@ -229,20 +229,3 @@ def test_gguf_writer_roundtrip_transformers(store):
         bad = [k for k in want if not torch.equal(want[k], got[k])]
         assert not bad, f"{spec}/{qtype}: weights differ after the transformers GGUF round trip: {bad[:5]}"
 
-
-def test_gguf_writer_vs_llama_cpp(store):
-    """Optional (needs llama-cpp-python): llama.cpp itself runs the GGUF files written here and
-    matches transformers on the original weights, for every spec including llama3 and linear
-    rope scaling (f32 KV cache so that llama.cpp does not round K/V to f16)."""
-    llama_cpp = pytest.importorskip("llama_cpp")
-    for spec in rm.SPECS:
-        s = rm.SPECS[spec]
-        ids = _ids(spec, 64, seed=9)
-        llm = llama_cpp.Llama(model_path=str(store.path(spec, "gguf-F32")), logits_all=True,
-                              n_ctx=s.context_length, n_batch=s.context_length, n_threads=2,
-                              type_k=0, type_v=0, verbose=False)
-        llm.eval(ids.tolist())
-        got = np.asarray(llm.scores[: len(ids)], dtype=np.float32)
-        ref = rm.hf_forward(store.hf(spec), ids)["logits"]
-        rm.assert_close(f"llama.cpp on {spec}.gguf vs transformers logits", got, ref, rtol=1e-5)
-        llm.close() if hasattr(llm, "close") else None

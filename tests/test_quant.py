@@ -18,7 +18,7 @@ import ctypes
 import numpy as np
 import pytest
 
-gguf = pytest.importorskip("gguf")
+import gguf  # a core dependency: its absence is a failure, not a skip
 from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-core = pytest.importorskip("sinklab._core")
+import sinklab._core as core
 
 U = 2.0**-24
 ROOT = Path(__file__).resolve().parents[1]

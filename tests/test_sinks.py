@@ -1,4 +1,4 @@
-"""Sink metrics against an independent float64 implementation of PAPER.md §1, written here
+"""Sink metrics against an independent float64 implementation of Gu et al.'s definition, written here
 with explicit loops over the formula, applied to attention captured from Hugging Face."""
 import numpy as np
 import pytest
