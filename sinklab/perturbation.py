@@ -576,7 +576,8 @@ class PerturbationStudy:
 
         Keys: ``mean``, ``std`` (sample, ddof=1), ``q10``, ``q50``, ``q90`` (linear
         interpolation), ``geomean`` (exp of the mean log ratio: ratios are skewed),
-        ``frac_gt1`` (fraction of swaps with ratio > 1). NaN at layer 0.
+        ``frac_gt1`` (fraction of swaps with ratio > 1). NaN at layer 0, and at any layer
+        where some swap's ratio is undefined (its spread with BOS is 0).
         """
         r = self.spread_ratios(relative)
         ok = np.all(np.isfinite(r), axis=0)
