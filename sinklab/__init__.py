@@ -2,7 +2,8 @@
 
 A C core (OpenMP, AVX2 with a portable fallback) runs LLaMA-family models from GGUF files or
 Hugging Face folders and captures every attention probability and residual stream; the Python
-package computes the metrics of "Why do LLMs attend to the first token?" (Barbero et al., 2025).
+package computes the metrics and analyses of "Why do LLMs attend to the first token?" (Barbero
+et al., COLM 2025) that run on a trained model.
 
     import sinklab as sl
     model = sl.load("smollm2-135m-instruct")
@@ -20,9 +21,9 @@ from .interventions import Intervention
 from .model import Model, load
 from .sinks import first_token_importance, key_importance, sink_rate
 from .trace import AttentionStats, Trace
-from .collapse import collapse_vs_length, rank_collapse, representational_collapse
+from .collapse import Prop31, collapse_vs_length, prop31_check, rank_collapse, representational_collapse
 from .noop import find_conditional_heads, head_output_norms, noop_analysis, value_norms
-from .perturbation import perturb
+from .perturbation import PerturbationStudy, perturb, perturbation_study, text_key_entropy
 from .prompts import load_passages
 from .quality import compare_bos_quality, passkey, perplexity
 from .sinkset import compare_bos, sink_study
@@ -30,7 +31,8 @@ from .sinkset import compare_bos, sink_study
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
            "first_token_importance", "set_num_threads", "get_num_threads", "simd",
-           "sink_study", "compare_bos", "perturb", "rank_collapse", "representational_collapse",
+           "sink_study", "compare_bos", "perturb", "perturbation_study", "PerturbationStudy", "text_key_entropy",
+           "rank_collapse", "prop31_check", "Prop31", "representational_collapse",
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
            "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages"]
 

@@ -211,22 +211,26 @@ def collapse_figure(result: Any, title: str = "") -> Figure:
 
 # ---------------------------------------------------------------------------------- no-op
 def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> Figure:
-    """Are sink heads' outputs small? Three panels, one dot per (layer, head), colour = layer:
-    (a) sink mass vs head-output norm relative to the residual stream, (b) sink mass vs the
-    position-0 value norm / median value norm, (c) sink mass vs the correlation across queries
+    """Are sink heads' outputs small? Three panels, colour = layer: (a) per query head, sink
+    mass vs head-output norm relative to the residual stream; (b) per KV head (query heads that
+    share one share its values), the mean sink mass of its query heads vs the position-0 value
+    norm / median value norm; (c) per query head, sink mass vs the correlation across queries
     between attention to position 0 and head-output norm."""
     mass = result.sink_mass()
     L, H = mass.shape
-    layer = np.repeat(np.arange(L), H)
-    panels = [(result.rel_out_norm(), "mean ‖head output‖ / ‖residual‖", "log", "head-output size", None),
-              (result.first_value_ratio(), "‖value(pos 0)‖ / median ‖value(others)‖", "log",
-               "value norm of position 0", 1.0),
-              (result.correlation(), "corr over queries: A→0 vs ‖output‖", "linear",
-               "within-head relation", 0.0)]
+    kv_ratio = result.kv_first_value_ratio()                       # (L, G)
+    kv_mass = mass.reshape(L, kv_ratio.shape[1], -1).mean(axis=-1)  # (L, G)
+    panels = [(mass, result.rel_out_norm(), "mean ‖head output‖ / ‖residual‖", "log", "head-output size (query heads)",
+               None),
+              (kv_mass, kv_ratio, "‖value(pos 0)‖ / median ‖value(others)‖", "log", "value norm of position 0 "
+               "(KV heads)", 1.0),
+              (mass, result.correlation(), "corr over queries: A→0 vs ‖output‖", "linear",
+               "within-head relation (query heads)", 0.0)]
     fig, axes = subplots(1, 3, figsize=(15.5, 4.6), layout="constrained")
     sc = None
-    for ax, (y, ylab, scale, ttl, ref) in zip(axes, panels):
-        sc = ax.scatter(mass.ravel(), y.ravel(), c=layer, cmap="viridis", s=14, alpha=0.85, vmin=0, vmax=L - 1)
+    for ax, (x, y, ylab, scale, ttl, ref) in zip(axes, panels):
+        layer = np.repeat(np.arange(L), x.shape[1])
+        sc = ax.scatter(x.ravel(), y.ravel(), c=layer, cmap="viridis", s=14, alpha=0.85, vmin=0, vmax=L - 1)
         ax.axvline(eps, color="gray", ls=":", lw=1)
         ax.set_yscale(scale)
         if ref is not None:

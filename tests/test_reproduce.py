@@ -48,22 +48,91 @@ def test_files_and_metadata(report, smollm2_gguf):
     assert len(nums) > 1000 and all(math.isfinite(v) for v in nums)
 
 
-def test_numbers_are_sane(report):
+def test_every_section_says_paper_here_reading(report):
+    """Each section names its paper element, what differs, and a reading; the status table lists
+    every element of the paper; nothing cites a file outside the repository."""
+    from sinklab.report import PAPER_ELEMENTS, SECTIONS
+
+    out, res = report
+    md = (out / "report.md").read_text()
+    assert "PAPER.md" not in md
+    for key, _ in SECTIONS:
+        sec = res[key]
+        assert sec["paper"] and sec["here"] and len(sec["reading"]) > 40, key
+        assert f"**Reading.** {sec['reading']}" in md
+    assert md.count("**Paper.**") == len(SECTIONS)
+    for element, paper, status, _ in PAPER_ELEMENTS:
+        assert f"| {element} | {paper} | {status} |" in md
+    statuses = [st.split(":")[0] for _, _, st, _ in PAPER_ELEMENTS]
+    assert {"reproduced here", "stand-in", "not yet"} <= set(statuses)
+    # The ⟨bos⟩ caveat of a model trained without a fixed ⟨bos⟩ is stated where it matters.
+    for key in ("sinks", "interventions", "quality"):
+        assert "not trained to rely on a fixed ⟨bos⟩" in res[key]["here"]
+
+
+def test_numbers_agree_with_independent_runs(report, smollm2_gguf):
+    """Key numbers of the report recomputed here through other paths of the API."""
+    import sinklab as sl
+    from sinklab.prompts import load_passages
+    from sinklab.report import INTERVENTIONS, Settings
+
     _, res = report
-    sinks = res["sinks"]["numbers"]
-    for cond in ("with_bos", "without_bos"):
-        for eps, rate in sinks[cond]["sink_rate"].items():
-            assert 0.0 <= rate <= 1.0
-        assert sinks[cond]["sink_rate"]["0.3"] >= sinks[cond]["sink_rate"]["0.8"]
-    lc = res["long_context"]["numbers"]
-    assert len(lc["to_first_per_layer"]["with_bos"]) == 30
-    assert all(0 <= v <= 1 for v in lc["to_first_per_layer"]["with_bos"])
-    assert all(0 <= v <= math.log(lc["T"]) for v in lc["entropy_per_layer"]["without_bos"])
+    s = Settings.for_run(quick=True)
+    model = sl.load(str(smollm2_gguf))
+    # Sink rate with BOS from full attention (Gu et al.'s a_0 in float64), not the C statistics.
+    imp = []
+    for p in load_passages("sinks")[: s.sink_prompts]:
+        ids = np.concatenate([[model.config.bos_token_id], model.tokenize(p)[: s.sink_T - 1]])
+        A = model.run(ids, capture="attn").attn.astype(np.float64)            # (L, H, T, T)
+        imp.append(A[:, :, :, 0].mean(axis=-1))
+    imp = np.stack(imp)
+    for eps in (0.3, 0.8):
+        assert res["sinks"]["numbers"]["with_bos"]["sink_rate"][str(eps)] == pytest.approx(
+            float((imp > eps).mean()), abs=1.0 / imp.size)
     iv = res["interventions"]["numbers"]
-    assert all(1.0 < v["perplexity"] < 1e4 for v in iv.values())
-    # Masking attention to position 0 in every head cuts the BOS out of the computation; with
-    # relative (RoPE) positions the rest is exactly the no-BOS run.
-    assert iv["BOS, attention to position 0 masked (all heads)"]["mean_nll"] == pytest.approx(
-        iv["no BOS"]["mean_nll"], abs=1e-4)
-    ratio = np.array(res["perturbation"]["numbers"]["spread_ratio"], dtype=float)
-    assert ratio.shape == (31,)
+    names = [n for n, _, _ in INTERVENTIONS]
+    # Masking attention to position 0 in every head cuts ⟨bos⟩ out of the computation; with
+    # relative (RoPE) positions the rest is exactly the no-⟨bos⟩ run.
+    assert iv[names[3]]["mean_nll"] == pytest.approx(iv[names[4]]["mean_nll"], abs=1e-4)
+    moves = iv["where_the_sink_moves"]
+    masked, text = moves["⟨bos⟩ + text, attention to position 0 masked"], moves["text only"]
+    assert masked["importance_first_text_token"] == pytest.approx(text["importance_first_text_token"], abs=1e-4)
+    assert masked["importance_pos0"] < 0.05 < 0.3 < masked["importance_first_text_token"]
+    # The quality section reuses the intervention section's perplexities (computed once).
+    q = res["quality"]["numbers"]["perplexity"]
+    assert q["with_bos"]["mean_nll"] == iv[names[0]]["mean_nll"]
+    assert q["without_bos"]["mean_nll"] == iv[names[4]]["mean_nll"]
+    # The no-op keeps more of the model than removing ⟨bos⟩'s value for every query.
+    assert iv[names[0]]["mean_nll"] < iv[names[1]]["mean_nll"] < iv[names[2]]["mean_nll"]
+
+
+def test_perturbation_and_prop31(report):
+    _, res = report
+    st = res["perturbation"]["numbers"]["study"]
+    assert st["n_swaps"] >= 30 and st["n_passages"] >= 10
+    ent = st["mean_entropy_over_layers"]
+    assert set(ent) == {"bos_all_keys", "bos_text_keys", "nobos"}
+    col = res["collapse"]["numbers"]
+    assert col["prop31_all_hold"] is True and col["prop31"]["holds"] == col["prop31"]["cases"] == 3 * 31 * 2
+    for setting in ("bos", "nobos"):
+        p = col["settings"][setting]["prop31"]
+        last_two, dev = np.array(p["last_two"], float), np.array(p["dev_frob"], float)
+        assert np.all(last_two <= 2 * dev) and np.allclose(np.array(p["slack"], float), last_two / (2 * dev))
+
+
+def test_no_bos_report(smollm2_gguf, tmp_path):
+    """``--no-bos`` (small settings): every analysis runs without ⟨bos⟩, the ±⟨bos⟩ comparisons
+    are skipped with a note, and nothing reports a with-⟨bos⟩ number."""
+    from sinklab.report import SECTIONS, Settings, reproduce
+
+    s = Settings(sink_prompts=4, sink_T=32, long_T=128, noop_prompts=2, collapse_lengths=(16,), ppl_texts=2,
+                 ppl_max_tokens=64, passkey_quick=True, perturb_passages=10, perturb_swaps=3, bos=False)
+    res = reproduce(str(smollm2_gguf), out=str(tmp_path), progress=False, settings=s)
+    assert res["meta"]["bos"] is False
+    assert set(res["sinks"]["numbers"]) == {"without_bos"}
+    assert set(res["long_context"]["numbers"]["sink_rate"]) == {"without_bos"}
+    assert res["collapse"]["numbers"]["settings"].keys() == {"nobos"}
+    for key in ("perturbation", "quality"):
+        assert res[key]["reading"] == "Skipped." and "--no-bos" in res[key]["here"]
+    md = (tmp_path / "report.md").read_text()
+    assert md.count("**Paper.**") == len(SECTIONS)
