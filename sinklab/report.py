@@ -194,7 +194,7 @@ def section_sinks(c: Context) -> Section:
         figs = [c.save(figures_sinks.bos_comparison_figure(w, wo, eps=e_lo), "sinks_bos.png")]
         body = cmp.table()
         nums = cmp.summary()
-        d = w.sink_rate(e_lo) - wo.sink_rate(e_lo)
+        d = wo.sink_rate(e_lo) - w.sink_rate(e_lo)  # change when ⟨bos⟩ is removed
         if abs(d) < 0.05:
             bos_reading = (f"Removing the first token changes the eps={e_lo:g} sink rate by only {100 * d:+.1f} points "
                            f"({_pct(w.sink_rate(e_lo))} → {_pct(wo.sink_rate(e_lo))}): without it the sink forms on "
@@ -286,7 +286,7 @@ def section_long_context(c: Context) -> Section:
               "that longer contexts need stronger sinks.",
         here=f"One sequence of {T} tokens (passages concatenated) run through the trained model; the statistics are "
              f"streamed from the C kernel without a T×T buffer. This varies the inference context of one model, not "
-             f"the training context of several, so it is a stand-in, not Fig. 5.",
+             f"the training context of several, so it is a stand-in, not Fig. 5. " + c.bos_trained_note,
         body=body, reading=reading, figures=figs,
         numbers={"T": T, "to_first_per_layer": to_first, "entropy_per_layer": entropy, "sink_rate": rate,
                  "seconds": secs})

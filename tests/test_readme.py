@@ -28,8 +28,8 @@ def test_nothing_points_outside_the_repository():
         tracked = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*") if p.is_file()]
     offenders = []
     for rel in tracked:
-        if rel.endswith((".py", ".md", ".ipynb", ".c", ".h", ".toml", ".txt")) and rel != "tests/test_readme.py":
+        if rel.endswith((".py", ".md", ".ipynb", ".c", ".h", ".toml", ".txt")):
             text = (ROOT / rel).read_text(encoding="utf-8", errors="replace")
-            if "PAPER.md" in text or "../shared" in text:
+            if "PAPER" + ".md" in text or "../" + "shared" in text:
                 offenders.append(rel)
     assert not offenders, f"files citing documents outside the repository: {offenders}"
