@@ -331,14 +331,17 @@ static int intervention_array(PyObject *o, const char *name, int type, const sl_
 static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
-                             "to_first", "entropy", "mask_first", "zero_first_value", "head_scale", NULL};
+                             "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
+                             "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", NULL};
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *q_o = Py_None, *k_o = Py_None, *v_o = Py_None, *z_o = Py_None, *head_o = Py_None;
+    PyObject *aout_o = Py_None, *mout_o = Py_None;
     long long logits_from = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOO", kwlist, &capsule, &ids_o, &attn_o, &resid_o,
-                                     &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o, &zero_o,
-                                     &scale_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOO", kwlist, &capsule, &ids_o, &attn_o,
+                                     &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
+                                     &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o))
         return NULL;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return NULL;
@@ -350,17 +353,33 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     if (logits_from < 0 || logits_from >= T)
         return PyErr_Format(PyExc_ValueError, "logits_from=%lld outside [0, %zd)", logits_from, (Py_ssize_t)T);
     const npy_intp L = m->n_layers;
-    float **ptrs = PyMem_Calloc((size_t)(5 * L + 1), sizeof(float *));
+    /* One block of pointers: resid has L+1 entries, each of the 11 other per-layer captures L. */
+    float **ptrs = PyMem_Calloc((size_t)(12 * L + 1), sizeof(float *));
     if (!ptrs) return PyErr_NoMemory();
-    sl_capture cap = {ptrs, ptrs + L, NULL, logits_from, ptrs + 2 * L + 1, ptrs + 3 * L + 1, ptrs + 4 * L + 1};
+    float **next = ptrs + 2 * L + 1; /* after attn (L) and resid (L + 1) */
+#define TAKE() (next += L, next - L)
+    sl_capture cap = {.attn = ptrs, .resid = ptrs + L, .logits = NULL, .logits_from = logits_from};
+    cap.importance = TAKE(), cap.to_first = TAKE(), cap.entropy = TAKE();
+    cap.q = TAKE(), cap.k = TAKE(), cap.v = TAKE(), cap.z = TAKE(), cap.head_out = TAKE();
+    cap.attn_out = TAKE(), cap.mlp_out = TAKE();
+#undef TAKE
     sl_intervention iv = {NULL, NULL, NULL};
-    npy_intp attn_dims[3] = {m->n_heads, T, T}, resid_dims[2] = {T, m->d_model},
-             logit_dims[2] = {T - logits_from, m->vocab_size}, stat_dims[2] = {m->n_heads, T};
+    const npy_intp H = m->n_heads, G = m->n_kv_heads, hd = m->head_dim, d = m->d_model;
+    npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[2] = {T - logits_from, m->vocab_size},
+             stat_dims[2] = {H, T}, q_dims[3] = {H, T, hd}, kv_dims[3] = {G, T, hd},
+             head_dims[3] = {H, T, d};
     int ok = capture_list(attn_o, "attn", L, 3, attn_dims, cap.attn) &&
              capture_list(resid_o, "resid", L + 1, 2, resid_dims, cap.resid) &&
              capture_list(imp_o, "importance", L, 2, stat_dims, cap.importance) &&
              capture_list(first_o, "to_first", L, 2, stat_dims, cap.to_first) &&
              capture_list(ent_o, "entropy", L, 2, stat_dims, cap.entropy) &&
+             capture_list(q_o, "q", L, 3, q_dims, cap.q) &&
+             capture_list(k_o, "k", L, 3, kv_dims, cap.k) &&
+             capture_list(v_o, "v", L, 3, kv_dims, cap.v) &&
+             capture_list(z_o, "z", L, 3, q_dims, cap.z) &&
+             capture_list(head_o, "head_out", L, 3, head_dims, cap.head_out) &&
+             capture_list(aout_o, "attn_out", L, 2, resid_dims, cap.attn_out) &&
+             capture_list(mout_o, "mlp_out", L, 2, resid_dims, cap.mlp_out) &&
              intervention_array(mask_o, "mask_first", NPY_UINT8, m, (const void **)&iv.mask_first) &&
              intervention_array(zero_o, "zero_first_value", NPY_UINT8, m, (const void **)&iv.zero_first_value) &&
              intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv.head_scale);
@@ -397,7 +416,9 @@ static PyMethodDef methods[] = {
     {"model_forward", (PyCFunction)(void (*)(void))py_model_forward, METH_VARARGS | METH_KEYWORDS,
      "model_forward(handle, ids int64 (T,), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
-     "head_scale=None): capture lists hold None or a per-layer array; interventions are (L, H):\n"
+     "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None):\n"
+     "capture lists hold None or a per-layer array (q, z (H, T, hd); k, v (G, T, hd); head_out\n"
+     "(H, T, d); attn_out, mlp_out (T, d)); interventions are (L, H):\n"
      "mask_first uint8 (0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every\n"
      "query including 0; other values raise ValueError), head_scale float32."},
     {NULL, NULL, 0, NULL}};

@@ -1,7 +1,8 @@
 /* The transformer forward, layer by layer, in the order of Hugging Face's LlamaDecoderLayer:
  *   x += Wo · attention(rope(Wq·n1(x)), rope(Wk·n1(x)), Wv·n1(x))
  *   x += Wdown · (silu(Wgate·n2(x)) * Wup·n2(x))
- * Activations live in one workspace allocated per call; weights are only read.
+ * Activations live in one workspace allocated per call; weights are only read. Captures
+ * (sl_capture) are copies out of that workspace, taken as each tensor is produced.
  *
  * Each residual add is x + (W·h) with the product summed on its own first, as the reference
  * does: accumulating the dot product straight onto x would round every term at the scale of x,
@@ -82,31 +83,77 @@ static void layer_views(const sl_model *m, const sl_capture *cap, const sl_inter
     }
 }
 
+/* cap->name[l], or NULL when that capture or that layer is not asked for. */
+#define CAP(cap, name, l) ((cap) && (cap)->name ? (cap)->name[l] : NULL)
+
+/* dst (n_heads, T, hd) from the token-major src (T, ·) with row stride `stride`: the head-major
+ * layout of the capture API. With the interleaved-pair RoPE layout (GGUF) each head is gathered
+ * back into the rotate-half layout (element 2i -> i, 2i+1 -> i + hd/2, inverting llama.cpp's
+ * permutation of the Q/K rows), so captures do not depend on the file format. A copy, serial:
+ * it is O(T·H·hd), small beside the products around it. */
+static void capture_heads(float *dst, const float *src, int64_t T, int64_t stride, int64_t n_heads,
+                          int64_t hd, int adjacent) {
+    const int64_t half = hd / 2;
+    for (int64_t h = 0; h < n_heads; h++)
+        for (int64_t t = 0; t < T; t++) {
+            const float *s = src + t * stride + h * hd;
+            float *o = dst + (h * T + t) * hd;
+            if (!adjacent) {
+                memcpy(o, s, (size_t)hd * sizeof(float));
+                continue;
+            }
+            for (int64_t i = 0; i < half; i++) {
+                o[i] = s[2 * i];
+                o[i + half] = s[2 * i + 1];
+            }
+        }
+}
+
+static void capture_rows(float *dst, const float *src, int64_t T, int64_t d) {
+    if (dst) memcpy(dst, src, (size_t)(T * d) * sizeof(float));
+}
+
 static int attention_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T,
-                           float *attn_capture, const sl_attn_intervention *aiv,
+                           const sl_capture *cap, int64_t l, const sl_attn_intervention *aiv,
                            const sl_attn_stats *st) {
-    const int64_t d = m->d_model, hd = m->head_dim;
-    const int64_t qd = m->n_heads * hd, kvd = m->n_kv_heads * hd;
+    const int64_t d = m->d_model, hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads;
+    const int64_t qd = H * hd, kvd = G * hd;
+    const int adjacent = m->rope_layout == SL_ROPE_ADJACENT;
+    float *cq = CAP(cap, q, l), *ck = CAP(cap, k, l), *cv = CAP(cap, v, l), *cz = CAP(cap, z, l);
+    float *chead = CAP(cap, head_out, l);
     sl_rmsnorm(w->xb, w->x, lw->attn_norm, T, d, m->norm_eps);
     SL_TRY(sl_sgemm_nt(T, qd, d, w->xb, d, lw->wq, d, w->q, qd, 0, 1));
     SL_TRY(sl_sgemm_nt(T, kvd, d, w->xb, d, lw->wk, d, w->k, kvd, 0, 1));
     SL_TRY(sl_sgemm_nt(T, kvd, d, w->xb, d, lw->wv, d, w->v, kvd, 0, 1));
-    sl_rope_apply(w->q, T, qd, m->n_heads, hd, w->cosv, w->sinv, m->rope_layout);
-    sl_rope_apply(w->k, T, kvd, m->n_kv_heads, hd, w->cosv, w->sinv, m->rope_layout);
-    sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, hd, (float)(1.0 / sqrt((double)hd))};
-    SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, attn_capture, aiv, st));
+    sl_rope_apply(w->q, T, qd, H, hd, w->cosv, w->sinv, m->rope_layout);
+    sl_rope_apply(w->k, T, kvd, G, hd, w->cosv, w->sinv, m->rope_layout);
+    if (cq) capture_heads(cq, w->q, T, qd, H, hd, adjacent);
+    if (ck) capture_heads(ck, w->k, T, kvd, G, hd, adjacent);
+    if (cv) capture_heads(cv, w->v, T, kvd, G, hd, 0); /* V rows are never permuted */
+    sl_attn_shape s = {T, H, G, hd, (float)(1.0 / sqrt((double)hd))};
+    SL_TRY(sl_attention_forward(&s, w->q, qd, w->k, w->v, kvd, w->att, CAP(cap, attn, l), aiv, st));
+    if (cz) capture_heads(cz, w->att, T, qd, H, hd, 0);
+    /* Head h's share of the W_O product, from its hd columns of W_O: summed over heads it is
+     * attn_out up to rounding (a different summation order over the H*hd inputs). */
+    if (chead)
+        for (int64_t h = 0; h < H; h++)
+            SL_TRY(sl_sgemm_nt(T, d, hd, w->att + h * hd, qd, lw->wo + h * hd, qd, chead + h * T * d, d,
+                               0, 1));
     SL_TRY(sl_sgemm_nt(T, d, qd, w->att, qd, lw->wo, qd, w->xb, d, 0, 1));
+    capture_rows(CAP(cap, attn_out, l), w->xb, T, d);
     sl_add_inplace(w->x, w->xb, T * d);
     return SL_OK;
 }
 
-static int mlp_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T) {
+static int mlp_block(const sl_model *m, const sl_layer_weights *lw, workspace *w, int64_t T,
+                     const sl_capture *cap, int64_t l) {
     const int64_t d = m->d_model, F = m->d_ff;
     sl_rmsnorm(w->xb, w->x, lw->ffn_norm, T, d, m->norm_eps);
     SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_gate, d, w->gate, F, 0, 1));
     SL_TRY(sl_sgemm_nt(T, F, d, w->xb, d, lw->w_up, d, w->up, F, 0, 1));
     sl_swiglu(w->gate, w->gate, w->up, T * F);
     SL_TRY(sl_sgemm_nt(T, d, F, w->gate, F, lw->w_down, F, w->xb, d, 0, 1));
+    capture_rows(CAP(cap, mlp_out, l), w->xb, T, d);
     sl_add_inplace(w->x, w->xb, T * d);
     return SL_OK;
 }
@@ -138,9 +185,8 @@ int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_
         sl_attn_stats st;
         sl_attn_intervention aiv;
         layer_views(m, cap, iv, l, &st, &aiv);
-        float *attn = cap && cap->attn ? cap->attn[l] : NULL;
-        rc = attention_block(m, &m->layers[l], &w, T, attn, &aiv, &st);
-        if (rc == SL_OK) rc = mlp_block(m, &m->layers[l], &w, T);
+        rc = attention_block(m, &m->layers[l], &w, T, cap, l, &aiv, &st);
+        if (rc == SL_OK) rc = mlp_block(m, &m->layers[l], &w, T, cap, l);
     }
     if (rc == SL_OK) capture_resid(cap, m->n_layers, w.x, T, d);
     if (rc == SL_OK && cap && cap->logits) {

@@ -32,6 +32,16 @@ typedef struct {
     int64_t logits_from;
     /* n_layers entries each, NULL or (H, T): see sl_attn_stats */
     float **importance, **to_first, **entropy;
+    /* Activations inside layer l, n_layers entries each, NULL or head-major buffers:
+     *   q (H, T, hd) and k (G, T, hd) after RoPE, v (G, T, hd): always in Hugging Face's
+     *     rotate-half layout (pairs (i, i+hd/2)), also for GGUF files whose Q/K rows are stored
+     *     in llama.cpp's interleaved-pair layout, so they compare with any HF-based tool;
+     *     q·k is the same in either layout;
+     *   z (H, T, hd): each head's attention output as W_O reads it (after every intervention);
+     *   head_out (H, T, d): z_h · W_O[:, h*hd:(h+1)*hd]ᵀ, head h's addition to the residual
+     *     stream (H extra (T×hd)·(hd×d) products, as many flops as the W_O product itself);
+     *   attn_out, mlp_out (T, d): what the attention block and the MLP add to the stream. */
+    float **q, **k, **v, **z, **head_out, **attn_out, **mlp_out;
 } sl_capture;
 
 /* Interventions over (layer, head), each NULL or n_layers*n_heads entries, layer-major; see

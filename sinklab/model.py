@@ -12,7 +12,18 @@ from .rope import rope_inv_freq
 from .interventions import Intervention
 from .trace import AttentionStats, Trace
 
-CAPTURES = ("attn", "resid", "logits", "stats")
+CAPTURES = ("attn", "resid", "logits", "stats", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
+# Per-layer activations captured inside the C forward (see the table in Model.run), as
+# (attribute of Trace, per-layer shape as a function of the config and T).
+ACTIVATIONS = ("q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
+
+
+def _activation_shape(name: str, c: ModelConfig, T: int) -> Tuple[int, ...]:
+    """Per-layer shape of an activation capture (no batch or layer axis)."""
+    return {"q": (c.n_heads, T, c.head_dim), "k": (c.n_kv_heads, T, c.head_dim),
+            "v": (c.n_kv_heads, T, c.head_dim), "z": (c.n_heads, T, c.head_dim),
+            "head_out": (c.n_heads, T, c.d_model), "attn_out": (T, c.d_model),
+            "mlp_out": (T, c.d_model)}[name]
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
 
@@ -143,14 +154,16 @@ class Model:
                       B: int = 1) -> Dict[str, int]:
         """Bytes of the float32 buffers :meth:`run` allocates for ``B`` sequences of ``T`` tokens.
 
-        ``{"attn": B*L'*H*T*T*4, "resid": B*(L+1)*T*d*4, "logits": B*(T-logits_from)*V*4,
-        "stats": 3*B*L'*H*T*4}`` for the requested captures (L' = number of captured layers).
+        One entry per requested capture, 4 bytes times B times the shape in the table of
+        :meth:`run` (L' = number of captured layers): e.g. ``"attn"`` B*L'*H*T*T*4,
+        ``"head_out"`` B*L'*H*T*d*4, ``"stats"`` 3*B*L'*H*T*4.
         """
         names = normalize_capture(capture)
         c, n_sel = self.config, len(self._check_layers(layers))
         logits_from %= max(T, 1)
         per = {"attn": n_sel * c.n_heads * T * T, "resid": (c.n_layers + 1) * T * c.d_model,
                "logits": (T - logits_from) * c.vocab_size, "stats": 3 * n_sel * c.n_heads * T}
+        per.update({k: n_sel * int(np.prod(_activation_shape(k, c, T))) for k in ACTIVATIONS})
         return {k: 4 * B * per[k] for k in CAPTURES if k in names}
 
     def _check_memory(self, need: Dict[str, int], B: int, T: int, n_sel: int) -> None:
@@ -162,11 +175,17 @@ class Model:
         c = self.config
         parts = ", ".join(f"{k} {_gb(v)}" for k, v in need.items())
         stats = 4 * B * 3 * n_sel * c.n_heads * T
-        one_layer = 4 * B * c.n_heads * T * T
+        if "attn" in need:
+            biggest = f"attn alone is B*L'*H*T*T*4 bytes = {B}*{n_sel}*{c.n_heads}*{T}^2*4"
+        else:
+            k = max(need, key=need.__getitem__)
+            biggest = f"{k} alone is {_gb(need[k])}"
+        # every capture but resid and logits scales with the number of captured layers
+        one_layer = sum(v for k, v in need.items() if k not in ("resid", "logits")) // max(n_sel, 1)
         raise MemoryError(
             f"capture for {B} x {T} tokens needs {_gb(total)} ({parts}) but only {_gb(avail)} of memory "
-            f"is available; attn alone is B*L'*H*T*T*4 bytes = {B}*{n_sel}*{c.n_heads}*{T}^2*4. Cheaper: "
-            f"capture only some layers (layers=[...], {_gb(one_layer)} of attn per layer), or "
+            f"is available; {biggest}. Cheaper: "
+            f"capture only some layers (layers=[...], {_gb(one_layer)} per layer), or "
             f"capture=\"stats\" (first-token importance, attention to position 0 and row entropy, "
             f"(L', H, T) each, {_gb(stats)} in all, no T x T buffer), or fewer tokens or sequences")
 
@@ -175,19 +194,62 @@ class Model:
             logits_from: int = 0, progress: bool = True) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
+        Every capture is float32, copied out of the C forward as it computes the tensor (nothing
+        is recomputed from weights). Shapes are for (T,) ids; (B, T) ids give every capture a
+        leading B axis. L' = number of layers in ``layers``, H query heads, G kv heads, hd head
+        dimension, d model width, V vocabulary.
+
+        ============  ==================  ====================  ===========================================
+        name          Trace attribute     shape                 what it is (TransformerLens hook)
+        ============  ==================  ====================  ===========================================
+        ``attn``      ``attn``            (L', H, T, T)         attention probabilities, rows sum to 1
+                                                                (``hook_pattern``)
+        ``stats``     ``stats``           3 x (L', H, T)        first-token importance, attention to
+                                                                position 0, row entropy, computed without
+                                                                a (T, T) buffer (:class:`AttentionStats`)
+        ``resid``     ``resid``           (L+1, T, d)           stream entering each layer, ``resid[L]``
+                                                                the last layer's output before the final
+                                                                norm; always every layer (``layers=`` does
+                                                                not apply) (``hook_resid_pre``)
+        ``logits``    ``logits``          (T-logits_from, V)    output logits
+        ``q``         ``q``               (L', H, T, hd)        queries after RoPE (``hook_rot_q``)
+        ``k``         ``k``               (L', G, T, hd)        keys after RoPE, per kv head
+                                                                (``hook_rot_k``)
+        ``v``         ``v``               (L', G, T, hd)        values, per kv head (``hook_v``)
+        ``z``         ``z``               (L', H, T, hd)        each head's attention output
+                                                                sum_k A_ik v_k, after interventions and
+                                                                ``head_scale``: what W_O reads
+                                                                (``hook_z``)
+        ``head_out``  ``head_out``        (L', H, T, d)         each head's addition to the residual
+                                                                stream, z_h W_O[:, h]^T (``hook_result``)
+        ``attn_out``  ``attn_out``        (L', T, d)            what the attention block adds to the
+                                                                stream (``hook_attn_out``)
+        ``mlp_out``   ``mlp_out``         (L', T, d)            what the MLP adds (``hook_mlp_out``)
+        ============  ==================  ====================  ===========================================
+
+        ``q`` and ``k`` are always in Hugging Face's rotate-half layout (RoPE pairs dimensions
+        (i, i + hd/2)), also for GGUF files, whose Q/K rows llama.cpp stores permuted into
+        interleaved pairs: the C core gathers them back, so captures from a GGUF file and from
+        the same model's safetensors agree. TransformerLens orders axes (pos, head, d_head)
+        where sinklab puts the head first. Query head h reads kv head h // (H/G).
+
+        ``head_out`` costs H extra (T x hd)·(hd x d) products per captured layer (as many flops
+        as the W_O product itself) and B*L'*H*T*d*4 bytes; ``head_out.sum(axis=head)`` equals
+        ``attn_out`` to float32 rounding (the sum runs in another order), and
+        ``resid[l+1] = resid[l] + attn_out[l] + mlp_out[l]`` likewise.
+
         Args:
             ids: token ids, (T,) or (B, T), any integer array-like.
-            capture: one name or an iterable of names, each of ``"attn"`` (L', H, T, T) probabilities; ``"resid"`` (L+1, T, d);
-                ``"logits"`` (T - logits_from, V); ``"stats"``: attention statistics (L', H, T)
-                computed without a (T, T) buffer (see :class:`AttentionStats`), for long contexts.
-                With (B, T) ids each gets a leading B axis.
-            layers: layers whose attention and stats are captured (default all); ``Trace.layers``.
+            capture: one name or an iterable of names from the table above.
+            layers: layers whose per-layer captures (every row of the table except ``resid`` and
+                ``logits``) are taken (default all); ``Trace.layers``.
             intervene: an :class:`Intervention` on the first token (mask it, zero its value, scale heads).
             logits_from: first position whose logits are computed (negative counts from the end:
                 -1 gives only the last position's, which is all generation needs).
             progress: show a progress bar over the batch when B > 1.
 
         Raises:
+            ValueError: an unknown capture name, a layer out of range, bad ids.
             MemoryError: before allocating anything, when the capture buffers
                 (:meth:`capture_bytes`) exceed the available memory; the message names the size
                 and the cheaper captures.
@@ -211,6 +273,7 @@ class Model:
         resid = buffer("resid", c.n_layers + 1, T, c.d_model)
         logits = buffer("logits", T - logits_from, c.vocab_size)
         stats = {k: buffer("stats", len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")}
+        acts = {k: buffer(k, len(sel), *_activation_shape(k, c, T)) for k in ACTIVATIONS}
         rows = range(B)
         if progress and B > 1:
             from tqdm.auto import tqdm
@@ -219,7 +282,8 @@ class Model:
             _core.model_forward(self._handle, batch[b], attn=self._per_layer(attn, b, sel),
                                 resid=None if resid is None else list(resid[b]),
                                 logits=None if logits is None else logits[b], logits_from=logits_from,
-                                **{k: self._per_layer(v, b, sel) for k, v in stats.items()}, **ivs)
+                                **{k: self._per_layer(v, b, sel) for k, v in stats.items()},
+                                **{k: self._per_layer(v, b, sel) for k, v in acts.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         opt = lambda x: None if x is None else squeeze(x)  # noqa: E731
         bos = c.bos_token_id
@@ -230,7 +294,7 @@ class Model:
         if "stats" in capture:
             st = AttentionStats(**{k: squeeze(v) for k, v in stats.items()})
         return Trace(ids=arr, attn=opt(attn), resid=opt(resid), logits=opt(logits), stats=st,
-                     layers=sel, meta=meta)
+                     layers=sel, meta=meta, **{k: opt(v) for k, v in acts.items()})
 
     def _per_layer(self, buf: Optional[np.ndarray], b: int, sel: List[int]) -> Optional[list]:
         """The C core's per-layer list: batch row b's slot for each selected layer, None elsewhere."""

@@ -30,6 +30,10 @@ def npz_path(path: Union[str, os.PathLike]) -> str:
     return p if p.endswith(".npz") else p + ".npz"
 
 
+# The array attributes of a Trace besides stats, in the order repr and save list them.
+_ARRAYS = ("ids", "attn", "resid", "logits", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
+
+
 @dataclass(repr=False)
 class AttentionStats:
     """Attention statistics computed inside the C kernel, each (L', H, T) float32 for the
@@ -60,7 +64,14 @@ class Trace:
             layer's output before the final norm. None if not captured.
         logits: (T - logits_from, V) float32, or None.
         stats: :class:`AttentionStats` of the captured layers, or None.
-        layers: indices of the layers whose attention (and stats) are captured.
+        q: (L', H, T, hd) queries after RoPE, in Hugging Face's rotate-half layout, or None.
+        k: (L', G, T, hd) keys after RoPE (same layout), one per kv head, or None.
+        v: (L', G, T, hd) values, one per kv head, or None.
+        z: (L', H, T, hd) each head's attention output before W_O (after interventions), or None.
+        head_out: (L', H, T, d) each head's addition to the residual stream, or None.
+        attn_out: (L', T, d) what the attention block adds to the residual stream, or None.
+        mlp_out: (L', T, d) what the MLP adds to the residual stream, or None.
+        layers: indices of the layers whose per-layer captures (all but resid and logits) are taken.
         meta: model name/config, BOS token used (or None), and anything else a result should carry.
     """
 
@@ -71,12 +82,18 @@ class Trace:
     stats: Optional[AttentionStats] = None
     layers: List[int] = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)
+    q: Optional[np.ndarray] = None
+    k: Optional[np.ndarray] = None
+    v: Optional[np.ndarray] = None
+    z: Optional[np.ndarray] = None
+    head_out: Optional[np.ndarray] = None
+    attn_out: Optional[np.ndarray] = None
+    mlp_out: Optional[np.ndarray] = None
 
     def __repr__(self) -> str:
         """One line: what was captured (shape, dtype), the layers, the model and a few meta keys."""
         parts = [f"ids {_shape(self.ids)}"]
-        parts += [f"{k} {_shape(v)}" for k, v in (("attn", self.attn), ("resid", self.resid),
-                                                   ("logits", self.logits)) if v is not None]
+        parts += [f"{k} {_shape(getattr(self, k))}" for k in _ARRAYS[1:] if getattr(self, k) is not None]
         if self.stats is not None:
             parts.append(f"stats 3 x {_shape(self.stats.importance)}")
         parts.append(f"layers {_layer_list(self.layers)}")
@@ -97,8 +114,7 @@ class Trace:
         The file is :func:`npz_path` of ``path`` (``".npz"`` appended unless already there), the
         same file :meth:`load` reads for the same ``path``; returns that path.
         """
-        arrays = {k: v for k, v in (("ids", self.ids), ("attn", self.attn), ("resid", self.resid),
-                                     ("logits", self.logits)) if v is not None}
+        arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         if self.stats is not None:
             arrays.update({f"stats_{k}": v for k, v in vars(self.stats).items()})
         arrays["layers"] = np.asarray(self.layers, dtype=np.int64)
@@ -116,5 +132,5 @@ class Trace:
             stats = None
             if "stats_importance" in z.files:
                 stats = AttentionStats(*(z[f"stats_{k}"] for k in ("importance", "to_first", "entropy")))
-            return cls(ids=z["ids"], attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=stats,
-                       layers=[int(x) for x in z["layers"]], meta=json.loads(bytes(z["meta"]).decode()))
+            return cls(stats=stats, layers=[int(x) for x in z["layers"]],
+                       meta=json.loads(bytes(z["meta"]).decode()), **{k: get(k) for k in _ARRAYS})
