@@ -50,6 +50,7 @@ def cmd_sinks(args) -> int:
     """Sink rate of the first token over prompts of exactly ``--max-tokens`` tokens (Gu et al.)."""
     import sinklab as sl
     from sinklab.plots import importance_heatmap
+    from sinklab.results import to_jsonable
     from sinklab.registry import sha256_manifest
 
     _check_model_arg(args.model)
@@ -97,7 +98,7 @@ def cmd_sinks(args) -> int:
               "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
               "first_token_importance_mean": mean_imp.tolist(), "sinklab_version": sl.__version__}
     with open(os.path.join(args.out, "sinks.json"), "w") as f:
-        json.dump(result, f, indent=1)
+        json.dump(to_jsonable(result), f, indent=1)
     print(f"\nwrote {png} and {os.path.join(args.out, 'sinks.json')}")
     return 0
 

@@ -50,7 +50,9 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from .perturbation import BosArg, _progress, bos_settings, check_length, text_ids, with_setting
+from .inputs import BOS, BosArg, conditions, prepare, text_ids
+from .perturbation import check_length
+from .progress import progress_bar
 from .results import load_npz, save_npz, to_jsonable
 
 
@@ -266,7 +268,7 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
         :class:`CollapseResult` with (len(lengths), L+1) arrays per setting, including both
         sides of Prop. 3.1 on the rank-collapse rows (``dev_frob``, ``last_two``, ``prop31``).
     """
-    settings = bos_settings(bos)
+    settings = conditions(bos)
     if rank_positions not in RANK_POSITIONS:
         raise ValueError(f"rank_positions must be one of {RANK_POSITIONS}, got {rank_positions!r}")
     Ts = np.asarray([int(t) for t in lengths], dtype=np.int64)
@@ -274,7 +276,7 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
         raise ValueError("lengths is empty")
     if Ts.min() < 3:
         raise ValueError(f"every length must be >= 3 tokens, got {Ts.tolist()}")
-    extra = 1 + (1 if "bos" in settings else 0)
+    extra = 1 + (1 if BOS in settings else 0)
     check_length(model, int(Ts.max()) + extra,
                  f"length T={int(Ts.max())} (+{extra} for {'BOS and ' if extra == 2 else ''}the repeated "
                  f"token): a sequence")
@@ -289,10 +291,10 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
     dev = {s: np.empty((len(Ts), L + 1)) for s in settings}
     last2 = {s: np.empty((len(Ts), L + 1)) for s in settings}
     jobs = [(i, s) for i in range(len(Ts)) for s in settings]
-    for i, s in _progress(jobs, progress, "collapse vs length"):
+    for i, s in progress_bar(jobs, progress, desc="collapse vs length", unit="run", leave=False):
         T = int(Ts[i])
-        seq = with_setting(model, ids[:T], s)
-        off = 1 if s == "bos" else 0
+        seq = prepare(model, ids[:T], s)       # T text tokens, the BOS on top
+        off = 1 if s == BOS else 0
         tr = model.run(_repeat_last(seq), capture=("resid",), progress=False)
         resid = tr.resid
         n = len(seq)

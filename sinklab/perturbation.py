@@ -47,33 +47,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .inputs import CONDITIONS, LABELS, BosArg, conditions, prepare, text_ids
+from .progress import progress_bar
 from .results import load_npz, save_npz, to_jsonable
 
-BosArg = Union[bool, str]
-SETTINGS = ("bos", "nobos")
-LABELS = {"bos": "with BOS", "nobos": "without BOS"}
+SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "nobos")
 
 
 # ---------------------------------------------------------------------------------- helpers
-def bos_settings(bos: BosArg) -> List[str]:
-    """``True`` -> ["bos"], ``False`` -> ["nobos"], ``"both"`` -> ["bos", "nobos"]."""
-    if bos is True:
-        return ["bos"]
-    if bos is False:
-        return ["nobos"]
-    if isinstance(bos, str) and bos == "both":
-        return ["bos", "nobos"]
-    raise ValueError(f"bos must be True, False or 'both', got {bos!r}")
+# The input helpers live in sinklab.inputs (one BOS rule for every analysis); these names stay
+# importable from here for existing callers.
+bos_settings = conditions
 
 
 def with_setting(model: Any, text_ids: np.ndarray, setting: str) -> np.ndarray:
-    """Text token ids (T,) with the model's BOS prepended (``"bos"``) or as they are (``"nobos"``)."""
-    ids = np.asarray(text_ids, dtype=np.int64).reshape(-1)
-    if setting == "nobos":
-        return ids
-    if setting != "bos":
-        raise ValueError(f"unknown setting {setting!r}; expected 'bos' or 'nobos'")
-    return np.concatenate([[model.bos_id(True)], ids]).astype(np.int64)
+    """Text token ids (T,) with the model's BOS prepended (``"bos"``) or as they are (``"nobos"``):
+    :func:`sinklab.inputs.prepare` without a cut."""
+    return prepare(model, text_ids, setting)
 
 
 def check_length(model: Any, n_tokens: int, what: str = "sequence") -> None:
@@ -81,21 +71,6 @@ def check_length(model: Any, n_tokens: int, what: str = "sequence") -> None:
     ctx = model.config.context_length
     if n_tokens > ctx:
         raise ValueError(f"{what} of {n_tokens} tokens exceeds the model's context length {ctx}")
-
-
-def text_ids(model: Any, text: Union[str, Sequence[int], np.ndarray]) -> np.ndarray:
-    """Token ids (T,) int64 of a text (tokenized without BOS) or of given ids."""
-    if isinstance(text, str):
-        ids = np.asarray(model.tokenize(text, bos=False), dtype=np.int64)
-    else:
-        ids = np.asarray(text)
-        if ids.ndim != 1 or not np.issubdtype(ids.dtype, np.integer):
-            raise ValueError(f"expected a string or a 1-D integer array of token ids, got shape "
-                             f"{ids.shape} dtype {ids.dtype}")
-        ids = ids.astype(np.int64)
-    if ids.size == 0:
-        raise ValueError("the text has no tokens")
-    return ids
 
 
 def row_entropy(attn: np.ndarray) -> np.ndarray:
@@ -155,11 +130,8 @@ def run_resid_entropy(model: Any, ids: np.ndarray,
 
 
 def _progress(iterable, enabled: bool, desc: str, total: Optional[int] = None):
-    if not enabled:
-        return iterable
-    from tqdm.auto import tqdm
-
-    return tqdm(iterable, desc=desc, total=total, leave=False)
+    """:func:`sinklab.progress.progress_bar` (kept for callers importing it from here)."""
+    return progress_bar(iterable, enabled, desc=desc, total=total, leave=False)
 
 
 # ---------------------------------------------------------------------------------- result
@@ -419,7 +391,8 @@ def perturb(model: Any, text: Union[str, Sequence[int], np.ndarray], old: Option
     orig = {}
     pert = {}
     jobs = [(s, which) for s in settings for which in ("orig", "pert")]
-    for s, which in _progress(jobs, progress, "perturbation runs (original and perturbed, ±BOS)"):
+    for s, which in progress_bar(jobs, progress, desc="perturbation runs (original and perturbed, ±BOS)",
+                                 unit="run", leave=False):
         if which == "orig":
             orig[s] = run_original(model, ids, s, text_entropy)
         else:
@@ -744,11 +717,8 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
     results: List[PerturbationResult] = []
     passage_idx: List[int] = []
     swaps: List[Dict[str, Any]] = []
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=n_passages, desc="perturbation study (passages)", leave=False)
+    bar = progress_bar(None, progress, desc="perturbation study (passages)", total=n_passages,
+                       unit="passage", leave=False)
     base_meta = {"model": getattr(model, "name", None), "source": getattr(model, "source", None),
                  "bos_token_id": model.config.bos_token_id, "mode": "token", "T_text": int(T),
                  "settings": list(SETTINGS)}
@@ -779,11 +749,9 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
                 passage_idx.append(i)
                 swaps.append(sw)
             used.append(i)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     if len(used) < n_passages:
         raise ValueError(f"only {len(used)} of the {len(passages)} passages have >= {T} tokens and >= "
                          f"{swaps_per_passage} valid swap positions; {n_passages} were requested")

@@ -45,7 +45,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .results import load_tagged_json, save_tagged_json
+from .inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, condition, prepare
+from .progress import progress_bar
+from .results import load_tagged_json, save_tagged_json, to_jsonable
 
 QUALITY_FORMAT = "sinklab.QualityReport/1"
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
@@ -60,11 +62,6 @@ METHODS = ("forced", "greedy")
 QUICK_LENGTHS = (256, 512, 1024)
 QUICK_TRIALS = 3
 DEFAULT_TRIALS = 10
-
-
-def _tqdm(it, progress: bool, **kw):
-    from tqdm.auto import tqdm
-    return tqdm(it, disable=not progress, **kw)
 
 
 def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
@@ -101,9 +98,8 @@ class PerplexityResult:
 
     def to_dict(self) -> Dict[str, Any]:
         d = asdict(self)
-        d.update(nll=self.nll.tolist(), n_predicted=self.n_predicted.tolist(),
-                 format="sinklab.PerplexityResult/1")
-        return d
+        d.update(format="sinklab.PerplexityResult/1")
+        return to_jsonable(d)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "PerplexityResult":
@@ -149,16 +145,13 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     bos_id = model.bos_id(bos)
     t0 = time.perf_counter()
     nll, counts = [], []
-    for i, t in enumerate(_tqdm(texts, progress, desc=desc or f"perplexity ({'BOS' if bos else 'no BOS'})",
-                                unit="text")):
-        x = model.tokenize(t, bos=False) if isinstance(t, str) else np.asarray(t, np.int64)
-        x = np.asarray(x, np.int64)[:cap]
+    for i, t in enumerate(progress_bar(texts, progress, unit="text",
+                                       desc=desc or f"perplexity ({'BOS' if bos else 'no BOS'})")):
+        x = prepare(model, t, False, cap)        # the text tokens x_0 .. x_{n-1}, same in both conditions
         if len(x) < 2:
             raise ValueError(f"text {i} has {len(x)} token(s); at least 2 are needed to predict one")
-        if bos:
-            ids, start = np.concatenate([[bos_id], x]), 1   # skip the row predicting x_0
-        else:
-            ids, start = x, 0
+        ids = prepare(model, x, bos)             # the BOS on top of the n text tokens
+        start = 1 if bos else 0                  # with BOS, skip the row predicting x_0
         tr = model.run(ids, capture=("logits",), logits_from=start, intervene=intervene, progress=False)
         rows = tr.logits[: len(x) - 1]                       # predict x_1 .. x_{n-1}
         v = _nll_rows(rows, x[1:])
@@ -318,7 +311,7 @@ class PasskeyResult:
         for k in ("accuracy", "digit_accuracy", "seconds"):
             d[k] = {str(n): v for n, v in d[k].items()}
         d["format"] = "sinklab.PasskeyResult/1"
-        return d
+        return to_jsonable(d)
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "PasskeyResult":
@@ -403,10 +396,8 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
         raise ValueError(f"trials must be >= 1, got {trials}")
     bos_id = model.bos_id(bos)
     acc, dacc, secs, out = {}, {}, {}, []
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=len(lengths) * trials, disable=not progress, unit="trial",
-               desc=f"passkey ({'BOS' if bos else 'no BOS'})")
+    bar = progress_bar(None, progress, desc=f"passkey ({'BOS' if bos else 'no BOS'})",
+                       total=len(lengths) * trials, unit="trial")
     for n in lengths:
         t0 = time.perf_counter()
         res = []
@@ -436,14 +427,20 @@ class QualityReport:
     passkey: Dict[str, PasskeyResult]
     seconds: Dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # keyed by the condition names of sinklab.inputs ("bos"/"nobos"; the older
+        # "with_bos"/"without_bos" still read)
+        self.perplexity = by_condition(self.perplexity)
+        self.passkey = by_condition(self.passkey)
+
     def table(self) -> str:
         """Markdown: perplexity and passkey accuracy per length, with vs without BOS."""
-        w, wo = self.perplexity["with_bos"], self.perplexity["without_bos"]
+        w, wo = self.perplexity[BOS], self.perplexity[NOBOS]
         lines = ["| | with BOS | without BOS |", "|---|---|---|",
                  f"| held-out perplexity ({int(w.n_predicted.sum())} tokens) | {w.perplexity:.2f} "
                  f"| {wo.perplexity:.2f} |",
                  f"| mean NLL (nats/token) | {w.mean_nll:.4f} | {wo.mean_nll:.4f} |"]
-        pw, pwo = self.passkey["with_bos"], self.passkey["without_bos"]
+        pw, pwo = self.passkey[BOS], self.passkey[NOBOS]
         for n in pw.accuracy:
             k = sum(1 for t in pw.trials if t.length == n)
             lines.append(f"| passkey @ {n} tokens ({k} trials) | {100 * pw.accuracy[n]:.0f}% "
@@ -451,10 +448,10 @@ class QualityReport:
         return "\n".join(lines)
 
     def to_dict(self) -> Dict[str, Any]:
-        return {"format": QUALITY_FORMAT,
-                "perplexity": {k: v.to_dict() for k, v in self.perplexity.items()},
-                "passkey": {k: v.to_dict() for k, v in self.passkey.items()},
-                "seconds": self.seconds}
+        return to_jsonable({"format": QUALITY_FORMAT,
+                            "perplexity": {k: v.to_dict() for k, v in self.perplexity.items()},
+                            "passkey": {k: v.to_dict() for k, v in self.passkey.items()},
+                            "seconds": self.seconds})
 
     def save(self, path: Union[str, os.PathLike]) -> None:
         """Writes the report as JSON."""
@@ -463,6 +460,7 @@ class QualityReport:
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "QualityReport":
         d = load_tagged_json(path, QUALITY_FORMAT)
+        """Reads what :meth:`save` wrote (older files keyed ``with_bos``/``without_bos`` too)."""
         return cls(perplexity={k: PerplexityResult.from_dict(v) for k, v in d["perplexity"].items()},
                    passkey={k: PasskeyResult.from_dict(v) for k, v in d["passkey"].items()},
                    seconds=d.get("seconds", {}))
@@ -477,11 +475,12 @@ def compare_bos_quality(model, quick: bool = False, texts: Optional[Sequence[str
 
     ``quick``: passkey at 256/512/1024 tokens with 3 trials each (perplexity is always over
     all of ``texts``). Wall seconds of each part are in ``seconds``. ``perplexities``: results
-    already computed on the same texts ({"with_bos": ..., "without_bos": ...}), reused instead of
+    already computed on the same texts ({"bos": ..., "nobos": ...}), reused instead of
     running the perplexity forwards again.
     """
-    ppl, pk, secs = dict(perplexities or {}), {}, {}
-    for key, b in (("with_bos", True), ("without_bos", False)):
+    ppl, pk, secs = by_condition(dict(perplexities or {})), ByCondition(), {}
+    for key in CONDITIONS:
+        b = key == BOS
         if key not in ppl:
             t0 = time.perf_counter()
             ppl[key] = perplexity(model, texts, bos=b, max_tokens=max_tokens, progress=progress)

@@ -31,6 +31,7 @@ from .noop import find_conditional_heads, noop_analysis
 from .perturbation import perturbation_study
 from .prompts import load_passages
 from .quality import compare_bos_quality, perplexity
+from .inputs import BOS, LABELS, NOBOS, prepare
 from .results import to_jsonable
 from .sinkset import compare_bos, sink_study
 
@@ -190,7 +191,7 @@ def section_sinks(c: Context) -> Section:
     if s.bos:
         cmp = compare_bos(model, prompts, T=s.sink_T, eps=s.eps, progress=c.progress)
         c.shared["sinks"] = cmp
-        w, wo = cmp.with_bos, cmp.without_bos
+        w, wo = cmp.bos, cmp.nobos
         figs = [c.save(figures_sinks.bos_comparison_figure(w, wo, eps=e_lo), "sinks_bos.png")]
         body = cmp.table()
         nums = cmp.summary()
@@ -211,7 +212,7 @@ def section_sinks(c: Context) -> Section:
                                                 title=f"{model.name}: first-token importance (no BOS)"), "sinks.png")]
         body = ("| | " + " | ".join(f"sink rate eps={e:g}" for e in s.eps) + " |\n|---" + "|---" * len(s.eps)
                 + "|\n| without BOS | " + " | ".join(_pct(main.sink_rate(e)) for e in s.eps) + " |")
-        nums = {"without_bos": main.summary()}
+        nums = {NOBOS: main.summary()}
         bos_reading = "Run without ⟨bos⟩ (`--no-bos`): position 0 is each passage's first token."
     cfg = model.config
     table1 = "\n".join(f"| {name} (Table 1) | {layout} | {pct:.2f}% |" for name, (pct, layout) in TABLE1.items())
@@ -234,9 +235,10 @@ def section_sinks(c: Context) -> Section:
 
 
 def _long_text(model, T: int) -> np.ndarray:
+    """The first T text tokens (no BOS) of the shipped passages joined by blank lines."""
     ids: List[int] = []
     for p in load_passages("all"):
-        ids.extend(int(i) for i in model.tokenize(p + "\n\n", bos=False))
+        ids.extend(int(i) for i in prepare(model, p + "\n\n", False))
         if len(ids) >= T:
             break
     return np.asarray(ids[:T], np.int64)
@@ -247,10 +249,10 @@ def section_long_context(c: Context) -> Section:
     T = min(s.long_T, model.config.context_length - 1)
     text_ids = _long_text(model, T)
     T = len(text_ids)
-    conds = [("with_bos", True), ("without_bos", False)] if s.bos else [("without_bos", False)]
+    conds = [(BOS, True), (NOBOS, False)] if s.bos else [(NOBOS, False)]
     stats, secs = {}, {}
     for key, bos in conds:
-        ids = np.concatenate([[model.config.bos_token_id], text_ids[:-1]]) if bos else text_ids
+        ids = prepare(model, text_ids, bos, T)          # T tokens in both: the BOS counts among them
         t0 = time.perf_counter()
         stats[key] = model.run(ids, capture=("stats",), logits_from=-1, progress=False).stats
         secs[key] = time.perf_counter() - t0
@@ -261,7 +263,7 @@ def section_long_context(c: Context) -> Section:
                             title=f"{model.name}: T={T} tokens, attention statistics computed in C (no T×T buffer)")
     figs = [c.save(fig, "long_context.png")]
     cols = [k for k, _ in conds]
-    label = {"with_bos": "with BOS", "without_bos": "without BOS"}
+    label = LABELS
     body = (f"| | {' | '.join(label[k] for k in cols)} |\n|---{'|---' * len(cols)}|\n"
             f"| mean attention to position 0 | {' | '.join(f'{to_first[k].mean():.3f}' for k in cols)} |\n"
             f"| mean row entropy (nats) | {' | '.join(f'{entropy[k].mean():.3f}' for k in cols)} |\n"
@@ -272,7 +274,7 @@ def section_long_context(c: Context) -> Section:
     reading = f"At T = {T} the eps={s.eps[0]:g} sink rate is {_pct(rate[key][str(s.eps[0])])} ({label[key]})"
     sinks = c.shared.get("sinks")
     if sinks is not None:
-        short = sinks.with_bos.sink_rate(s.eps[0]) if key == "with_bos" else sinks.without_bos.sink_rate(s.eps[0])
+        short = (sinks.bos if key == BOS else sinks.nobos).sink_rate(s.eps[0])
         reading += (f", against {_pct(short)} on {s.sink_T}-token prompts: "
                     + ("longer inference contexts see more sink heads, in the direction the paper predicts"
                        if rate[key][str(s.eps[0])] > short else
@@ -309,7 +311,7 @@ def _where_the_sink_moves(c: Context) -> Dict[str, Any]:
     masked, and without ⟨bos⟩ (position 0 then being the first text token), on the sink prompts."""
     s, model = c.s, c.model
     prompts = load_passages("sinks")[: s.sink_prompts]
-    body = [model.tokenize(p, bos=False)[: s.sink_T - 1] for p in prompts]
+    body = [prepare(model, p, False, s.sink_T - 1) for p in prompts]
     body = np.stack([b for b in body if len(b) == s.sink_T - 1])
     bos = np.full((len(body), 1), model.config.bos_token_id, np.int64)
     runs = {"⟨bos⟩ + text": (np.concatenate([bos, body], 1), None),
@@ -336,7 +338,8 @@ def section_interventions(c: Context) -> Section:
     for name, bos, iv in conds:
         res[name] = perplexity(model, texts, bos=bos, max_tokens=s.ppl_max_tokens, intervene=iv,
                                progress=c.progress, desc=f"perplexity: {name.split(' (')[0]}")
-    c.shared["perplexity"] = {"with_bos": res.get(INTERVENTIONS[0][0]), "without_bos": res[INTERVENTIONS[-1][0]]}
+    c.shared["perplexity"] = {k: v for k, v in ((BOS, res.get(INTERVENTIONS[0][0])),
+                                                (NOBOS, res[INTERVENTIONS[-1][0]])) if v is not None}
     base = res[conds[0][0]].mean_nll
     rows = "".join(f"| {name} | {r.perplexity:.2f} | {r.mean_nll:.4f} | {r.mean_nll - base:+.4f} |\n"
                    for name, r in res.items())
@@ -552,13 +555,13 @@ def section_quality(c: Context) -> Section:
     q = compare_bos_quality(model, quick=s.passkey_quick, texts=load_passages("heldout")[: s.ppl_texts],
                             max_tokens=s.ppl_max_tokens, progress=c.progress,
                             perplexities=c.shared.get("perplexity"))
-    figs = [c.save(figures_sinks.passkey_figure(q.passkey["with_bos"], q.passkey["without_bos"]), "passkey.png")]
+    figs = [c.save(figures_sinks.passkey_figure(q.passkey[BOS], q.passkey[NOBOS]), "passkey.png")]
     paper_rows = "".join(f"| {k} | {a:.2f} | {b:.2f} |\n" for k, (a, b) in GEMMA_BOS_REMOVAL.items())
     body = (q.table() + "\n\nThe paper's authors, Gemma 7B (trained with a fixed ⟨bos⟩), accuracy %:\n\n"
             "| benchmark | with ⟨bos⟩ | without |\n|---|---|---|\n" + paper_rows)
-    w, wo = q.perplexity["with_bos"], q.perplexity["without_bos"]
-    acc_w = float(np.mean(list(q.passkey["with_bos"].accuracy.values())))
-    acc_wo = float(np.mean(list(q.passkey["without_bos"].accuracy.values())))
+    w, wo = q.perplexity[BOS], q.perplexity[NOBOS]
+    acc_w = float(np.mean(list(q.passkey[BOS].accuracy.values())))
+    acc_wo = float(np.mean(list(q.passkey[NOBOS].accuracy.values())))
     reading = (f"Without ⟨bos⟩ perplexity goes {w.perplexity:.2f} → {wo.perplexity:.2f} "
                f"({(wo.perplexity / w.perplexity - 1) * 100:+.1f}%) and passkey accuracy {100 * acc_w:.0f}% → "
                f"{100 * acc_wo:.0f}%: " +

@@ -11,9 +11,10 @@ triples with a_0 > eps; query heads are counted (GQA models included).
 
 What "T tokens" means (*uncertain* in the paper; a parameter here): by default the BOS token is
 one of the T (``bos_in_T=True``: [BOS] + the prompt's first T-1 tokens, as when Gu et al. cut
-the tokenizer's output, BOS included, to 64 tokens), so with and without BOS the model sees
-sequences of the same length T and a_0 averages over the same number of queries. With
-``bos_in_T=False`` the BOS is added on top: [BOS] + the first T prompt tokens (T+1 in all).
+the tokenizer's output, BOS included, to 64 tokens; this is :func:`sinklab.inputs.prepare`'s
+rule), so with and without BOS the model sees sequences of the same length T and a_0 averages
+over the same number of queries. With ``bos_in_T=False`` the BOS is added on top: [BOS] + the
+first T prompt tokens (T+1 in all).
 
 By default the importance comes from the C core's streaming attention statistics
 (``capture=("stats",)``, no T x T buffer); ``capture="attn"`` materialises the attention and
@@ -28,8 +29,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .results import load_tagged_json, save_tagged_json
-
+from .inputs import BOS, LABELS, NOBOS, by_condition, prepare, text_budget, text_ids
+from .progress import progress_bar
+from .results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
 from .sinks import _check_eps, first_token_importance
 
 Prompt = Union[str, Sequence[int], np.ndarray]
@@ -121,9 +123,9 @@ class SinkStudy:
     def to_dict(self) -> Dict[str, Any]:
         """Everything, as JSON-able values (``importance`` as nested lists)."""
         d = self.summary()
-        d.update(format=FORMAT, eps=list(self.eps), importance=self.importance.tolist(),
-                 first_token_ids=self.first_token_ids.tolist(), meta=self.meta)
-        return d
+        d.update(format=FORMAT, eps=list(self.eps), importance=self.importance,
+                 first_token_ids=self.first_token_ids, meta=self.meta)
+        return to_jsonable(d)
 
     def to_json(self, indent: Optional[int] = None) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -141,28 +143,25 @@ class SinkStudy:
                    meta=d.get("meta", {}))
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes ``path``: JSON if it ends in ``.json``, otherwise an ``.npz`` (arrays + JSON
-        metadata; no pickle)."""
+        """Writes ``path`` through :mod:`sinklab.results`: tagged JSON if it ends in ``.json``,
+        otherwise an ``.npz`` (arrays + JSON metadata; no pickle)."""
         path = os.fspath(path)
-        if path.endswith(".json"):
-            with open(path, "w", encoding="utf-8") as f:
-                f.write(self.to_json())
-            return
         d = self.to_dict()
-        imp, first = d.pop("importance"), d.pop("first_token_ids")
-        np.savez(path, importance=np.asarray(imp, np.float64), first_token_ids=np.asarray(first, np.int64),
-                 meta=np.frombuffer(json.dumps(d).encode(), dtype=np.uint8))
+        if path.endswith(".json"):
+            save_tagged_json(path, FORMAT, {k: v for k, v in d.items() if k != "format"})
+            return
+        del d["importance"], d["first_token_ids"]
+        save_npz(path, {"importance": self.importance.astype(np.float64),
+                        "first_token_ids": self.first_token_ids.astype(np.int64)}, d)
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "SinkStudy":
         """Reads what :meth:`save` wrote (``.json`` or ``.npz``)."""
         path = os.fspath(path)
         if path.endswith(".json"):
-            with open(path, encoding="utf-8") as f:
-                return cls.from_dict(json.load(f))
-        with np.load(path, allow_pickle=False) as z:
-            d = json.loads(bytes(z["meta"]).decode())
-            d["importance"], d["first_token_ids"] = z["importance"], z["first_token_ids"]
+            return cls.from_dict(load_tagged_json(path, FORMAT))
+        arrays, d = load_npz(path)
+        d.update(arrays)
         return cls.from_dict(d)
 
 
@@ -171,21 +170,31 @@ BOS_FORMAT = "sinklab.BosComparison/1"
 
 @dataclass
 class BosComparison:
-    """The same prompts measured with (``with_bos``) and without (``without_bos``) a BOS token."""
+    """The same prompts measured with (``bos``) and without (``nobos``) a BOS token.
 
-    with_bos: SinkStudy
-    without_bos: SinkStudy
+    ``with_bos`` / ``without_bos`` are read-only aliases of the two fields."""
+
+    bos: SinkStudy
+    nobos: SinkStudy
+
+    @property
+    def with_bos(self) -> SinkStudy:
+        return self.bos
+
+    @property
+    def without_bos(self) -> SinkStudy:
+        return self.nobos
 
     def summary(self) -> Dict[str, Any]:
-        return {"with_bos": self.with_bos.summary(), "without_bos": self.without_bos.summary()}
+        return {BOS: self.bos.summary(), NOBOS: self.nobos.summary()}
 
     def table(self) -> str:
         """A small Markdown table of the sink rates (%), with and without BOS."""
-        eps = sorted(set(self.with_bos.eps) | set(self.without_bos.eps))
+        eps = sorted(set(self.bos.eps) | set(self.nobos.eps))
         head = "| | " + " | ".join(f"sink rate eps={e:g}" for e in eps) + " | mean a_0 |"
         rows = [head, "|---" * (len(eps) + 2) + "|"]
-        for name, s in (("with BOS", self.with_bos), ("without BOS", self.without_bos)):
-            rows.append(f"| {name} | " + " | ".join(f"{100 * s.sink_rate(e):.2f}%" for e in eps)
+        for key, s in ((BOS, self.bos), (NOBOS, self.nobos)):
+            rows.append(f"| {LABELS[key]} | " + " | ".join(f"{100 * s.sink_rate(e):.2f}%" for e in eps)
                         + f" | {s.importance.mean():.3f} |")
         return "\n".join(rows)
 
@@ -193,16 +202,17 @@ class BosComparison:
         return json.dumps({"format": BOS_FORMAT, **self._payload()})
 
     def _payload(self) -> Dict[str, Any]:
-        return {"with_bos": self.with_bos.to_dict(), "without_bos": self.without_bos.to_dict()}
+        return {BOS: self.bos.to_dict(), NOBOS: self.nobos.to_dict()}
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Writes both studies to one JSON file."""
+        """Writes both studies to one tagged JSON file."""
         save_tagged_json(path, BOS_FORMAT, self._payload())
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "BosComparison":
-        d = load_tagged_json(path, BOS_FORMAT)
-        return cls(SinkStudy.from_dict(d["with_bos"]), SinkStudy.from_dict(d["without_bos"]))
+        """Reads what :meth:`save` wrote (files with the older keys ``with_bos``/``without_bos`` too)."""
+        d = by_condition(load_tagged_json(path, BOS_FORMAT))
+        return cls(SinkStudy.from_dict(d[BOS]), SinkStudy.from_dict(d[NOBOS]))
 
 
 # ------------------------------------------------------------------ helpers
@@ -236,13 +246,10 @@ def _describe(p: Prompt) -> str:
 def _token_lists(model, prompts: Sequence[Prompt]) -> List[np.ndarray]:
     out = []
     for p in prompts:
-        if isinstance(p, str):
-            out.append(np.asarray(model.tokenize(p, bos=False), dtype=np.int64))
-        else:
-            arr = np.asarray(p)
-            if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
-                raise TypeError(f"a prompt must be a str or a 1-D integer array of token ids, got {_describe(p)}")
-            out.append(arr.astype(np.int64))
+        try:
+            out.append(text_ids(model, p))
+        except TypeError:
+            raise TypeError(f"a prompt must be a str or a 1-D integer array of token ids, got {_describe(p)}") from None
     return out
 
 
@@ -279,10 +286,8 @@ def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prom
 
 def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str) -> np.ndarray:
     """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T)."""
-    from tqdm.auto import tqdm
-
     out = np.empty((len(seqs), model.config.n_layers, model.config.n_heads), np.float64)
-    for p in tqdm(range(len(seqs)), desc=desc, unit="prompt", disable=not progress):
+    for p in progress_bar(range(len(seqs)), progress, desc=desc, unit="prompt"):
         if capture == "stats":
             tr = model.run(seqs[p], capture=("stats",), progress=False)
             out[p] = tr.stats.importance[..., 0]
@@ -324,10 +329,10 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     T = _check_T(model, T, extra)
     prompts, source = _default_prompts(prompts)
     tokens = _token_lists(model, prompts)
-    need = T - 1 if (bos and bos_in_T) else T
+    n_seq = T + extra                      # prepare()'s budget: the BOS counts among it
+    need = text_budget(n_seq, bos)
     keep, skipped = _select(prompts, tokens, need, T, skip_short)
-    body = np.stack([tokens[i][:need] for i in keep])
-    seqs = np.concatenate([np.full((len(body), 1), bos_id, np.int64), body], axis=1) if bos else body
+    seqs = np.stack([prepare(model, tokens[i], bos, n_seq) for i in keep])
     imp = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})")
     return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
                      bos_token=None if bos_id is None else model.detokenize([bos_id]),
@@ -359,4 +364,4 @@ def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     for s in (with_b, without):
         s.n_skipped, s.source = skipped, source
         s.meta["kept_prompts"] = keep
-    return BosComparison(with_b, without)
+    return BosComparison(bos=with_b, nobos=without)

@@ -143,14 +143,15 @@ def test_compare_bos_quality_roundtrip(model, tmp_path):
 
     rep = q.compare_bos_quality(model, texts=sp.load_passages("heldout")[:1], max_tokens=32,
                                 lengths=(160,), trials=1, progress=False)
-    assert set(rep.perplexity) == set(rep.passkey) == {"with_bos", "without_bos"}
-    w, wo = rep.passkey["with_bos"], rep.passkey["without_bos"]
+    assert set(rep.perplexity) == set(rep.passkey) == {"bos", "nobos"}
+    w, wo = rep.passkey["bos"], rep.passkey["nobos"]
+    assert rep.passkey["with_bos"] is w and rep.passkey["without_bos"] is wo   # legacy keys still read
     assert [t.passkey for t in w.trials] == [t.passkey for t in wo.trials]    # same prompts
     assert w.trials[0].n_tokens == wo.trials[0].n_tokens + 1
     assert "passkey @ 160" in rep.table()
     rep.save(tmp_path / "q.json")
     back = q.QualityReport.load(tmp_path / "q.json")
-    assert back.passkey["with_bos"].accuracy == w.accuracy
-    assert back.perplexity["without_bos"].mean_nll == rep.perplexity["without_bos"].mean_nll
+    assert back.passkey["bos"].accuracy == w.accuracy
+    assert back.perplexity["nobos"].mean_nll == rep.perplexity["nobos"].mean_nll
     passkey_figure(w, wo).savefig(tmp_path / "p.png")
     assert (tmp_path / "p.png").stat().st_size > 5_000

@@ -87,7 +87,7 @@ def test_numbers_agree_with_independent_runs(report, smollm2_gguf):
         imp.append(A[:, :, :, 0].mean(axis=-1))
     imp = np.stack(imp)
     for eps in (0.3, 0.8):
-        assert res["sinks"]["numbers"]["with_bos"]["sink_rate"][str(eps)] == pytest.approx(
+        assert res["sinks"]["numbers"]["bos"]["sink_rate"][str(eps)] == pytest.approx(
             float((imp > eps).mean()), abs=1.0 / imp.size)
     iv = res["interventions"]["numbers"]
     names = [n for n, _, _ in INTERVENTIONS]
@@ -100,8 +100,8 @@ def test_numbers_agree_with_independent_runs(report, smollm2_gguf):
     assert masked["importance_pos0"] < 0.05 < 0.3 < masked["importance_first_text_token"]
     # The quality section reuses the intervention section's perplexities (computed once).
     q = res["quality"]["numbers"]["perplexity"]
-    assert q["with_bos"]["mean_nll"] == iv[names[0]]["mean_nll"]
-    assert q["without_bos"]["mean_nll"] == iv[names[4]]["mean_nll"]
+    assert q["bos"]["mean_nll"] == iv[names[0]]["mean_nll"]
+    assert q["nobos"]["mean_nll"] == iv[names[4]]["mean_nll"]
     # The no-op keeps more of the model than removing ⟨bos⟩'s value for every query.
     assert iv[names[0]]["mean_nll"] < iv[names[1]]["mean_nll"] < iv[names[2]]["mean_nll"]
 
@@ -129,8 +129,8 @@ def test_no_bos_report(smollm2_gguf, tmp_path):
                  ppl_max_tokens=64, passkey_quick=True, perturb_passages=10, perturb_swaps=3, bos=False)
     res = reproduce(str(smollm2_gguf), out=str(tmp_path), progress=False, settings=s)
     assert res["meta"]["bos"] is False
-    assert set(res["sinks"]["numbers"]) == {"without_bos"}
-    assert set(res["long_context"]["numbers"]["sink_rate"]) == {"without_bos"}
+    assert set(res["sinks"]["numbers"]) == {"nobos"}
+    assert set(res["long_context"]["numbers"]["sink_rate"]) == {"nobos"}
     assert res["collapse"]["numbers"]["settings"].keys() == {"nobos"}
     for key in ("perturbation", "quality"):
         assert res[key]["reading"] == "Skipped." and "--no-bos" in res[key]["here"]

@@ -145,14 +145,14 @@ def test_compare_bos_save_load_and_figure(model, tmp_path):
 
     texts = sp.load_passages("sinks")[:3] + ["Too short."]
     cmp = sinkset.compare_bos(model, texts, T=24, skip_short=True, progress=False)
-    for s in (cmp.with_bos, cmp.without_bos):
+    for s in (cmp.bos, cmp.nobos):
         assert s.n_prompts == 3 and s.n_skipped == 1 and s.importance.shape == (3, 30, 9)
         assert np.all((s.importance >= 0) & (s.importance <= 1 + 1e-6))
         assert set(s.sink_rates) == {0.3, 0.8}
         assert all(0 <= r <= 1 for r in s.sink_rates.values())
-    assert cmp.with_bos.bos and not cmp.without_bos.bos
+    assert cmp.bos.bos and not cmp.nobos.bos and cmp.with_bos is cmp.bos and cmp.without_bos is cmp.nobos
     assert "with BOS" in cmp.table() and "without BOS" in cmp.table()
-    s = cmp.with_bos
+    s = cmp.bos
     for name in ("s.json", "s.npz"):
         s.save(tmp_path / name)
         back = sinkset.SinkStudy.load(tmp_path / name)
@@ -161,7 +161,7 @@ def test_compare_bos_save_load_and_figure(model, tmp_path):
     json.loads(s.to_json())
     cmp.save(tmp_path / "cmp.json")
     back = sinkset.BosComparison.load(tmp_path / "cmp.json")
-    np.testing.assert_array_equal(back.without_bos.importance, cmp.without_bos.importance)
+    np.testing.assert_array_equal(back.nobos.importance, cmp.nobos.importance)
     with pytest.raises(ValueError, match="not a saved"):
         sinkset.SinkStudy.load(tmp_path / "cmp.json")
     fig = bos_comparison_figure(cmp, eps=0.3)
