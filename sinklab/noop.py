@@ -1,23 +1,23 @@
 """Sinks as approximate no-ops (the paper's §3.2–3.3): value norms, head-output norms, sink mass, and a
 search for "conditional" heads.
 
-For layer l, head h (query head; it reads kv head g = h // (H / G)), with x_j the attention input
-of token j — RMSNorm of the residual stream times the layer's ``attn_norm`` weight:
+For layer l, query head h (it reads kv head g = h // (H / G)):
 
-    value norm          ||W_V^g x_j||_2                        (L, H, T)
-    head output         o_i^h = W_O^h sum_k A_ik^h W_V^g x_k,  W_O^h = attn_output[:, h*hd:(h+1)*hd]
-    head-output norm    ||o_i^h||_2                            (L, H, T), residual-stream units
-    to_first            A_i0^h, the attention of query i to position 0
+    value norm          ||v_j^g||_2, v the values of the forward (``Trace.v``)      (L, H, T)
+    head output         o_i^h, head h's addition to the residual stream at query i
+                        (``Trace.head_out``: z_i^h = sum_k A_ik^h v_k^g times W_O's columns of h)
+    head-output norm    ||o_i^h||_2                                                 (L, H, T), residual-stream units
+    to_first            A_i0^h, the attention of query i to position 0 (``Trace.attn``)
+
+Everything is read from the C forward's captures, nothing is recomputed from the weight arrays,
+so the numbers are those of the model as it ran (norm offsets, biases or interventions
+included).
 
 The paper's claim: a head with nothing to do puts its attention on position 0 (⟨bos⟩), whose
 value vector is small, so its update to the residual stream is ≈ 0. Per head this module reports
 the correlation across queries between to_first and the head-output norm (negative: the more the
 head sinks, the smaller its output), the ratio of the position-0 value norm to the median value
 norm of the other tokens, and the head-output norm relative to the residual stream it is added to.
-
-W_V / W_O layout: ``attn_v`` (G*hd, d) and ``attn_output`` (d, H*hd) are stored in the same
-layout by GGUF and Hugging Face files (only Q/K rows are permuted by llama.cpp), so these
-quantities do not depend on the file format.
 
 Queries: statistics over queries skip query 0 (its only key is position 0 itself).
 
@@ -44,67 +44,34 @@ KV_RULES = ("majority", "any", "all")
 
 
 # ---------------------------------------------------------------------------------- primitives
-def attention_inputs(model: Any, resid: np.ndarray, layer: int) -> np.ndarray:
-    """x_j = RMSNorm(v_j^(l)) * attn_norm_l for every token: (T, d) float64."""
-    c = model.config
-    v = np.asarray(resid[layer], dtype=np.float64)
-    w = np.asarray(model.weights[f"blk.{layer}.attn_norm"], dtype=np.float64)
-    return v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + float(c.norm_eps)) * w
+def value_norms(model: Any, v: np.ndarray) -> np.ndarray:
+    """||v_j^g||_2 per layer, query head and token: (L, H, T) float64.
 
-
-def _values(model: Any, x: np.ndarray, layer: int) -> np.ndarray:
-    """Value vectors (G, T, hd) float64 of attention inputs x (T, d)."""
-    c = model.config
-    Wv = np.asarray(model.weights[f"blk.{layer}.attn_v"], dtype=np.float64)  # (G*hd, d)
-    return (x @ Wv.T).reshape(x.shape[0], c.n_kv_heads, c.head_dim).transpose(1, 0, 2)
-
-
-def _check_resid(model: Any, resid: np.ndarray) -> np.ndarray:
-    r = np.asarray(resid)
-    c = model.config
-    if r.ndim != 3 or r.shape[0] != c.n_layers + 1 or r.shape[2] != c.d_model:
-        raise ValueError(f"resid must have shape (L+1={c.n_layers + 1}, T, d={c.d_model}), got {r.shape}")
-    return r
-
-
-def value_norms(model: Any, resid: np.ndarray) -> np.ndarray:
-    """||W_V^g x_j||_2 per layer, query head and token: (L, H, T) float64.
-
-    ``resid``: (L+1, T, d) residual stream (``Trace.resid``). Query head h reads kv head
-    g = h // (H/G); query heads sharing a kv head (GQA) get the same (repeated) values, so
-    ``out[:, ::H//G]`` is the (L, G, T) per-kv-head array.
+    ``v``: (L, G, T, hd) values of every layer per kv head (``Trace.v`` captured with all
+    layers). Query head h reads kv head g = h // (H/G); query heads sharing a kv head (GQA) get
+    the same (repeated) norms, so ``out[:, ::H//G]`` is the (L, G, T) per-kv-head array.
     """
     c = model.config
-    r = _check_resid(model, resid)
-    rep = c.n_heads // c.n_kv_heads
-    out = np.empty((c.n_layers, c.n_heads, r.shape[1]))
-    for l in range(c.n_layers):
-        vn = np.linalg.norm(_values(model, attention_inputs(model, r, l), l), axis=-1)  # (G, T)
-        out[l] = np.repeat(vn, rep, axis=0)
-    return out
+    a = np.asarray(v)
+    if a.ndim != 4 or a.shape[:2] != (c.n_layers, c.n_kv_heads) or a.shape[3] != c.head_dim:
+        raise ValueError(f"v must have shape (L={c.n_layers}, G={c.n_kv_heads}, T, hd={c.head_dim}) "
+                         f"(Trace.v of every layer), got {a.shape}")
+    norms = np.linalg.norm(a.astype(np.float64), axis=-1)                       # (L, G, T)
+    return np.repeat(norms, c.n_heads // c.n_kv_heads, axis=1)
 
 
-def head_output_norms(model: Any, resid: np.ndarray, attn: np.ndarray) -> np.ndarray:
-    """||W_O^h sum_k A_ik^h W_V^h x_k||_2 per layer, head and query: (L, H, T) float64.
+def head_output_norms(model: Any, head_out: np.ndarray) -> np.ndarray:
+    """||o_i^h||_2 per layer, query head and query: (L, H, T) float64, residual-stream units.
 
-    Args:
-        resid: (L+1, T, d) residual stream. attn: (L, H, T, T) attention of every layer.
+    ``head_out``: (L, H, T, d) each head's addition to the residual stream (``Trace.head_out``
+    captured with all layers).
     """
     c = model.config
-    r = _check_resid(model, resid)
-    a = np.asarray(attn)
-    T = r.shape[1]
-    if a.shape != (c.n_layers, c.n_heads, T, T):
-        raise ValueError(f"attn must have shape {(c.n_layers, c.n_heads, T, T)} (all layers), got {a.shape}")
-    rep, hd = c.n_heads // c.n_kv_heads, c.head_dim
-    out = np.empty((c.n_layers, c.n_heads, T))
-    for l in range(c.n_layers):
-        vals = _values(model, attention_inputs(model, r, l), l)                  # (G, T, hd)
-        Wo = np.asarray(model.weights[f"blk.{l}.attn_output"], dtype=np.float64)  # (d, H*hd)
-        for h in range(c.n_heads):
-            z = a[l, h].astype(np.float64) @ vals[h // rep]                       # (T, hd)
-            out[l, h] = np.linalg.norm(z @ Wo[:, h * hd:(h + 1) * hd].T, axis=-1)
-    return out
+    a = np.asarray(head_out)
+    if a.ndim != 4 or a.shape[:2] != (c.n_layers, c.n_heads) or a.shape[3] != c.d_model:
+        raise ValueError(f"head_out must have shape (L={c.n_layers}, H={c.n_heads}, T, d={c.d_model}) "
+                         f"(Trace.head_out of every layer), got {a.shape}")
+    return np.linalg.norm(a.astype(np.float64), axis=-1)
 
 
 def _pearson(x: np.ndarray, y: np.ndarray) -> float:
@@ -138,7 +105,7 @@ class NoopResult:
 
     Attributes:
         ids: list of (T_p,) int64 sequences as run (BOS included when used).
-        value_norm: list of (L, H, T_p) float64 ||W_V^g x_j|| per query head h (repeated over
+        value_norm: list of (L, H, T_p) float64 ||v_j^g|| per query head h (repeated over
             the H/G query heads of kv head g; see :meth:`kv_value_norm`).
         out_norm: list of (L, H, T_p) float64 head-output norm per query head and query.
         to_first: list of (L, H, T_p) float64 attention of each query to position 0.
@@ -305,10 +272,10 @@ def _as_list(texts: Union[TextLike, Sequence[TextLike]]) -> List[TextLike]:
     return out
 
 
-def _run_full(model: Any, ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+def _run(model: Any, ids: np.ndarray, capture: Tuple[str, ...]) -> Any:
+    """The :class:`Trace` of one prompt with ``capture`` of every layer."""
     check_length(model, len(ids), "prompt")
-    tr = model.run(ids, capture=("attn", "resid"), progress=False)
-    return tr.resid, tr.attn
+    return model.run(ids, capture=capture, progress=False)
 
 
 def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: bool = True,
@@ -336,12 +303,12 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         ids = with_setting(model, tids, setting)
         if len(ids) < 2:
             raise ValueError("each prompt needs at least 2 tokens (queries after position 0)")
-        resid, attn = _run_full(model, ids)
+        tr = _run(model, ids, ("attn", "resid", "v", "head_out"))
         rows["ids"].append(ids)
-        rows["value_norm"].append(value_norms(model, resid))
-        rows["out_norm"].append(head_output_norms(model, resid, attn))
-        rows["to_first"].append(np.asarray(attn[..., :, 0], dtype=np.float64))
-        rows["resid_norm"].append(np.linalg.norm(np.asarray(resid[:-1], dtype=np.float64), axis=-1))
+        rows["value_norm"].append(value_norms(model, tr.v))
+        rows["out_norm"].append(head_output_norms(model, tr.head_out))
+        rows["to_first"].append(np.asarray(tr.attn[..., :, 0], dtype=np.float64))
+        rows["resid_norm"].append(np.linalg.norm(np.asarray(tr.resid[:-1], dtype=np.float64), axis=-1))
     meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id if bos else None,
             "setting": setting, "max_tokens": max_tokens, "n_heads": model.config.n_heads,
             "n_kv_heads": model.config.n_kv_heads}
@@ -491,9 +458,9 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         if kind == "without" and starts:
             raise ValueError(f"trigger {name!r} occurs in the trigger-free prompt {t!r}")
         ids = with_setting(model, tids, setting)
-        resid, attn = _run_full(model, ids)
-        onorm = head_output_norms(model, resid, attn)
-        a = np.asarray(attn, dtype=np.float64)
+        tr = _run(model, ids, ("attn", "head_out"))
+        onorm = head_output_norms(model, tr.head_out)
+        a = np.asarray(tr.attn, dtype=np.float64)
         T = len(ids)
         if kind == "without":
             acc["to_first_without"].append(a[:, :, 1:, 0].mean(axis=-1))

@@ -5,8 +5,8 @@ input of o_proj is the concatenation of the per-head outputs sum_k A_ik W_V^h x_
     value norm   ||W_V^g x_j||      = ||v_proj.weight[g*hd:(g+1)*hd] @ v_in_j||
     head output  ||W_O^h z_i^h||    = ||o_proj.weight[:, h*hd:(h+1)*hd] @ o_in_i[h*hd:(h+1)*hd]||
 
-computed here in float64 from HF's weights and activations, independently of sinklab's weight
-arrays. Statistics (sink mass, correlations, value-norm ratio, conditional-head scores) are
+computed here in float64 from HF's weights and activations; sinklab reads the same quantities
+from its forward's captures (Trace.v, Trace.head_out), so the two sides share nothing. Statistics (sink mass, correlations, value-norm ratio, conditional-head scores) are
 checked against loops over the definitions applied to HF's attention."""
 import math
 
@@ -87,19 +87,19 @@ def test_value_and_head_output_norms_match_hooked_hf(tiny):
     hf, model = tiny
     ids = random_ids(hf.config.vocab_size, 20, seed=7)
     vn_ref, on_ref, _ = ref_norms(hf, ids)
-    tr = model.run(ids, capture=("attn", "resid"))
-    vn = value_norms(model, tr.resid)
-    on = head_output_norms(model, tr.resid, tr.attn)
+    tr = model.run(ids, capture=("v", "head_out"))
+    vn = value_norms(model, tr.v)
+    on = head_output_norms(model, tr.head_out)
     assert vn.shape == on.shape == (4, 6, 20)
     for l in range(vn.shape[0]):
         np.testing.assert_allclose(vn[l], vn_ref[l], rtol=0, atol=1e-5 * vn_ref[l].max())
         np.testing.assert_allclose(on[l], on_ref[l], rtol=0, atol=1e-5 * on_ref[l].max())
     # heads sharing a kv head see the same values
     np.testing.assert_array_equal(vn[:, 0], vn[:, 2])
-    with pytest.raises(ValueError, match="resid must have shape"):
-        value_norms(model, tr.resid[:-1])
-    with pytest.raises(ValueError, match="attn must have shape"):
-        head_output_norms(model, tr.resid, tr.attn[:2])
+    with pytest.raises(ValueError, match="v must have shape"):
+        value_norms(model, tr.v[:-1])
+    with pytest.raises(ValueError, match="head_out must have shape"):
+        head_output_norms(model, tr.head_out[:2])
 
 
 @pytest.fixture(scope="module")
@@ -277,8 +277,8 @@ def test_conditional_heads_bad_input(tiny):
 
 
 def test_smollm2_norms_match_hooked_hf(smollm2_gguf):
-    """The real GGUF (Q4_1): attn_v / attn_output are in HF layout; value and head-output norms
-    from sinklab's residual stream agree with HF's hooked activations."""
+    """The real GGUF (Q4_1): value and head-output norms from sinklab's captures agree with
+    HF's hooked activations."""
     path = smollm2_gguf
     transformers.logging.set_verbosity_error()
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
@@ -288,8 +288,8 @@ def test_smollm2_norms_match_hooked_hf(smollm2_gguf):
     text = "My sister's new job starts next week in the city centre."
     ids = model.tokenize(text, bos=True)
     vn_ref, on_ref, attn = ref_norms(hf, ids)
-    tr = model.run(ids, capture=("attn", "resid"))
-    vn, on = value_norms(model, tr.resid), head_output_norms(model, tr.resid, tr.attn)
+    tr = model.run(ids, capture=("v", "head_out"))
+    vn, on = value_norms(model, tr.v), head_output_norms(model, tr.head_out)
     for l in range(vn.shape[0]):
         np.testing.assert_allclose(vn[l], vn_ref[l], rtol=0, atol=1e-4 * vn_ref[l].max())
         np.testing.assert_allclose(on[l], on_ref[l], rtol=0, atol=1e-4 * on_ref[l].max())
