@@ -18,7 +18,7 @@
 /* Vᵀ per kv head: vt[(g*hd + e)*T + t] = v[t*kv_stride + g*hd + e], so P·V is an NT product. */
 static void transpose_values(float *vt, const float *v, int64_t kv_stride, int64_t T,
                              int64_t n_kv, int64_t hd) {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
     for (int64_t ge = 0; ge < n_kv * hd; ge++)
         for (int64_t t = 0; t < T; t++) vt[ge * T + t] = v[t * kv_stride + ge];
 }
@@ -142,14 +142,18 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
     transpose_values(vt, v, kv_stride, T, G, hd);
 
     int status = SL_OK;
-#pragma omp parallel
+    /* Workers are other OS threads: each registers the caller's context, so that what fails in
+     * the serial SGEMM under attend_block reports to this call, not to the worker's own. */
+    sl_ctx *ctx = sl_ctx_current();
+#pragma omp parallel num_threads(ctx->num_threads)
     {
+        sl_ctx *prev = sl_ctx_enter(ctx);
         /* Per thread: one block of scores, O(T). */
         float *scratch = probs ? NULL : sl_alloc_floats(SL_ATTN_QBLOCK * T);
         int ok = probs != NULL || scratch != NULL;
         if (!ok) {
 #pragma omp critical(sl_attn_err)
-            status = sl_fail(SL_ERR_MEMORY, "attention: cannot allocate scratch for T=%lld", (long long)T);
+            status = sl_fail_ctx(ctx, SL_ERR_MEMORY, "attention: cannot allocate scratch for T=%lld", (long long)T);
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < H * n_seg; task++) {
@@ -175,6 +179,7 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
                     st->importance[h * T + j] = (float)(sum / (double)(T - j));
                 }
         }
+        sl_ctx_leave(prev);
     }
     sl_free(vt);
     sl_free(partial);

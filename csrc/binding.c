@@ -20,11 +20,15 @@
 
 /* ---------------------------------------------------------------- errors and array checks */
 
-static PyObject *raise_status(int rc) {
+/* Every entry point that calls the core puts an sl_ctx on its stack: sl_ctx_begin registers it
+ * for this OS thread (and reads the process-wide thread count into it) while the GIL is held,
+ * the core runs with the GIL released, and the message is read back from this call's own
+ * context, never from a buffer another Python thread may be writing at the same moment. */
+static PyObject *raise_status(const sl_ctx *ctx, int rc) {
     PyObject *type = rc == SL_ERR_MEMORY ? PyExc_MemoryError
                      : rc == SL_ERR_INTERNAL ? PyExc_RuntimeError
                                              : PyExc_ValueError;
-    PyErr_SetString(type, sl_last_error());
+    PyErr_SetString(type, ctx->err[0] ? ctx->err : "unknown error in sinklab core");
     return NULL;
 }
 
@@ -73,19 +77,40 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     long n = PyLong_AsLong(arg);
     if (n == -1 && PyErr_Occurred()) return NULL;
     if (n < 1) return PyErr_Format(PyExc_ValueError, "number of threads must be >= 1, got %ld", n);
-#if SL_HAVE_OPENMP
-    omp_set_num_threads((int)n);
-#endif
+    if (n > 4096) return PyErr_Format(PyExc_ValueError, "number of threads must be <= 4096, got %ld", n);
+    /* Process-wide, not omp_set_num_threads: that sets only the calling OS thread's value. */
+    sl_set_num_threads((int)n);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
 #if SL_HAVE_OPENMP
-    return PyLong_FromLong(omp_get_max_threads());
+    return PyLong_FromLong(sl_get_num_threads());
 #else
     return PyLong_FromLong(1);
 #endif
+}
+
+/* Test-only: the team size a kernel's parallel region gets when called from this Python thread
+ * now (a region opened exactly as the kernels open theirs, from a fresh call context). It lets
+ * the tests check the per-call thread count without timing. */
+static PyObject *py_team_size(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    int team = 1;
+    Py_BEGIN_ALLOW_THREADS
+#pragma omp parallel num_threads(sl_num_threads())
+    {
+#if SL_HAVE_OPENMP
+#pragma omp single
+        team = omp_get_num_threads();
+#endif
+    }
+    Py_END_ALLOW_THREADS
+    sl_ctx_end(prev);
+    return PyLong_FromLong(team);
 }
 
 static PyObject *py_simd(PyObject *self, PyObject *noargs) {
@@ -134,12 +159,15 @@ static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
         Py_INCREF(c);
     }
     int rc;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
     Py_BEGIN_ALLOW_THREADS
     rc = sl_sgemm_nt(M, N, K, PyArray_DATA(a), K, PyArray_DATA(b), K, PyArray_DATA(c), N, accumulate, 1);
     Py_END_ALLOW_THREADS
+    sl_ctx_end(prev);
     if (rc != SL_OK) {
         Py_DECREF(c);
-        return raise_status(rc);
+        return raise_status(&ctx, rc);
     }
     return (PyObject *)c;
 }
@@ -164,19 +192,26 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     PyArrayObject *src = check_array(data, "data", NPY_UINT8, 1, NULL, 0);
     if (!src) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n_elements must be >= 0, got %lld", n);
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
     /* Size checks before allocating, so a bogus n_elements is a ValueError, not a MemoryError. */
     int rc = sl_dequantize_check(type, PyArray_DIM(src, 0), n);
-    if (rc != SL_OK) return raise_status(rc);
-    npy_intp dims[1] = {(npy_intp)n};
-    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
-    if (!out) return NULL;
-    Py_BEGIN_ALLOW_THREADS
-    rc = sl_dequantize(type, PyArray_DATA(src), PyArray_DIM(src, 0), PyArray_DATA(out), n, 1);
-    Py_END_ALLOW_THREADS
-    if (rc != SL_OK) {
-        Py_DECREF(out);
-        return raise_status(rc);
+    PyArrayObject *out = NULL;
+    if (rc == SL_OK) {
+        npy_intp dims[1] = {(npy_intp)n};
+        out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
     }
+    if (rc == SL_OK && out) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_dequantize(type, PyArray_DATA(src), PyArray_DIM(src, 0), PyArray_DATA(out), n, 1);
+        Py_END_ALLOW_THREADS
+    }
+    sl_ctx_end(prev);
+    if (rc != SL_OK) {
+        Py_XDECREF(out);
+        return raise_status(&ctx, rc);
+    }
+    if (!out) return NULL;
     return (PyObject *)out;
 }
 
@@ -389,22 +424,28 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
         if (ok) cap.logits = PyArray_DATA(lg);
     }
     int rc = SL_OK;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
         rc = sl_model_forward(m, PyArray_DATA(ids), T, &cap, &iv);
         Py_END_ALLOW_THREADS
     }
+    sl_ctx_end(prev);
     PyMem_Free(ptrs);
     if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(rc);
+    if (rc != SL_OK) return raise_status(&ctx, rc);
     Py_RETURN_NONE;
 }
 
 /* ---------------------------------------------------------------- module */
 
 static PyMethodDef methods[] = {
-    {"set_num_threads", py_set_num_threads, METH_O, "set_num_threads(n): OpenMP threads for all kernels."},
-    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int"},
+    {"set_num_threads", py_set_num_threads, METH_O,
+     "set_num_threads(n): OpenMP threads for every later call, from any Python thread (process-wide)."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int: the process-wide setting."},
+    {"_team_size", py_team_size, METH_NOARGS,
+     "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' | 'generic': the kernel family in use."},
     {"set_simd", py_set_simd, METH_O, "set_simd('generic' | 'avx2' | 'auto') -> the level now in use."},
     {"sgemm_nt", (PyCFunction)(void (*)(void))py_sgemm_nt, METH_VARARGS | METH_KEYWORDS,
@@ -431,6 +472,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     import_array();
     PyObject *mod = PyModule_Create(&moduledef);
     if (!mod) return NULL;
+    /* Pin the default (OMP_NUM_THREADS or the core count, as seen by the importing thread) so
+     * that every Python thread starts from the same count. */
+    sl_set_num_threads(sl_get_num_threads());
     if (PyModule_AddIntConstant(mod, "has_openmp", SL_HAVE_OPENMP) < 0) {
         Py_DECREF(mod);
         return NULL;

@@ -1,25 +1,93 @@
-/* Error buffer and checked allocation shared by the core. */
+/* Call contexts (error message and thread count per call) and checked allocation. */
 #include "sl_common.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* One process-wide buffer, not thread-local: a failure inside an OpenMP worker must reach the
- * binding, which reads it on the calling thread. Writes are serialised. */
-static char sl_errbuf[512];
+#if defined(_OPENMP) && (!defined(SL_HAVE_OPENMP) || SL_HAVE_OPENMP)
+#include <omp.h>
+#define SL_COMMON_OMP 1
+#else
+#define SL_COMMON_OMP 0
+#endif
 
-int sl_fail(int code, const char *fmt, ...) {
+/* 0: not set, use the OpenMP default. Atomic because any Python thread may set it while
+ * others start calls; a call reads it once, at sl_ctx_begin, so it never changes mid-call. */
+static atomic_int sl_threads_setting = 0;
+
+/* The context registered by the calling thread (NULL: none), and the thread's fallback. */
+static _Thread_local sl_ctx *sl_ctx_registered = NULL;
+static _Thread_local sl_ctx sl_ctx_default = {{0}, 0};
+
+void sl_set_num_threads(int n) { atomic_store(&sl_threads_setting, n < 1 ? 0 : n); }
+
+int sl_get_num_threads(void) {
+    int n = atomic_load(&sl_threads_setting);
+    if (n > 0) return n;
+#if SL_COMMON_OMP
+    n = omp_get_max_threads();
+#endif
+    return n > 0 ? n : 1;
+}
+
+sl_ctx *sl_ctx_begin(sl_ctx *ctx) {
+    ctx->err[0] = '\0';
+    ctx->num_threads = sl_get_num_threads();
+    return sl_ctx_enter(ctx);
+}
+
+void sl_ctx_end(sl_ctx *prev) { sl_ctx_leave(prev); }
+
+sl_ctx *sl_ctx_enter(sl_ctx *ctx) {
+    sl_ctx *prev = sl_ctx_registered;
+    sl_ctx_registered = ctx;
+    return prev;
+}
+
+void sl_ctx_leave(sl_ctx *prev) { sl_ctx_registered = prev; }
+
+sl_ctx *sl_ctx_current(void) {
+    if (sl_ctx_registered) return sl_ctx_registered;
+    /* No registration: follow the process-wide setting as of now. */
+    sl_ctx_default.num_threads = sl_get_num_threads();
+    return &sl_ctx_default;
+}
+
+int sl_num_threads(void) {
+    const sl_ctx *c = sl_ctx_registered;
+    return c ? c->num_threads : sl_get_num_threads();
+}
+
+static int sl_vfail(sl_ctx *ctx, int code, const char *fmt, va_list ap) {
+    /* Workers of one call share its context; failures are rare, so one lock is enough. */
+#pragma omp critical(sl_ctx_err)
+    vsnprintf(ctx->err, sizeof ctx->err, fmt, ap);
+    return code;
+}
+
+int sl_fail_ctx(sl_ctx *ctx, int code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-#pragma omp critical(sl_errbuf)
-    vsnprintf(sl_errbuf, sizeof sl_errbuf, fmt, ap);
+    sl_vfail(ctx ? ctx : sl_ctx_current(), code, fmt, ap);
     va_end(ap);
     return code;
 }
 
-const char *sl_last_error(void) { return sl_errbuf[0] ? sl_errbuf : "unknown error in sinklab core"; }
+int sl_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    sl_vfail(sl_ctx_current(), code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *sl_last_error(void) {
+    const sl_ctx *c = sl_ctx_current();
+    return c->err[0] ? c->err : "unknown error in sinklab core";
+}
 
 int sl_mul_size(int64_t a, int64_t b, int64_t *out) {
     if (a < 0 || b < 0) return 0;

@@ -1,11 +1,13 @@
 /* Row-wise ops of the LLaMA block. Loops are OpenMP over rows: each output is computed by one
- * thread in a fixed order, so results do not depend on the thread count. */
+ * thread in a fixed order, so results do not depend on the thread count. Team sizes come from
+ * the call context (sl_num_threads), not from the calling thread's OpenMP setting. */
 #include "ops.h"
 
 #include <math.h>
 #include <string.h>
 
 #include "cpu.h"
+#include "sl_common.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #define SL_X86 1
@@ -15,7 +17,7 @@
 #endif
 
 void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d, float eps) {
-#pragma omp parallel for schedule(static) if (T * d > 32768)
+#pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         const float *xr = x + t * d;
         float *o = out + t * d;
@@ -38,7 +40,7 @@ void sl_rope_tables(float *cosv, float *sinv, const float *inv_freq, int64_t T, 
 void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                    const float *cosv, const float *sinv, int layout) {
     const int64_t half = head_dim / 2;
-#pragma omp parallel for schedule(static) if (T * n_heads * head_dim > 32768)
+#pragma omp parallel for schedule(static) if (T * n_heads * head_dim > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         const float *c = cosv + t * half, *s = sinv + t * half;
         for (int64_t h = 0; h < n_heads; h++) {
@@ -55,7 +57,7 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
 }
 
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
         h[i] = (x / (1.0f + expf(-x))) * u[i];
@@ -146,7 +148,7 @@ float sl_softmax_entropy(float *x, int64_t n) {
 }
 
 void sl_add_inplace(float *x, const float *y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
     for (int64_t i = 0; i < n; i++) x[i] += y[i];
 }
 

@@ -385,7 +385,8 @@ int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int6
     const int64_t be = t.elems, bb = t.bytes;
 #if defined(_OPENMP)
     const int use_omp = parallel != 0 && n_chunks > 1 && !omp_in_parallel();
-#pragma omp parallel for schedule(static) if (use_omp)
+    const int nthr = use_omp ? sl_num_threads() : 1; /* the call context's count */
+#pragma omp parallel for schedule(static) if (use_omp) num_threads(nthr)
 #else
     (void)parallel;
 #endif

@@ -342,7 +342,9 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
 
     int nthr = 1;
 #if SL_SGEMM_OMP
-    if (parallel && !omp_in_parallel()) nthr = omp_get_max_threads();
+    /* The call's count, not omp_get_max_threads(): that is per OS thread, and a Python thread
+     * other than the one that called set_num_threads would see OpenMP's default. */
+    if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
 #else
     (void)parallel;
 #endif

@@ -1,6 +1,7 @@
-/* Shared definitions of the sinklab C core: status codes, error reporting, checked sizes.
+/* Shared definitions of the sinklab C core: status codes, the call context (error message and
+ * thread count of one call), checked sizes.
  * The core never sees a PyObject; every function returns SL_OK or an error code and leaves a
- * message in a thread-local buffer that the binding turns into a Python exception. */
+ * message in the current call context, which the binding turns into a Python exception. */
 #ifndef SL_COMMON_H
 #define SL_COMMON_H
 
@@ -15,12 +16,60 @@ typedef enum {
     SL_ERR_INTERNAL = 4 /* should not happen: RuntimeError */
 } sl_status;
 
-/* Records a printf-style message for the current thread and returns code. */
+/* Call context. The binding puts one on its own stack at each entry point and registers it for
+ * the calling thread (sl_ctx_begin/sl_ctx_end); the core reads the thread count from it and
+ * writes error messages into it, so two Python threads calling at once never see each other's
+ * message, and the thread count means the same in every Python thread (an OpenMP
+ * omp_set_num_threads would change only the calling thread's setting).
+ *
+ * OpenMP workers are other OS threads, with their own (empty) registration: a parallel region
+ * whose body can fail captures the caller's context before the region (sl_ctx_current) and
+ * either reports through it (sl_fail_ctx) or registers it in each worker (sl_ctx_enter) so
+ * that nested calls to sl_fail reach it. Writes to a context are serialised, since the workers
+ * of one call share it.
+ *
+ * A thread that never registered a context (a C program using the core directly) gets a
+ * per-thread default one that follows the process-wide thread count. */
+#define SL_ERR_LEN 512
+
+typedef struct sl_ctx {
+    char err[SL_ERR_LEN]; /* last error message of this call; "" while none */
+    int num_threads;      /* OpenMP team size for this call's parallel regions, >= 1 */
+} sl_ctx;
+
+/* Process-wide thread count (atomic): what every new context starts with. n < 1 restores the
+ * OpenMP default (omp_get_max_threads() of the calling thread, 1 without OpenMP). */
+void sl_set_num_threads(int n);
+int sl_get_num_threads(void);
+
+/* Initialises ctx (empty message, process-wide thread count), registers it for the calling
+ * thread and returns the previous registration, to be given back to sl_ctx_end. */
+sl_ctx *sl_ctx_begin(sl_ctx *ctx);
+void sl_ctx_end(sl_ctx *prev);
+
+/* Registers ctx (already initialised, e.g. captured from the caller of a parallel region) for
+ * the calling thread; returns the previous registration for sl_ctx_leave. */
+sl_ctx *sl_ctx_enter(sl_ctx *ctx);
+void sl_ctx_leave(sl_ctx *prev);
+
+/* The calling thread's context: the registered one or the thread's default. Never NULL. */
+sl_ctx *sl_ctx_current(void);
+
+/* Team size for a parallel region opened by the calling thread: the current context's. */
+int sl_num_threads(void);
+
+/* Records a printf-style message in ctx (sl_fail: the current context) and returns code. */
+int sl_fail_ctx(sl_ctx *ctx, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
 int sl_fail(int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* The current context's message (a generic text while none was recorded). */
 const char *sl_last_error(void);
 
 /* a*b into *out; returns 0 (and leaves *out untouched) on overflow or negative input. */

@@ -38,11 +38,19 @@ __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervent
 
 
 def set_num_threads(n: int) -> None:
-    """Number of OpenMP threads the C core uses (results are identical for any n)."""
+    """Sets the number of OpenMP threads (``n >= 1``) every later C-core call uses.
+
+    The setting is process-wide: it applies to calls from every Python thread, not only the
+    one that set it (each call reads it once, when it starts). It is not a per-thread option,
+    so two Python threads cannot run with different counts at the same time. Results are
+    bitwise identical for any ``n``. The environment variable ``SINKLAB_NUM_THREADS`` sets it
+    at import; without it the default is OpenMP's (``OMP_NUM_THREADS`` or the core count).
+    """
     _core.set_num_threads(int(n))
 
 
 def get_num_threads() -> int:
+    """The process-wide thread count set by :func:`set_num_threads` (the same in every thread)."""
     return _core.get_num_threads()
 
 

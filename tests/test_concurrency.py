@@ -1,0 +1,170 @@
+"""Several Python threads calling the C core at once (it releases the GIL around all work).
+
+- Error messages are per call: threads that fail at the same time with different errors each
+  get their own message (the core used to keep one process-wide buffer, and a few percent of
+  the exceptions carried another thread's message).
+- The thread count is process-wide: ``sl.set_num_threads(n)`` in one Python thread is what a
+  call from any other Python thread uses (it used to set only the calling OS thread's OpenMP
+  value, so a ``threading.Thread`` ran with the default). Being process-wide, it cannot differ
+  between threads running at the same time; that is by design and not tested for.
+- Eight threads running forwards on one shared model give bitwise the results of running the
+  same inputs one after the other.
+"""
+import threading
+
+import numpy as np
+import pytest
+
+try:
+    from . import reference_models as rm
+except ImportError:
+    import reference_models as rm
+
+rm.require("torch")
+rm.require("transformers")
+
+import sinklab as sl  # noqa: E402
+import sinklab._core as core  # noqa: E402
+
+# small, so that a failing call costs microseconds and many calls overlap
+ERR_SPEC = rm.TinySpec("conc-err", d_model=64, n_layers=1, n_heads=4, n_kv_heads=2, head_dim=16,
+                       d_ff=128, vocab_size=300, context_length=64, seed=21)
+# large enough that every kernel splits its work across threads
+RUN_SPEC = rm.TinySpec("conc-run", d_model=256, n_layers=2, n_heads=8, n_kv_heads=2, head_dim=32,
+                       d_ff=704, vocab_size=1003, context_length=512, seed=22)
+CALLS_PER_THREAD = 25_000
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("conc")
+    return {s.name: sl.load(str(rm.save_hf(rm.make_hf_model(s), root / s.name)))
+            for s in (ERR_SPEC, RUN_SPEC)}
+
+
+@pytest.fixture
+def threads_restored():
+    n = sl.get_num_threads()
+    yield
+    sl.set_num_threads(n)
+
+
+def _run_threads(targets):
+    """Starts one thread per callable together, joins them, re-raises the first failure."""
+    barrier = threading.Barrier(len(targets))
+    results, errors = [None] * len(targets), []
+
+    def wrap(i, fn):
+        try:
+            barrier.wait()
+            results[i] = fn()
+        except BaseException as e:  # noqa: BLE001 - reported in the main thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=wrap, args=(i, fn)) for i, fn in enumerate(targets)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_concurrent_errors_keep_their_own_message(models):
+    """Four threads fail 25,000 times each, with errors raised by the core with the GIL
+    released (three: an out-of-vocabulary token id, each thread its own id and position) or
+    by its size checks (one: a Q8_0 byte count of its own). Every exception must carry the
+    message of the call that raised it."""
+    handle = models[ERR_SPEC.name]._handle
+    V = ERR_SPEC.vocab_size
+
+    def forward_errors(k):
+        ids = np.zeros(8, np.int64)
+        bad, pos = V + 17 * (k + 1), k + 2
+        ids[pos] = bad
+        want = f"token id {bad} at position {pos} is outside [0, {V})"
+
+        def work():
+            wrong = []
+            for _ in range(CALLS_PER_THREAD):
+                try:
+                    core.model_forward(handle, ids)
+                except ValueError as e:
+                    if want not in str(e):
+                        wrong.append(str(e))
+                else:
+                    wrong.append("no exception")
+            return wrong
+        return work
+
+    def dequant_errors():
+        raw = np.zeros(33, np.uint8)  # Q8_0: 32 elements take 34 bytes
+        want = "Q8_0 data has 33 bytes, expected 34"
+        wrong = []
+        for _ in range(CALLS_PER_THREAD):
+            try:
+                core.dequantize(8, raw, 32)
+            except ValueError as e:
+                if want not in str(e):
+                    wrong.append(str(e))
+            else:
+                wrong.append("no exception")
+        return wrong
+
+    results = _run_threads([forward_errors(k) for k in range(3)] + [dequant_errors])
+    n_wrong = sum(len(r) for r in results)
+    sample = next((r[0] for r in results if r), "")
+    assert n_wrong == 0, (f"{n_wrong} of {4 * CALLS_PER_THREAD} exceptions carried another call's "
+                          f"message, e.g. {sample!r}")
+
+
+def _in_new_thread(fn):
+    return _run_threads([fn])[0]
+
+
+def test_thread_count_is_process_wide(models, threads_restored):
+    """set_num_threads in the main thread is what another Python thread's calls use: its
+    get_num_threads, the team size of a parallel region opened as the kernels open theirs
+    (core._team_size, a test-only helper), and its forward's results."""
+    model = models[RUN_SPEC.name]
+    ids = rm.random_ids(RUN_SPEC.vocab_size, 131, seed=1)
+    default = sl.get_num_threads()
+    serial = None
+    for n in (1, default + 1, 2):  # default + 1 differs from any thread's OpenMP default
+        sl.set_num_threads(n)
+        assert sl.get_num_threads() == n
+        got_n = _in_new_thread(sl.get_num_threads)
+        assert got_n == n, f"set_num_threads({n}) in the main thread; another thread sees {got_n}"
+        assert core._team_size() == n, "main thread"
+        team, logits = _in_new_thread(lambda: (core._team_size(), model.run(ids, capture="logits").logits))
+        assert team == n, f"set_num_threads({n}): a parallel region in another thread has {team} threads"
+        if serial is None:
+            serial = logits
+        assert np.array_equal(logits, serial), f"{n} threads: logits differ from 1 thread"
+
+
+def test_set_num_threads_rejects_bad_counts(threads_restored):
+    for bad in (0, -1, 10**6):
+        with pytest.raises(ValueError):
+            sl.set_num_threads(bad)
+
+
+def test_eight_threads_share_a_model(models, threads_restored):
+    """Eight threads, each with its own prompt, run forwards on one model at the same time;
+    every result is bitwise the one a serial run gives for that prompt."""
+    model = models[RUN_SPEC.name]
+    sl.set_num_threads(2)
+    prompts = [rm.random_ids(RUN_SPEC.vocab_size, 40 + 13 * k, seed=100 + k) for k in range(8)]
+    capture = ("attn", "resid", "logits")
+
+    def run(ids):
+        tr = model.run(ids, capture=capture)
+        return {c: np.array(getattr(tr, c), copy=True) for c in capture}
+
+    serial = [run(ids) for ids in prompts]
+    concurrent = _run_threads([lambda ids=ids: [run(ids) for _ in range(3)] for ids in prompts])
+    for k, (want, got) in enumerate(zip(serial, concurrent)):
+        for rep, g in enumerate(got):
+            for c in capture:
+                assert np.array_equal(g[c], want[c]), f"thread {k}, run {rep}: {c} differs from the serial run"
