@@ -1,0 +1,104 @@
+"""The tokenizer's view of a GGUF file: ``general.architecture`` and the ``tokenizer.*``
+metadata, read through ``gguf.GGUFReader`` (the one GGUF read path, shared with
+:mod:`sinklab.gguf_loader`), plus the small helpers that interpret it the way llama.cpp does."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+SUPPORTED_MODELS = ("gpt2", "llama")
+
+# llama.cpp token types (tokenizer.ggml.token_type)
+TT_CONTROL = 3
+TT_USER_DEFINED = 4
+
+# numpy dtype of each fixed-size GGUF value type (for empty arrays)
+_GGUF_NP = {0: "u1", 1: "i1", 2: "u2", 3: "i2", 4: "u4", 5: "i4", 6: "f4", 7: "u1", 10: "u8", 11: "i8", 12: "f8"}
+
+
+def _wanted_key(key: str) -> bool:
+    return key == "general.architecture" or key.startswith("tokenizer.")
+
+
+def _field_value(field: Any) -> Any:
+    """The value of one ``gguf.ReaderField`` as plain Python: str, int/float/bool, a list of str
+    for string arrays, a native-endian numpy array for numeric arrays."""
+    from gguf import GGUFValueType
+
+    types = list(field.types)
+    if not types:
+        return None
+    main = types[0]
+    if main == GGUFValueType.ARRAY:
+        sub = types[-1]
+        if sub == GGUFValueType.STRING:
+            parts = field.parts
+            return [bytes(parts[i]).decode("utf-8", "replace") for i in field.data]
+        if not field.data:
+            return np.zeros(0, dtype=_GGUF_NP.get(int(sub), "f4"))
+        parts = field.parts
+        arr = np.concatenate([np.asarray(parts[i]).reshape(-1) for i in field.data])
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+        return arr.astype(bool) if sub == GGUFValueType.BOOL else arr
+    if main == GGUFValueType.STRING:
+        return bytes(field.parts[-1]).decode("utf-8", "replace")
+    value = field.parts[-1].tolist()[0]
+    return bool(value) if main == GGUFValueType.BOOL else value
+
+
+def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
+    """``general.architecture`` and every ``tokenizer.*`` key of a GGUF file.
+
+    Args:
+        reader_or_path: an open ``gguf.GGUFReader`` (what :func:`sinklab.load` already holds),
+            or a path to a ``.gguf`` file, opened with :func:`sinklab.gguf_loader.open_gguf`.
+
+    Returns:
+        {key: value}, values as :func:`_field_value` gives them.
+    """
+    if not hasattr(reader_or_path, "fields"):
+        from ..gguf_loader import open_gguf
+
+        reader_or_path = open_gguf(os.fspath(reader_or_path))
+    return {key: _field_value(field) for key, field in reader_or_path.fields.items() if _wanted_key(key)}
+
+
+def token_list(meta: Dict[str, Any]) -> List[str]:
+    tokens = meta.get("tokenizer.ggml.tokens")
+    if not tokens:
+        raise ValueError("GGUF has no tokenizer.ggml.tokens: it carries no tokenizer")
+    # llama.cpp renames empty tokens the same way; an empty string cannot be a BPE token.
+    return [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
+
+
+def token_types(meta: Dict[str, Any], n: int) -> np.ndarray:
+    types = meta.get("tokenizer.ggml.token_type")
+    if types is None:
+        return np.ones(n, dtype=np.int32)
+    types = np.asarray(types)
+    if types.shape != (n,):
+        raise ValueError(f"tokenizer.ggml.token_type has {types.size} entries for {n} tokens")
+    return types
+
+
+
+def register_added_tokens(backend, tokens: List[str], types: np.ndarray) -> None:
+    from tokenizers import AddedToken
+
+    control = [AddedToken(tokens[i], special=True, normalized=False) for i in np.nonzero(types == TT_CONTROL)[0]]
+    user = [AddedToken(tokens[i], special=False, normalized=False) for i in np.nonzero(types == TT_USER_DEFINED)[0]]
+    if control:
+        backend.add_special_tokens(control)
+    if user:
+        backend.add_tokens(user)
+
+
+def opt_id(meta: Dict[str, Any], key: str, n: int) -> Optional[int]:
+    v = meta.get(key)
+    if v is None:
+        return None
+    v = int(v)
+    return v if 0 <= v < n else None
+
