@@ -147,9 +147,12 @@ def test_compare_bos_save_load_and_figure(model, tmp_path):
     cmp = sinkset.compare_bos(model, texts, T=24, skip_short=True, progress=False)
     for s in (cmp.bos, cmp.nobos):
         assert s.n_prompts == 3 and s.n_skipped == 1 and s.importance.shape == (3, 30, 9)
-        assert np.all((s.importance >= 0) & (s.importance <= 1 + 1e-6))
         assert set(s.sink_rates) == {0.3, 0.8}
-        assert all(0 <= r <= 1 for r in s.sink_rates.values())
+        for e, r in s.sink_rates.items():    # the fraction of (prompt, layer, head) triples, counted one by one
+            n_above = sum(1 for p in range(3) for l in range(30) for h in range(9) if s.importance[p, l, h] > e)
+            assert r == n_above / (3 * 30 * 9)
+            np.testing.assert_array_equal(s.layer_sink_rate(e), [
+                sum(s.importance[p, l, h] > e for p in range(3) for h in range(9)) / 27 for l in range(30)])
     assert cmp.bos.bos and not cmp.nobos.bos and cmp.with_bos is cmp.bos and cmp.without_bos is cmp.nobos
     assert "with BOS" in cmp.table() and "without BOS" in cmp.table()
     s = cmp.bos
