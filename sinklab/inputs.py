@@ -29,6 +29,11 @@ LABELS = {BOS: "with BOS", NOBOS: "without BOS"}
 LEGACY = {"with_bos": BOS, "without_bos": NOBOS}
 
 TextOrIds = Union[str, Sequence[int], np.ndarray]
+
+
+class InputTypeError(TypeError, ValueError):
+    """Neither a string nor a 1-D integer sequence of token ids (a TypeError, and a ValueError
+    for callers that caught the ValueError the older per-analysis helpers raised)."""
 BosArg = Union[bool, str]
 
 
@@ -84,7 +89,7 @@ def text_ids(model: Any, text_or_ids: TextOrIds) -> np.ndarray:
     else:
         ids = np.asarray(text_or_ids)
         if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)):
-            raise TypeError(f"expected a string or a 1-D integer array of token ids, got shape "
+            raise InputTypeError(f"expected a string or a 1-D integer array of token ids, got shape "
                             f"{ids.shape} dtype {ids.dtype}")
         ids = ids.astype(np.int64)
         if ids.size:
