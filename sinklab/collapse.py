@@ -50,8 +50,7 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from .inputs import BOS, BosArg, conditions, prepare, text_ids
-from .perturbation import check_length
+from .inputs import BOS, BosArg, check_length, conditions, prepare, text_ids
 from .progress import progress_bar
 from .results import load_npz, save_npz, to_jsonable
 

@@ -12,13 +12,13 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from .figure import Figure, colormap, subplots
-from .perturbation import LABELS
+from .inputs import BOS, LABELS, NOBOS
 
-COLORS = {"bos": "#1f77b4", "nobos": "#d62728"}
+COLORS = {BOS: "#1f77b4", NOBOS: "#d62728"}
 
 
 def _bos_label(setting: str, meta: dict) -> str:
-    if setting == "bos" and meta.get("bos_token_id") is not None:
+    if setting == BOS and meta.get("bos_token_id") is not None:
         return f"{LABELS[setting]} (id {meta['bos_token_id']})"
     return LABELS[setting]
 
@@ -73,7 +73,7 @@ def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True
     without/with BOS, and mean attention entropy — for one result or the mean of several (thin
     lines: individual prompts)."""
     rs = list(results) if isinstance(results, (list, tuple)) else [results]
-    settings = [s for s in ("bos", "nobos") if all(s in r.settings for r in rs)]
+    settings = [s for s in (BOS, NOBOS) if all(s in r.settings for r in rs)]
     fig, axes = subplots(1, 3, figsize=(14.0, 4.0))
     ax = axes[0]
     for s in settings:
@@ -152,9 +152,9 @@ def perturbation_study_figure(study: Any, relative: bool = True, title: str = ""
     ax.set_title(f"{study.n_swaps} swaps on {study.n_passages} passages")
     ax = axes[2]
     ent = study.mean_entropies()
-    styles = {"bos_all_keys": (COLORS["bos"], ":", "with BOS, all keys"),
-              "bos_text_keys": (COLORS["bos"], "-", "with BOS, text keys only"),
-              "nobos": (COLORS["nobos"], "-", "without BOS")}
+    styles = {"bos_all_keys": (COLORS[BOS], ":", "with BOS, all keys"),
+              "bos_text_keys": (COLORS[BOS], "-", "with BOS, text keys only"),
+              NOBOS: (COLORS[NOBOS], "-", "without BOS")}
     for k, (color, ls, label) in styles.items():
         ax.plot(np.arange(len(ent[k])), ent[k], color=color, ls=ls, lw=2, label=label)
     ax.set_xlabel("layer")
@@ -174,7 +174,7 @@ def collapse_figure(result: Any, title: str = "") -> Figure:
     Ts = np.asarray(result.lengths)
     fig, axes = subplots(1, 3, figsize=(14.5, 4.2))
     cmap = colormap("viridis")
-    ls = {"bos": "-", "nobos": "--"}
+    ls = {BOS: "-", NOBOS: "--"}
     ax = axes[0]
     for i, T in enumerate(Ts):
         col = cmap(i / max(1, len(Ts) - 1))

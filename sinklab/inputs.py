@@ -139,6 +139,13 @@ def prepare(model: Any, text_or_ids: TextOrIds, bos: Union[bool, str],
     return out
 
 
+def check_length(model: Any, n_tokens: int, what: str = "sequence") -> None:
+    """ValueError when ``n_tokens`` exceeds the model's context length."""
+    ctx = model.config.context_length
+    if n_tokens > ctx:
+        raise ValueError(f"{what} of {n_tokens} tokens exceeds the model's context length {ctx}")
+
+
 def text_budget(max_tokens: int, bos: Union[bool, str]) -> int:
     """How many text tokens fit in ``max_tokens`` under the BOS rule (one fewer with BOS)."""
     return int(max_tokens) - (1 if condition(bos) == BOS else 0)

@@ -10,6 +10,7 @@ from . import _core, gguf_loader, hf_loader, registry
 from .config import ModelConfig
 from .rope import rope_inv_freq
 from .interventions import Intervention
+from .progress import progress_bar
 from .trace import AttentionStats, Trace
 
 CAPTURES = ("attn", "resid", "logits", "stats", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
@@ -274,10 +275,7 @@ class Model:
         logits = buffer("logits", T - logits_from, c.vocab_size)
         stats = {k: buffer("stats", len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")}
         acts = {k: buffer(k, len(sel), *_activation_shape(k, c, T)) for k in ACTIVATIONS}
-        rows = range(B)
-        if progress and B > 1:
-            from tqdm.auto import tqdm
-            rows = tqdm(rows, desc="forward", unit="seq")
+        rows = progress_bar(range(B), progress and B > 1, desc=f"forward ({B} x {T} tokens)", unit="seq")
         for b in rows:
             _core.model_forward(self._handle, batch[b], attn=self._per_layer(attn, b, sel),
                                 resid=None if resid is None else list(resid[b]),

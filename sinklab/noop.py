@@ -36,7 +36,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .perturbation import _progress, check_length, text_ids, with_setting
+from .inputs import condition, prepare, text_ids
+from .progress import progress_bar
 from .results import load_npz, save_npz, to_jsonable
 
 TextLike = Union[str, Sequence[int], np.ndarray]
@@ -274,7 +275,6 @@ def _as_list(texts: Union[TextLike, Sequence[TextLike]]) -> List[TextLike]:
 
 def _run(model: Any, ids: np.ndarray, capture: Tuple[str, ...]) -> Any:
     """The :class:`Trace` of one prompt with ``capture`` of every layer."""
-    check_length(model, len(ids), "prompt")
     return model.run(ids, capture=capture, progress=False)
 
 
@@ -286,7 +286,8 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         model: a :class:`sinklab.Model`.
         texts: a prompt (str or text ids without BOS) or a list of them.
         bos: prepend the model's BOS token (position 0 is then BOS, else the first text token).
-        max_tokens: cut each prompt to its first ``max_tokens`` text tokens.
+        max_tokens: cut each prompt to ``max_tokens`` tokens, the BOS included
+            (:func:`sinklab.inputs.prepare`'s rule).
         progress: tqdm bar over prompts.
 
     Returns:
@@ -294,13 +295,10 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         a kv head), head-output norms and attention to position 0 per query head; summaries per
         query head (outputs) and per kv head (values) via :meth:`NoopResult.summary`.
     """
-    setting = "bos" if bos else "nobos"
+    setting = condition(bos)
     rows: Dict[str, list] = {k: [] for k in ("ids", "value_norm", "out_norm", "to_first", "resid_norm")}
-    for t in _progress(_as_list(texts), progress, "no-op analysis"):
-        tids = text_ids(model, t)
-        if max_tokens is not None:
-            tids = tids[:int(max_tokens)]
-        ids = with_setting(model, tids, setting)
+    for t in progress_bar(_as_list(texts), progress, desc="no-op analysis", unit="prompt"):
+        ids = prepare(model, t, setting, max_tokens)
         if len(ids) < 2:
             raise ValueError("each prompt needs at least 2 tokens (queries after position 0)")
         tr = _run(model, ids, ("attn", "resid", "v", "head_out"))
@@ -442,14 +440,14 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         name = str(trig)
     if not trig:
         raise ValueError("the trigger has no tokens")
-    setting = "bos" if bos else "nobos"
+    setting = condition(bos)
     off = 1 if bos else 0
     c = model.config
     acc = {k: [] for k in ("to_trigger_with", "to_first_with", "out_norm_with", "to_first_without",
                            "to_prev_without", "out_norm_without")}
     withs, withouts = _as_list(with_trigger_text), _as_list(without_trigger_text)
     jobs = [("with", t) for t in withs] + [("without", t) for t in withouts]
-    for kind, t in _progress(jobs, progress, "conditional heads"):
+    for kind, t in progress_bar(jobs, progress, desc="conditional heads", unit="prompt"):
         tids = text_ids(model, t)
         starts = find_subsequence(tids, trig)
         if kind == "with" and not starts:
@@ -457,7 +455,7 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
                              f"(tokens {tids.tolist()})")
         if kind == "without" and starts:
             raise ValueError(f"trigger {name!r} occurs in the trigger-free prompt {t!r}")
-        ids = with_setting(model, tids, setting)
+        ids = prepare(model, tids, setting)
         tr = _run(model, ids, ("attn", "head_out"))
         onorm = head_output_norms(model, tr.head_out)
         a = np.asarray(tr.attn, dtype=np.float64)

@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .inputs import CONDITIONS, LABELS, BosArg, conditions, prepare, text_ids
+from .inputs import CONDITIONS, LABELS, BosArg, check_length, conditions, prepare, text_ids
 from .progress import progress_bar
 from .results import load_npz, save_npz, to_jsonable
 
@@ -55,24 +55,6 @@ SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "n
 
 
 # ---------------------------------------------------------------------------------- helpers
-# The input helpers live in sinklab.inputs (one BOS rule for every analysis); these names stay
-# importable from here for existing callers.
-bos_settings = conditions
-
-
-def with_setting(model: Any, text_ids: np.ndarray, setting: str) -> np.ndarray:
-    """Text token ids (T,) with the model's BOS prepended (``"bos"``) or as they are (``"nobos"``):
-    :func:`sinklab.inputs.prepare` without a cut."""
-    return prepare(model, text_ids, setting)
-
-
-def check_length(model: Any, n_tokens: int, what: str = "sequence") -> None:
-    """ValueError when ``n_tokens`` exceeds the model's context length."""
-    ctx = model.config.context_length
-    if n_tokens > ctx:
-        raise ValueError(f"{what} of {n_tokens} tokens exceeds the model's context length {ctx}")
-
-
 def row_entropy(attn: np.ndarray) -> np.ndarray:
     """Entropy in nats of every attention row: (..., T, T) -> (..., T) float64, 0·log 0 = 0."""
     a = np.asarray(attn, dtype=np.float64)
@@ -127,11 +109,6 @@ def run_resid_entropy(model: Any, ids: np.ndarray,
     tr = model.run(ids, capture=caps, progress=False)
     ent = np.asarray(tr.stats.entropy, dtype=np.float64) if tr.stats is not None else row_entropy(tr.attn)
     return tr.resid, ent, (text_key_entropy(tr.attn) if text_keys else None)
-
-
-def _progress(iterable, enabled: bool, desc: str, total: Optional[int] = None):
-    """:func:`sinklab.progress.progress_bar` (kept for callers importing it from here)."""
-    return progress_bar(iterable, enabled, desc=desc, total=total, leave=False)
 
 
 # ---------------------------------------------------------------------------------- result
@@ -335,7 +312,7 @@ def perturb(model: Any, text: Union[str, Sequence[int], np.ndarray], old: Option
         :class:`PerturbationResult` with per layer l = 0..L and text position j the absolute
         and relative change of the residual stream, row entropies, and summaries.
     """
-    settings = bos_settings(bos)
+    settings = conditions(bos)
     if (old is None) != (new is None):
         raise ValueError("give both old and new (a word replacement), or position and token")
     word_mode = old is not None
@@ -408,7 +385,7 @@ def run_original(model: Any, ids: np.ndarray, setting: str, text_entropy: bool =
     with BOS and ``text_entropy``, ``entropy_text`` (L, H, T) float64 at text queries.
     """
     off = 1 if setting == "bos" else 0
-    resid, ent, ent_text = run_resid_entropy(model, with_setting(model, ids, setting),
+    resid, ent, ent_text = run_resid_entropy(model, prepare(model, ids, setting),
                                              text_keys=text_entropy and setting == "bos")
     out = {"resid": resid, "entropy": ent[:, :, off:],
            "norm": np.linalg.norm(np.asarray(resid[:, off:, :], dtype=np.float64), axis=-1)}
@@ -419,7 +396,7 @@ def run_original(model: Any, ids: np.ndarray, setting: str, text_entropy: bool =
 
 def run_perturbed(model: Any, ids_p: np.ndarray, setting: str) -> np.ndarray:
     """Residual stream (L+1, T', d) float32 of the perturbed text ids (T,) in one setting."""
-    return model.run(with_setting(model, ids_p, setting), capture=("resid",), progress=False).resid
+    return model.run(prepare(model, ids_p, setting), capture=("resid",), progress=False).resid
 
 
 def compare_runs(model: Any, ids: np.ndarray, ids_p: np.ndarray, orig: Dict[str, Dict[str, Any]],

@@ -34,15 +34,25 @@ def to_jsonable(x: Any) -> Any:
     return _nan_to_none(x)
 
 
-def save_npz(path: str, arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> None:
-    """Arrays plus JSON metadata in one .npz (no pickle)."""
+def npz_path(path: Union[str, os.PathLike]) -> str:
+    """The file :func:`save_npz` writes and :func:`load_npz` reads for ``path``: ``path`` itself
+    when it ends in ``.npz``, otherwise ``path + ".npz"`` (what ``np.savez`` does)."""
+    p = os.fspath(path)
+    return p if p.endswith(".npz") else p + ".npz"
+
+
+def save_npz(path: Union[str, os.PathLike], arrays: Dict[str, np.ndarray], meta: Dict[str, Any]) -> str:
+    """Arrays plus JSON metadata in one .npz (no pickle); returns the file written (:func:`npz_path`)."""
     out = {k: np.asarray(v) for k, v in arrays.items()}
     out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
-    np.savez(path, **out)
+    target = npz_path(path)
+    np.savez(target, **out)
+    return target
 
 
-def load_npz(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
-    with np.load(path, allow_pickle=False) as z:
+def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
+    """(arrays, metadata) of a file written by :func:`save_npz` (``"x"`` and ``"x.npz"`` both name x.npz)."""
+    with np.load(npz_path(path), allow_pickle=False) as z:
         arrays = {k: z[k] for k in z.files if k != "__meta__"}
         meta = json.loads(bytes(z["__meta__"]).decode())
     return arrays, meta

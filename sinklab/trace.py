@@ -8,6 +8,8 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
+from .results import load_npz, npz_path, save_npz  # noqa: F401  (npz_path: re-exported)
+
 
 def _shape(a: Optional[np.ndarray]) -> str:
     return "-" if a is None else f"{tuple(a.shape)} {a.dtype}"
@@ -21,13 +23,6 @@ def _layer_list(layers: List[int]) -> str:
         return f"{layers[0]}-{layers[-1]}"
     head = ", ".join(str(l) for l in layers[:8])
     return f"[{head}{', ...' if len(layers) > 8 else ''}]"
-
-
-def npz_path(path: Union[str, os.PathLike]) -> str:
-    """The file :meth:`Trace.save` writes and :meth:`Trace.load` reads for ``path``: ``path``
-    itself when it ends in ``.npz``, otherwise ``path + ".npz"`` (what ``np.savez`` does)."""
-    p = os.fspath(path)
-    return p if p.endswith(".npz") else p + ".npz"
 
 
 # The array attributes of a Trace besides stats, in the order repr and save list them.
@@ -109,28 +104,24 @@ class Trace:
         return f"<sinklab.Trace {m.get('model', '?')}: " + "; ".join(parts + shown) + ">"
 
     def save(self, path: Union[str, os.PathLike]) -> str:
-        """Writes an .npz with every captured array and the metadata as JSON.
+        """Writes an .npz with every captured array and the metadata as JSON
+        (:func:`sinklab.results.save_npz`, no pickle).
 
-        The file is :func:`npz_path` of ``path`` (``".npz"`` appended unless already there), the
-        same file :meth:`load` reads for the same ``path``; returns that path.
+        The file is :func:`sinklab.results.npz_path` of ``path`` (``".npz"`` appended unless
+        already there), the same file :meth:`load` reads for the same ``path``; returns that path.
         """
         arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         if self.stats is not None:
             arrays.update({f"stats_{k}": v for k, v in vars(self.stats).items()})
-        arrays["layers"] = np.asarray(self.layers, dtype=np.int64)
-        arrays["meta"] = np.frombuffer(json.dumps(self.meta).encode(), dtype=np.uint8)
-        target = npz_path(path)
-        np.savez(target, **arrays)
-        return target
+        return save_npz(path, arrays, {"layers": list(self.layers), "meta": self.meta})
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "Trace":
         """Reads what :meth:`save` wrote for the same ``path`` (``"tr"`` and ``"tr.npz"`` both
         name ``tr.npz``)."""
-        with np.load(npz_path(path), allow_pickle=False) as z:
-            get = lambda k: z[k] if k in z.files else None  # noqa: E731
-            stats = None
-            if "stats_importance" in z.files:
-                stats = AttentionStats(*(z[f"stats_{k}"] for k in ("importance", "to_first", "entropy")))
-            return cls(stats=stats, layers=[int(x) for x in z["layers"]],
-                       meta=json.loads(bytes(z["meta"]).decode()), **{k: get(k) for k in _ARRAYS})
+        arrays, m = load_npz(path)
+        stats = None
+        if "stats_importance" in arrays:
+            stats = AttentionStats(*(arrays[f"stats_{k}"] for k in ("importance", "to_first", "entropy")))
+        return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"],
+                   **{k: arrays.get(k) for k in _ARRAYS})
