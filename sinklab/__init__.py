@@ -16,17 +16,17 @@ import os
 import warnings
 
 from . import _core
-from .config import ModelConfig
+from .families.config import ModelConfig
 from .interventions import Intervention
 from .model import Model, load
-from .sinks import first_token_importance, key_importance, sink_rate
+from .analysis.sinks import first_token_importance, key_importance, sink_rate
 from .trace import AttentionStats, Trace
-from .collapse import Prop31, collapse_vs_length, prop31_check, rank_collapse, representational_collapse
-from .noop import find_conditional_heads, head_output_norms, noop_analysis, value_norms
-from .perturbation import PerturbationStudy, perturb, perturbation_study, text_key_entropy
+from .analysis.collapse import Prop31, collapse_vs_length, prop31_check, rank_collapse, representational_collapse
+from .analysis.noop import find_conditional_heads, head_output_norms, noop_analysis, value_norms
+from .analysis.perturbation import PerturbationStudy, perturb, perturbation_study, text_key_entropy
 from .prompts import load_passages
-from .quality import compare_bos_quality, passkey, perplexity
-from .sinkset import compare_bos, sink_study
+from .analysis.quality import compare_bos_quality, passkey, perplexity
+from .analysis.sinkset import compare_bos, sink_study
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",

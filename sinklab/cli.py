@@ -39,7 +39,7 @@ def _read_prompts(args) -> List[str]:
 
 def _check_model_arg(name: str) -> None:
     """CLIError unless ``name`` is an existing path or a registered model name."""
-    from sinklab import registry
+    from sinklab.io import registry
 
     if not os.path.exists(name) and not registry.is_registered(name):
         raise CLIError(f"{name!r} is neither a file, a folder, nor a registered model name "
@@ -49,9 +49,9 @@ def _check_model_arg(name: str) -> None:
 def cmd_sinks(args) -> int:
     """Sink rate of the first token over prompts of exactly ``--max-tokens`` tokens (Gu et al.)."""
     import sinklab as sl
-    from sinklab.plots import importance_heatmap
+    from sinklab.viz.plots import importance_heatmap
     from sinklab.results import to_jsonable
-    from sinklab.registry import sha256_manifest
+    from sinklab.io.registry import sha256_manifest
 
     _check_model_arg(args.model)
     prompts = _read_prompts(args)

@@ -6,9 +6,10 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from . import _core, gguf_loader, hf_loader, registry
-from .config import ModelConfig
-from .rope import rope_inv_freq
+from . import _core
+from .io import gguf_loader, hf_loader, registry
+from .families.config import ModelConfig
+from .families.rope import rope_inv_freq
 from .interventions import Intervention
 from .progress import progress_bar
 from .trace import AttentionStats, Trace

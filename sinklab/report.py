@@ -24,16 +24,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from . import figures_mixing, figures_sinks, plots
-from .collapse import collapse_vs_length
+from .viz import figures_mixing, figures_sinks, plots
+from .analysis.collapse import collapse_vs_length
 from .interventions import Intervention
-from .noop import find_conditional_heads, noop_analysis
-from .perturbation import perturbation_study
+from .analysis.noop import find_conditional_heads, noop_analysis
+from .analysis.perturbation import perturbation_study
 from .prompts import load_passages
-from .quality import compare_bos_quality, perplexity
+from .analysis.quality import compare_bos_quality, perplexity
 from .inputs import BOS, LABELS, NOBOS, prepare
 from .results import to_jsonable
-from .sinkset import compare_bos, sink_study
+from .analysis.sinkset import compare_bos, sink_study
 
 # Sentence pairs with and without the trigger "'s", for the search for conditional heads: the
 # paper's "apostrophe head" in Gemma 7B attends to an apostrophe when one is present and to
@@ -614,7 +614,7 @@ def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-rep
         The JSON written to ``results.json``.
     """
     from . import load
-    from .registry import sha256_path
+    from .io.registry import sha256_path
 
     s = settings or Settings.for_run(quick, eps=eps, bos=bos)
     bos = s.bos

@@ -18,7 +18,7 @@ def unavailable(reason: str):
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path to SmolLM2-135M-Instruct.Q4_1.gguf, fetched into the sinklab cache on first use."""
-    from sinklab import registry
+    from sinklab.io import registry
 
     try:
         return registry.fetch("smollm2-135m-instruct")

@@ -99,7 +99,7 @@ def test_sinks_on_the_real_gguf(smollm2_gguf, tmp_path):
     assert res.returncode == 0, res.stderr
     assert "sink rate (first token, eps=0.5)" in res.stdout and "dropped 1 of 2" in res.stdout
     result = json.loads((out / "sinks.json").read_text())
-    assert result["sha256"] == sl.registry.MODELS["smollm2-135m-instruct"].sha256
+    assert result["sha256"] == sl.io.registry.MODELS["smollm2-135m-instruct"].sha256
     assert result["sha256_manifest"] == {smollm2_gguf.name: result["sha256"]}
     model = sl.load(smollm2_gguf)
     ids = model.tokenize(prompt, bos=True)[:64]

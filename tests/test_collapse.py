@@ -17,7 +17,7 @@ from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, random_id
 torch = require("torch")
 
 import sinklab as sl  # noqa: E402
-from sinklab.collapse import (CollapseResult, collapse_vs_length, prop31_check,  # noqa: E402
+from sinklab.analysis.collapse import (CollapseResult, collapse_vs_length, prop31_check,  # noqa: E402
                               rank_collapse, representational_collapse)
 
 
@@ -158,7 +158,7 @@ def test_text_input_save_load_and_figure(tiny, tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
-    from sinklab.figures_mixing import collapse_figure
+    from sinklab.viz.figures_mixing import collapse_figure
 
     _, model = tiny
     text = " the cat sat on the mat and the bat ran to the hat, then the rat sat on the cat"
@@ -230,7 +230,7 @@ def test_prop31_constructed_cases():
     z = prop31_check(np.tile(mu, (4, 1)))
     assert float(z.dev_frob) == 0 and float(z.last_two) == 0 and bool(z.holds) and np.isnan(z.slack)
     # a violation is reported as such (values that no matrix can produce)
-    from sinklab.collapse import Prop31
+    from sinklab.analysis.collapse import Prop31
 
     bad = Prop31(dev_frob=np.array([1.0, 1.0]), last_two=np.array([2.0, 2.5]))
     assert bad.holds.tolist() == [True, False] and bad.slack.tolist() == [1.0, 1.25]

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from sinklab.gguf_loader import GGUFError
-from sinklab.hf_loader import SafetensorsError
+from sinklab.io.gguf_loader import GGUFError
+from sinklab.io.hf_loader import SafetensorsError
 from reference_models import SPECS, make_hf_model, require, save_hf, write_gguf
 
 gguf = require("gguf")

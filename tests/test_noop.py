@@ -19,7 +19,7 @@ torch = require("torch")
 transformers = require("transformers")
 
 import sinklab as sl  # noqa: E402
-from sinklab.noop import (ConditionalHeads, NoopResult, find_conditional_heads,  # noqa: E402
+from sinklab.analysis.noop import (ConditionalHeads, NoopResult, find_conditional_heads,  # noqa: E402
                           head_output_norms, noop_analysis, value_norms)
 
 
@@ -194,7 +194,7 @@ def test_noop_save_load_and_figure(noop_res, tmp_path):
     import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
-    from sinklab.figures_mixing import noop_figure
+    from sinklab.viz.figures_mixing import noop_figure
 
     _, r = noop_res
     p = tmp_path / "noop.npz"

@@ -19,7 +19,7 @@ from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, 
 torch = require("torch")
 
 import sinklab as sl  # noqa: E402
-from sinklab.perturbation import (PerturbationResult, PerturbationStudy, perturb,  # noqa: E402
+from sinklab.analysis.perturbation import (PerturbationResult, PerturbationStudy, perturb,  # noqa: E402
                                   perturbation_study, row_entropy, text_key_entropy)
 
 TEXT = " the cat sat on the mat and the bat ran to the hat"
@@ -205,7 +205,7 @@ def test_figures(word_result):
     import matplotlib.pyplot as plt
     from matplotlib.figure import Figure
 
-    from sinklab import figures_mixing as fm
+    from sinklab.viz import figures_mixing as fm
 
     for fig in (fm.perturbation_heatmaps(word_result), fm.perturbation_heatmaps(word_result, relative=False),
                 fm.perturbation_lines(word_result), fm.perturbation_lines([word_result, word_result])):
@@ -235,7 +235,7 @@ def test_entropy_from_streaming_stats_equals_full_attention(tiny, monkeypatch):
     """run_resid_entropy uses the C core's streaming stats when present; the full-attention
     fallback gives the same entropies and the same residual stream."""
     import sinklab.model as model_mod
-    from sinklab.perturbation import run_resid_entropy
+    from sinklab.analysis.perturbation import run_resid_entropy
 
     _, model = tiny
     ids = model.tokenize(TEXT, bos=True)
@@ -430,7 +430,7 @@ def test_study_defaults_cover_30_swaps_on_10_passages():
 def test_smollm2_study_small(smollm2_gguf):
     """On SmolLM2: every shipped swap pair is one token per word, swaps are valid word swaps, and
     at the embeddings layer the BOS run's text-key entropy equals the no-BOS entropy."""
-    from sinklab.perturbation import SWAP_PAIRS, swap_table
+    from sinklab.analysis.perturbation import SWAP_PAIRS, swap_table
 
     model = sl.load(str(smollm2_gguf), quiet=True)
     assert len(swap_table(model)) == 2 * len(SWAP_PAIRS)

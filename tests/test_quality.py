@@ -1,4 +1,4 @@
-"""Quality with and without BOS (sinklab.quality): held-out perplexity against NLL computed in
+"""Quality with and without BOS (sinklab.analysis.quality): held-out perplexity against NLL computed in
 float64 from Hugging Face logits on the same tokens, and the passkey task's generator and
 scoring."""
 import re
@@ -13,7 +13,7 @@ except ImportError:
 
 import sinklab as sl
 from sinklab import prompts as sp
-from sinklab import quality as q
+from sinklab.analysis import quality as q
 
 BOS = 1
 NLL_ATOL = 2e-5   # nats; measured max error 1.5e-6 (see test_perplexity_matches_reference)
@@ -165,7 +165,7 @@ def test_forced_scoring_equals_greedy_decoding_and_reference(model, reference, b
 def test_compare_bos_quality_roundtrip(model, tmp_path):
     import matplotlib
     matplotlib.use("Agg")
-    from sinklab.figures_sinks import passkey_figure
+    from sinklab.viz.figures_sinks import passkey_figure
 
     rep = q.compare_bos_quality(model, texts=sp.load_passages("heldout")[:1], max_tokens=32,
                                 lengths=(160,), trials=1, progress=False)

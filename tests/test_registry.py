@@ -7,7 +7,7 @@ import zipfile
 
 import pytest
 
-from sinklab import registry
+from sinklab.io import registry
 
 CONTENT = b"GGUF" + bytes(range(256)) * 64
 

@@ -31,7 +31,7 @@ def finite_numbers(x):
 
 def test_files_and_metadata(report, smollm2_gguf):
     out, res = report
-    from sinklab.registry import MODELS
+    from sinklab.io.registry import MODELS
 
     meta = res["meta"]
     assert meta["sha256"] == MODELS["smollm2-135m-instruct"].sha256

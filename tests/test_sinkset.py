@@ -1,4 +1,4 @@
-"""Sink metrics over prompt sets (sinklab.sinkset) and the shipped passages (sinklab.prompts).
+"""Sink metrics over prompt sets (sinklab.analysis.sinkset) and the shipped passages (sinklab.prompts).
 
 Reference: Hugging Face transformers' fp32 eager forward of the real SmolLM2-135M-Instruct GGUF
 on the same prompts, tokenized by transformers' own tokenizer and cut by hand; the first-token
@@ -21,7 +21,7 @@ except ImportError:
 
 import sinklab as sl
 from sinklab import prompts as sp
-from sinklab import sinkset
+from sinklab.analysis import sinkset
 
 BOS = 1
 T = 64
@@ -141,7 +141,7 @@ def test_compare_bos_save_load_and_figure(model, tmp_path):
     import matplotlib
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
-    from sinklab.figures_sinks import bos_comparison_figure
+    from sinklab.viz.figures_sinks import bos_comparison_figure
 
     texts = sp.load_passages("sinks")[:3] + ["Too short."]
     cmp = sinkset.compare_bos(model, texts, T=24, skip_short=True, progress=False)

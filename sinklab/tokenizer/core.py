@@ -88,7 +88,7 @@ class Tokenizer:
             reader_or_path: an open ``gguf.GGUFReader`` (:func:`sinklab.load` passes the one it
                 reads the weights with: about 0.35 s for SmolLM2's 49k-token vocabulary), or a
                 path (``str`` / ``os.PathLike``) to a ``.gguf`` file, opened with the same reader
-                (:func:`sinklab.gguf_loader.open_gguf`; about 4 s more for SmolLM2, the cost of
+                (:func:`sinklab.io.gguf_loader.open_gguf`; about 4 s more for SmolLM2, the cost of
                 ``GGUFReader`` parsing every field).
 
         Returns:

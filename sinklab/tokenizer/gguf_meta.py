@@ -1,6 +1,6 @@
 """The tokenizer's view of a GGUF file: ``general.architecture`` and the ``tokenizer.*``
 metadata, read through ``gguf.GGUFReader`` (the one GGUF read path, shared with
-:mod:`sinklab.gguf_loader`), plus the small helpers that interpret it the way llama.cpp does."""
+:mod:`sinklab.io.gguf_loader`), plus the small helpers that interpret it the way llama.cpp does."""
 from __future__ import annotations
 
 import os
@@ -53,13 +53,13 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
 
     Args:
         reader_or_path: an open ``gguf.GGUFReader`` (what :func:`sinklab.load` already holds),
-            or a path to a ``.gguf`` file, opened with :func:`sinklab.gguf_loader.open_gguf`.
+            or a path to a ``.gguf`` file, opened with :func:`sinklab.io.gguf_loader.open_gguf`.
 
     Returns:
         {key: value}, values as :func:`_field_value` gives them.
     """
     if not hasattr(reader_or_path, "fields"):
-        from ..gguf_loader import open_gguf
+        from ..io.gguf_loader import open_gguf
 
         reader_or_path = open_gguf(os.fspath(reader_or_path))
     return {key: _field_value(field) for key, field in reader_or_path.fields.items() if _wanted_key(key)}

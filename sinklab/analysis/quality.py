@@ -45,9 +45,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, condition, prepare
-from .progress import progress_bar
-from .results import load_tagged_json, save_tagged_json, to_jsonable
+from ..inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, condition, prepare
+from ..progress import progress_bar
+from ..results import load_tagged_json, save_tagged_json, to_jsonable
 
 QUALITY_FORMAT = "sinklab.QualityReport/1"
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
@@ -130,7 +130,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     Returns:
         :class:`PerplexityResult`; ``mean_nll`` in nats per predicted token.
     """
-    from .prompts import load_passages
+    from ..prompts import load_passages
 
     if texts is None:
         texts = load_passages("heldout")

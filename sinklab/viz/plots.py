@@ -1,5 +1,5 @@
 """Figures. Every function returns a matplotlib Figure built without pyplot
-(see :mod:`sinklab.figure`): the user's backend is never switched."""
+(see :mod:`sinklab.viz.figure`): the user's backend is never switched."""
 from __future__ import annotations
 
 from typing import Optional

@@ -14,9 +14,10 @@ from typing import Any, Dict, Iterable, Tuple
 
 import numpy as np
 
-from .config import ModelConfig
+from ..families import llama
+from ..families.config import ModelConfig
 
-SUPPORTED_MODEL_TYPES = ("llama",)
+SUPPORTED_MODEL_TYPES = llama.ARCHS
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -153,9 +154,6 @@ def load_hf_weights(folder: str, cfg: ModelConfig) -> Dict[str, np.ndarray]:
     table: Dict[str, Tuple[str, Tuple[int, ...], np.ndarray]] = {}
     for path in _files(folder):
         table.update(read_safetensors(path))
-    d, hd, F, V = cfg.d_model, cfg.head_dim, cfg.d_ff, cfg.vocab_size
-    qd, kvd = cfg.n_heads * hd, cfg.n_kv_heads * hd
-
     def get(name: str, shape: Tuple[int, ...]) -> np.ndarray:
         if name not in table:
             raise KeyError(f"{folder}: missing tensor {name!r}")
@@ -164,14 +162,4 @@ def load_hf_weights(folder: str, cfg: ModelConfig) -> Dict[str, np.ndarray]:
             raise ValueError(f"{folder}: tensor {name} has shape {got}, expected {shape}")
         return to_f32(dtype, shape, raw)
 
-    out = {"tok_embd": get("model.embed_tokens.weight", (V, d)), "out_norm": get("model.norm.weight", (d,))}
-    out["lm_head"] = out["tok_embd"] if cfg.tied_embeddings else get("lm_head.weight", (V, d))
-    names = {"attn_norm": ("input_layernorm", (d,)), "attn_q": ("self_attn.q_proj", (qd, d)),
-             "attn_k": ("self_attn.k_proj", (kvd, d)), "attn_v": ("self_attn.v_proj", (kvd, d)),
-             "attn_output": ("self_attn.o_proj", (d, qd)), "ffn_norm": ("post_attention_layernorm", (d,)),
-             "ffn_gate": ("mlp.gate_proj", (F, d)), "ffn_up": ("mlp.up_proj", (F, d)),
-             "ffn_down": ("mlp.down_proj", (d, F))}
-    for l in range(cfg.n_layers):
-        for key, (hf, shape) in names.items():
-            out[f"blk.{l}.{key}"] = get(f"model.layers.{l}.{hf}.weight", shape)
-    return out
+    return llama.canonical_weights(cfg, "hf", get)

@@ -1,7 +1,7 @@
 """Figures for perturbation propagation (the paper's Fig. 2–3), rank/representational collapse
 (§3.1, Prop. 3.1) and approximate no-op heads (§3.2).
 
-Every function returns a :class:`sinklab.figure.Figure`, built without pyplot (the user's backend is
+Every function returns a :class:`sinklab.viz.figure.Figure`, built without pyplot (the user's backend is
 never switched); it shows inline in Jupyter and saves with ``fig.savefig(path, dpi=150)``.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Sequence, Union
 import numpy as np
 
 from .figure import Figure, colormap, subplots
-from .inputs import BOS, LABELS, NOBOS
+from ..inputs import BOS, LABELS, NOBOS
 
 COLORS = {BOS: "#1f77b4", NOBOS: "#d62728"}
 
@@ -126,7 +126,7 @@ def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True
 
 
 def perturbation_study_figure(study: Any, relative: bool = True, title: str = "") -> Figure:
-    """Fig. 2–3 over many swaps (a :class:`sinklab.perturbation.PerturbationStudy`): the spread
+    """Fig. 2–3 over many swaps (a :class:`sinklab.analysis.perturbation.PerturbationStudy`): the spread
     ratio without/with BOS per layer (median, 10–90% band over swaps, mean), the fraction of
     swaps that spread more without BOS, and the mean attention entropy on all keys, on text keys
     only (the same keys in both settings) and without BOS."""

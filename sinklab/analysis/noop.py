@@ -36,9 +36,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .inputs import condition, prepare, text_ids
-from .progress import progress_bar
-from .results import load_npz, save_npz, to_jsonable
+from ..inputs import condition, prepare, text_ids
+from ..progress import progress_bar
+from ..results import load_npz, save_npz, to_jsonable
 
 TextLike = Union[str, Sequence[int], np.ndarray]
 KV_RULES = ("majority", "any", "all")

@@ -1,6 +1,6 @@
 """Figures for prompt-set sink studies and quality with/without BOS. Each returns a matplotlib
 Figure built without pyplot
-(see :mod:`sinklab.figure`): the user's backend is never switched."""
+(see :mod:`sinklab.viz.figure`): the user's backend is never switched."""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,7 +17,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     their spread over prompts (standard deviation), and the per-layer sink rate at ``eps``.
 
     Args:
-        with_bos: a :class:`sinklab.sinkset.SinkStudy` with BOS, or a ``BosComparison``.
+        with_bos: a :class:`sinklab.analysis.sinkset.SinkStudy` with BOS, or a ``BosComparison``.
         without_bos: the study without BOS (omit when ``with_bos`` is a ``BosComparison``).
         eps: threshold for the per-layer sink-rate panel and the outlined heads.
 
@@ -77,7 +77,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
 def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure:
     """Passkey accuracy (%) against length (tokens, log scale), with and without BOS.
 
-    ``with_bos``/``without_bos``: :class:`sinklab.quality.PasskeyResult`.
+    ``with_bos``/``without_bos``: :class:`sinklab.analysis.quality.PasskeyResult`.
     """
     fig, ax = subplots(figsize=(5.5, 3.6))
     for r, name, style in ((with_bos, "with BOS", "-o"), (without_bos, "without BOS", "--s")):

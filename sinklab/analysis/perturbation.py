@@ -47,9 +47,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .inputs import CONDITIONS, LABELS, BosArg, check_length, conditions, prepare, text_ids
-from .progress import progress_bar
-from .results import load_npz, save_npz, to_jsonable
+from ..inputs import CONDITIONS, LABELS, BosArg, check_length, conditions, prepare, text_ids
+from ..progress import progress_bar
+from ..results import load_npz, save_npz, to_jsonable
 
 SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "nobos")
 
@@ -85,7 +85,7 @@ def text_key_entropy(attn: np.ndarray, first: int = 1) -> np.ndarray:
 
 
 def _has_stats(model: Any) -> bool:
-    from . import model as model_mod
+    from .. import model as model_mod
 
     return "stats" in getattr(model_mod, "CAPTURES", ())
 
@@ -682,7 +682,7 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
         raise ValueError(f"T={T} leaves no position with {min_after} positions after it; use T >= {min_after + 2}")
     check_length(model, T + 1, "BOS + T text tokens")
     if passages is None:
-        from .prompts import load_passages
+        from ..prompts import load_passages
 
         passages = load_passages("sinks")
         source = "load_passages('sinks')"

@@ -50,9 +50,9 @@ from typing import Any, Dict, List, Sequence, Union
 
 import numpy as np
 
-from .inputs import BOS, BosArg, check_length, conditions, prepare, text_ids
-from .progress import progress_bar
-from .results import load_npz, save_npz, to_jsonable
+from ..inputs import BOS, BosArg, check_length, conditions, prepare, text_ids
+from ..progress import progress_bar
+from ..results import load_npz, save_npz, to_jsonable
 
 
 RANK_POSITIONS = ("text", "text_after_first", "all")

@@ -29,9 +29,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .inputs import BOS, LABELS, NOBOS, by_condition, prepare, text_budget, text_ids
-from .progress import progress_bar
-from .results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
+from ..inputs import BOS, LABELS, NOBOS, by_condition, prepare, text_budget, text_ids
+from ..progress import progress_bar
+from ..results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
 from .sinks import _check_eps, first_token_importance
 
 Prompt = Union[str, Sequence[int], np.ndarray]
@@ -274,7 +274,7 @@ def _select(prompts: Sequence[Prompt], tokens: List[np.ndarray], need: int, T: i
 
 def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prompt], str]:
     if prompts is None:
-        from .prompts import load_passages
+        from ..prompts import load_passages
         return load_passages("sinks"), "sinklab passages, split 'sinks'"
     if isinstance(prompts, (str, bytes)):
         raise TypeError("prompts must be a list of prompts, not a single string")

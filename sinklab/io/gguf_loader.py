@@ -12,16 +12,14 @@ from typing import Any, Dict, Tuple
 
 import numpy as np
 
-from . import _core
-from .config import ModelConfig
+from .. import _core
+from ..families import llama
+from ..families.config import ModelConfig
 
-SUPPORTED_ARCHS = ("llama",)
+SUPPORTED_ARCHS = llama.ARCHS
 # ggml type ids the C core decodes (see csrc/quant.h)
 SUPPORTED_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
                    12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
-
-LAYER_TENSORS = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                 "ffn_gate", "ffn_up", "ffn_down")
 
 
 class GGUFError(ValueError):
@@ -124,25 +122,16 @@ def tensor_to_f32(t, expected_shape: Tuple[int, ...]) -> np.ndarray:
 
 
 def load_gguf_weights(reader, cfg: ModelConfig) -> Dict[str, np.ndarray]:
-    """Weights named as the C core expects (``tok_embd``, ``blk.N.attn_q`` …), fp32, numpy order (out, in)."""
+    """Weights named as the C core expects (``tok_embd``, ``blk.N.attn_q`` …; the family's schema
+    in :mod:`sinklab.families.llama`), fp32, numpy order (out, in)."""
     by_name = {t.name: t for t in reader.tensors}
-    d, hd, F, V = cfg.d_model, cfg.head_dim, cfg.d_ff, cfg.vocab_size
-    qd, kvd = cfg.n_heads * hd, cfg.n_kv_heads * hd
-    shapes = {"attn_norm": (d,), "attn_q": (qd, d), "attn_k": (kvd, d), "attn_v": (kvd, d),
-              "attn_output": (d, qd), "ffn_norm": (d,), "ffn_gate": (F, d), "ffn_up": (F, d),
-              "ffn_down": (d, F)}
 
     def get(name: str, shape: Tuple[int, ...]) -> np.ndarray:
         if name not in by_name:
             raise GGUFError(f"GGUF file lacks tensor {name!r}")
         return tensor_to_f32(by_name[name], shape)
 
-    out = {"tok_embd": get("token_embd.weight", (V, d)), "out_norm": get("output_norm.weight", (d,))}
-    out["lm_head"] = out["tok_embd"] if cfg.tied_embeddings else get("output.weight", (V, d))
-    for l in range(cfg.n_layers):
-        for key in LAYER_TENSORS:
-            out[f"blk.{l}.{key}"] = get(f"blk.{l}.{key}.weight", shapes[key])
-    return out
+    return llama.canonical_weights(cfg, "gguf", get)
 
 
 def llama3_rope_factors(reader, cfg: ModelConfig):

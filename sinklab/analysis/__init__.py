@@ -1,0 +1,9 @@
+"""The analyses of "Why do LLMs attend to the first token?", each on captured tensors only:
+
+- ``sinks``: Gu et al.'s first-token importance and sink rate (used throughout; Table 1's metric)
+- ``sinkset``: sink studies over prompt sets, with and without ⟨bos⟩ (Table 1, Table 2's inference rows)
+- ``perturbation``: a one-word swap spreading with and without ⟨bos⟩ (Fig. 2–3)
+- ``collapse``: rank and representational collapse, Prop. 3.1 checked per layer
+- ``noop``: sinks as approximate no-ops, conditional ("apostrophe") heads
+- ``quality``: perplexity and passkey with and without ⟨bos⟩ (stand-ins for the ⟨bos⟩-removal benchmarks)
+"""

@@ -1,0 +1,3 @@
+"""Figures, each a matplotlib Figure built without pyplot (:mod:`figure`): ``plots`` (heatmaps and
+per-layer lines), ``figures_sinks`` (sink studies, passkey), ``figures_mixing`` (Fig. 2–3
+perturbation, collapse, no-op heads)."""
