@@ -9,7 +9,6 @@ Errors a user can fix (a missing path, a corrupt model file, prompts too short f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import List, Optional, Sequence
@@ -50,7 +49,7 @@ def cmd_sinks(args) -> int:
     """Sink rate of the first token over prompts of exactly ``--max-tokens`` tokens (Gu et al.)."""
     import sinklab as sl
     from sinklab.viz.plots import importance_heatmap
-    from sinklab.results import to_jsonable
+    from sinklab.results import save_json
     from sinklab.io.registry import sha256_manifest
 
     _check_model_arg(args.model)
@@ -97,8 +96,7 @@ def cmd_sinks(args) -> int:
               "kept_prompts": study.meta["kept_prompts"], "prompt_tokens": [T] * study.n_prompts,
               "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
               "first_token_importance_mean": mean_imp.tolist(), "sinklab_version": sl.__version__}
-    with open(os.path.join(args.out, "sinks.json"), "w") as f:
-        json.dump(to_jsonable(result), f, indent=1)
+    save_json(os.path.join(args.out, "sinks.json"), result)
     print(f"\nwrote {png} and {os.path.join(args.out, 'sinks.json')}")
     return 0
 

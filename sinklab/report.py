@@ -15,7 +15,6 @@ presets); the full run follows the paper's protocol as far as one CPU allows.
 """
 from __future__ import annotations
 
-import json
 import os
 import platform
 import time
@@ -32,7 +31,7 @@ from .analysis.perturbation import perturbation_study
 from .prompts import load_passages
 from .analysis.quality import compare_bos_quality, perplexity
 from .inputs import BOS, LABELS, NOBOS, prepare
-from .results import to_jsonable
+from .results import save_json, to_jsonable
 from .analysis.sinkset import compare_bos, sink_study
 
 # Sentence pairs with and without the trigger "'s", for the search for conditional heads: the
@@ -187,7 +186,7 @@ def _pct(x: float) -> str:
 def section_sinks(c: Context) -> Section:
     s, model = c.s, c.model
     prompts = load_passages("sinks")[: s.sink_prompts]
-    e_lo, e_hi = min(s.eps), max(s.eps)
+    e_lo = min(s.eps)
     if s.bos:
         cmp = compare_bos(model, prompts, T=s.sink_T, eps=s.eps, progress=c.progress)
         c.shared["sinks"] = cmp
@@ -642,8 +641,7 @@ def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-rep
                            **{k: {"title": v.title, "paper": v.paper, "here": v.here, "reading": v.reading,
                                   "seconds": v.seconds, "figures": v.figures, "numbers": v.numbers}
                               for k, v in ctx.done.items()}})
-    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
-        json.dump(results, f, indent=1)
+    save_json(os.path.join(out, "results.json"), results)
     with open(os.path.join(out, "report.md"), "w", encoding="utf-8") as f:
         f.write(_markdown(meta, ctx.done))
     return results

@@ -34,6 +34,21 @@ def to_jsonable(x: Any) -> Any:
     return _nan_to_none(x)
 
 
+def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
+    """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
+    temporary file and renamed into place, so an interrupted write leaves no partial file."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp{os.getpid()}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(to_jsonable(obj), f, indent=indent)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
 def npz_path(path: Union[str, os.PathLike]) -> str:
     """The file :func:`save_npz` writes and :func:`load_npz` reads for ``path``: ``path`` itself
     when it ends in ``.npz``, otherwise ``path + ".npz"`` (what ``np.savez`` does)."""

@@ -1,14 +1,13 @@
 """What one forward pass captured, as NumPy arrays, with save/load to .npz."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
-from .results import load_npz, npz_path, save_npz  # noqa: F401  (npz_path: re-exported)
+from .results import load_npz, save_npz
 
 
 def _shape(a: Optional[np.ndarray]) -> str:

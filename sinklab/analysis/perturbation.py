@@ -47,7 +47,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..inputs import CONDITIONS, LABELS, BosArg, check_length, conditions, prepare, text_ids
+from ..inputs import CONDITIONS, BosArg, check_length, conditions, prepare, text_ids
 from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
 

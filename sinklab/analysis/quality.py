@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ..inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, condition, prepare
+from ..inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, prepare
 from ..progress import progress_bar
 from ..results import load_tagged_json, save_tagged_json, to_jsonable
 

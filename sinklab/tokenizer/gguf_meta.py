@@ -4,7 +4,7 @@ metadata, read through ``gguf.GGUFReader`` (the one GGUF read path, shared with
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 
