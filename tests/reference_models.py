@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import importlib
 import inspect
 import json
@@ -663,3 +664,20 @@ def report_fixture(request, log: ErrorLog, per_case: bool = False) -> None:
         merge_report(os.environ.get("SINKLAB_PARITY_REPORT"), log.section, log.summary())
 
     request.addfinalizer(fin)
+
+
+@functools.lru_cache(maxsize=1)
+def hf_gguf_reference(path: str):
+    """(HF fp32 eager model, HF tokenizer) from a GGUF file through transformers' own GGUF loader
+    (which un-permutes Q/K), loaded once per session: the dequantization takes tens of seconds
+    on 2 cores, and many test modules compare against SmolLM2."""
+    torch = require("torch")
+    transformers = require("transformers")
+    require("gguf")
+    p = Path(path)
+    transformers.logging.set_verbosity_error()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(p.parent), gguf_file=p.name, dtype=torch.float32, attn_implementation="eager")
+    ref.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+    return ref, tok

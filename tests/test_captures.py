@@ -175,10 +175,7 @@ def test_captures_smollm2(smollm2_gguf):
     """The real GGUF (Q4_1, Q/K rows permuted by llama.cpp) against transformers' own GGUF loader
     (which un-permutes Q/K): every activation capture, every layer."""
     path = smollm2_gguf
-    transformers.logging.set_verbosity_error()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32, attn_implementation="eager")
-    hf.eval()
+    hf = rm.hf_gguf_reference(str(path))[0]
     model = sl.load(str(path), quiet=True)
     ids = model.tokenize("My sister's new job starts next week in the city centre.", bos=True)
     tr = model.run(ids, capture=ACTIVATIONS)

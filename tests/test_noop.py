@@ -13,6 +13,7 @@ import math
 import numpy as np
 import pytest
 
+import reference_models as rm
 from reference_models import BOS_ID, SPECS, make_hf_model, random_ids, require, save_hf
 
 torch = require("torch")
@@ -280,10 +281,7 @@ def test_smollm2_norms_match_hooked_hf(smollm2_gguf):
     """The real GGUF (Q4_1): value and head-output norms from sinklab's captures agree with
     HF's hooked activations."""
     path = smollm2_gguf
-    transformers.logging.set_verbosity_error()
-    hf = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name,
-                                                           dtype=torch.float32, attn_implementation="eager")
-    hf.eval()
+    hf = rm.hf_gguf_reference(str(path))[0]
     model = sl.load(str(path), quiet=True)
     text = "My sister's new job starts next week in the city centre."
     ids = model.tokenize(text, bos=True)

@@ -7,6 +7,11 @@ import sinklab as sl
 from sinklab import inputs
 from sinklab import prompts as sp
 
+try:
+    from . import reference_models as rm
+except ImportError:
+    import reference_models as rm
+
 BOS = 1
 
 
@@ -17,11 +22,7 @@ def model(smollm2_gguf):
 
 @pytest.fixture(scope="module")
 def hf_tok(smollm2_gguf):
-    try:
-        from test_sinkset import hf_reference
-    except ImportError:
-        from .test_sinkset import hf_reference
-    return hf_reference(str(smollm2_gguf))[1]
+    return rm.hf_gguf_reference(str(smollm2_gguf))[1]
 
 
 def test_text_matches_hf_tokenizer_and_bos_rule(model, hf_tok):

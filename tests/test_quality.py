@@ -26,11 +26,7 @@ def model(smollm2_gguf):
 
 @pytest.fixture(scope="module")
 def reference(smollm2_gguf):
-    try:                                   # one HF load per session, shared with test_sinkset
-        from test_sinkset import hf_reference
-    except ImportError:
-        from .test_sinkset import hf_reference
-    return hf_reference(str(smollm2_gguf))
+    return rm.hf_gguf_reference(str(smollm2_gguf))
 
 
 def ref_nll(ref, x, bos):

@@ -7,9 +7,7 @@ definition (the sink rate the paper uses for Fig. 5 and Tables 1-2):
 
     a_0^{(l,h)} = 1/T * sum_{i=0..T-1} A^{(l,h)}_{i,0},   Sink^eps = mean over (prompt, l, h) of 1[a_0 > eps]
 """
-import functools
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,25 +32,9 @@ def model(smollm2_gguf):
     return sl.load(str(smollm2_gguf))
 
 
-@functools.lru_cache(maxsize=1)
-def hf_reference(path: str):
-    """(HF fp32 eager model, HF tokenizer) from the GGUF, loaded once per session (test_quality
-    imports this too: the GGUF dequantization takes tens of seconds on 2 cores)."""
-    torch = rm.require("torch")
-    transformers = rm.require("transformers")
-    rm.require("gguf")
-    p = Path(path)
-    transformers.logging.set_verbosity_error()
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        str(p.parent), gguf_file=p.name, dtype=torch.float32, attn_implementation="eager")
-    ref.eval()
-    tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return ref, tok
-
-
 @pytest.fixture(scope="module")
 def reference(smollm2_gguf):
-    return hf_reference(str(smollm2_gguf))
+    return rm.hf_gguf_reference(str(smollm2_gguf))
 
 
 def ref_importance(ref, tok, texts, bos):
