@@ -79,17 +79,13 @@ def test_concurrent_errors_keep_their_own_message(models):
     handle = models[ERR_SPEC.name]._handle
     V = ERR_SPEC.vocab_size
 
-    def forward_errors(k):
-        ids = np.zeros(8, np.int64)
-        bad, pos = V + 17 * (k + 1), k + 2
-        ids[pos] = bad
-        want = f"token id {bad} at position {pos} is outside [0, {V})"
-
+    def failing(call, want):
+        """A thread body: CALLS_PER_THREAD calls that must each raise ValueError with ``want``."""
         def work():
             wrong = []
             for _ in range(CALLS_PER_THREAD):
                 try:
-                    core.model_forward(handle, ids)
+                    call()
                 except ValueError as e:
                     if want not in str(e):
                         wrong.append(str(e))
@@ -98,19 +94,15 @@ def test_concurrent_errors_keep_their_own_message(models):
             return wrong
         return work
 
-    def dequant_errors():
-        raw = np.zeros(33, np.uint8)  # Q8_0: 32 elements take 34 bytes
-        want = "Q8_0 data has 33 bytes, expected 34"
-        wrong = []
-        for _ in range(CALLS_PER_THREAD):
-            try:
-                core.dequantize(8, raw, 32)
-            except ValueError as e:
-                if want not in str(e):
-                    wrong.append(str(e))
-            else:
-                wrong.append("no exception")
-        return wrong
+    def forward_errors(k):
+        ids = np.zeros(8, np.int64)
+        bad, pos = V + 17 * (k + 1), k + 2
+        ids[pos] = bad
+        return failing(lambda: core.model_forward(handle, ids),
+                       f"token id {bad} at position {pos} is outside [0, {V})")
+
+    raw = np.zeros(33, np.uint8)  # Q8_0: 32 elements take 34 bytes
+    dequant_errors = failing(lambda: core.dequantize(8, raw, 32), "Q8_0 data has 33 bytes, expected 34")
 
     results = _run_threads([forward_errors(k) for k in range(3)] + [dequant_errors])
     n_wrong = sum(len(r) for r in results)
