@@ -132,28 +132,30 @@ static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
 
 /* ---------------------------------------------------------------- SGEMM */
 
-static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
+/* sgemm(A, B, C=None, trans_a=False, trans_b=True, accumulate=False): C = op(A)·op(B) (+ C). */
+static PyObject *py_sgemm(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"A", "B", "C", "accumulate", NULL};
+    static char *kwlist[] = {"A", "B", "C", "trans_a", "trans_b", "accumulate", NULL};
     PyObject *ao, *bo, *co = Py_None;
-    int accumulate = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op", kwlist, &ao, &bo, &co, &accumulate)) return NULL;
+    int accumulate = 0, ta = 0, tb = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Oppp", kwlist, &ao, &bo, &co, &ta, &tb, &accumulate))
+        return NULL;
     PyArrayObject *a = check_array(ao, "A", NPY_FLOAT32, 2, NULL, 0);
     if (!a) return NULL;
     PyArrayObject *b = check_array(bo, "B", NPY_FLOAT32, 2, NULL, 0);
     if (!b) return NULL;
-    npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1), N = PyArray_DIM(b, 0);
-    if (PyArray_DIM(b, 1) != K)
-        return PyErr_Format(PyExc_ValueError, "A is (%zd, %zd) but B is (%zd, %zd): inner sizes differ",
-                            (Py_ssize_t)M, (Py_ssize_t)K, (Py_ssize_t)N, (Py_ssize_t)PyArray_DIM(b, 1));
+    npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
+    npy_intp N = PyArray_DIM(b, tb ? 0 : 1), Kb = PyArray_DIM(b, tb ? 1 : 0);
+    if (Kb != K)
+        return PyErr_Format(PyExc_ValueError, "op(A) is (%zd, %zd) but op(B) is (%zd, %zd): inner sizes differ",
+                            (Py_ssize_t)M, (Py_ssize_t)K, (Py_ssize_t)Kb, (Py_ssize_t)N);
     PyArrayObject *c;
+    npy_intp dims[2] = {M, N};
     if (co == Py_None) {
         if (accumulate) return PyErr_Format(PyExc_ValueError, "accumulate=True needs C");
-        npy_intp dims[2] = {M, N};
         c = (PyArrayObject *)PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
         if (!c) return NULL;
     } else {
-        npy_intp dims[2] = {M, N};
         if (!check_array(co, "C", NPY_FLOAT32, 2, dims, 1)) return NULL;
         c = (PyArrayObject *)co;
         Py_INCREF(c);
@@ -162,7 +164,8 @@ static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     Py_BEGIN_ALLOW_THREADS
-    rc = sl_sgemm_nt(M, N, K, PyArray_DATA(a), K, PyArray_DATA(b), K, PyArray_DATA(c), N, accumulate, 1);
+    rc = sl_sgemm(ta, tb, M, N, K, PyArray_DATA(a), PyArray_DIM(a, 1), PyArray_DATA(b), PyArray_DIM(b, 1),
+                  PyArray_DATA(c), N, accumulate, 1);
     Py_END_ALLOW_THREADS
     sl_ctx_end(prev);
     if (rc != SL_OK) {
@@ -170,6 +173,21 @@ static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
         return raise_status(&ctx, rc);
     }
     return (PyObject *)c;
+}
+
+/* sgemm_nt(A, B, C=None, accumulate=False): C = A·Bᵀ, the layout of every forward linear layer. */
+static PyObject *py_sgemm_nt(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"A", "B", "C", "accumulate", NULL};
+    PyObject *ao, *bo, *co = Py_None;
+    int accumulate = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Op", kwlist, &ao, &bo, &co, &accumulate)) return NULL;
+    PyObject *kwargs = Py_BuildValue("{s:O,s:O,s:O,s:O}", "C", co, "trans_a", Py_False, "trans_b", Py_True,
+                                     "accumulate", accumulate ? Py_True : Py_False);
+    PyObject *pos = kwargs ? PyTuple_Pack(2, ao, bo) : NULL;
+    PyObject *out = pos ? py_sgemm(self, pos, kwargs) : NULL;
+    Py_XDECREF(pos);
+    Py_XDECREF(kwargs);
+    return out;
 }
 
 /* ---------------------------------------------------------------- dequantisation */
@@ -448,6 +466,9 @@ static PyMethodDef methods[] = {
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' | 'generic': the kernel family in use."},
     {"set_simd", py_set_simd, METH_O, "set_simd('generic' | 'avx2' | 'auto') -> the level now in use."},
+    {"sgemm", (PyCFunction)(void (*)(void))py_sgemm, METH_VARARGS | METH_KEYWORDS,
+     "sgemm(A, B, C=None, trans_a=False, trans_b=True, accumulate=False) -> C = op(A)·op(B) (+ C); "
+     "A is (M, K), or (K, M) with trans_a; B is (N, K) with trans_b, else (K, N)."},
     {"sgemm_nt", (PyCFunction)(void (*)(void))py_sgemm_nt, METH_VARARGS | METH_KEYWORDS,
      "sgemm_nt(A (M,K) f32, B (N,K) f32, C=None, accumulate=False) -> C (M,N) = A @ B.T (+ C)."},
     {"quant_block_size", py_quant_block_size, METH_O, "quant_block_size(ggml_type) -> (elements, bytes) per block."},

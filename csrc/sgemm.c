@@ -311,8 +311,24 @@ static int check_matrix(const char *name, const void *p, int64_t rows, int64_t c
     return SL_OK;
 }
 
-int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
-                float *C, int64_t ldc, int accumulate, int parallel) {
+/* op(A)·op(B) by plain loops, one chain over k per element: the reference for the layouts the
+ * packed path does not handle yet. */
+static void sgemm_loops(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float c = accumulate ? C[i * ldc + j] : 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
+                const float b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
+                c += a * b;
+            }
+            C[i * ldc + j] = c;
+        }
+}
+
+int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
     if (M < 0 || N < 0 || K < 0)
         return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
@@ -320,13 +336,17 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     if (M > (INT64_MAX >> 8) || N > (INT64_MAX >> 8) || K > (INT64_MAX >> 8))
         return sl_fail(SL_ERR_VALUE, "sgemm: size too large M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
-    SL_TRY(check_matrix("A", A, M, K, lda));
-    SL_TRY(check_matrix("B", B, N, K, ldb));
+    SL_TRY(trans_a ? check_matrix("A", A, K, M, lda) : check_matrix("A", A, M, K, lda));
+    SL_TRY(trans_b ? check_matrix("B", B, N, K, ldb) : check_matrix("B", B, K, N, ldb));
     SL_TRY(check_matrix("C", C, M, N, ldc));
     if (M == 0 || N == 0) return SL_OK;
     if (K == 0) {
         if (!accumulate)
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+        return SL_OK;
+    }
+    if (trans_a || !trans_b) {
+        sgemm_loops(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
         return SL_OK;
     }
 
@@ -392,4 +412,9 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
     }
     free(buf);
     return SL_OK;
+}
+
+int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
+                float *C, int64_t ldc, int accumulate, int parallel) {
+    return sl_sgemm(0, 1, M, N, K, A, lda, B, ldb, C, ldc, accumulate, parallel);
 }
