@@ -1,9 +1,12 @@
-/* SGEMM for linear layers: C[M×N] = A[M×K] · B[N×K]ᵀ (+ C), all row-major.
+/* SGEMM for linear layers and their backward pass: C[M×N] = op(A)·op(B) (+ C), all row-major,
+ * A stored (M,K) or (K,M), B stored (N,K) or (K,N) (see sgemm.h).
  *
  * BLIS-style: K is cut into blocks of about KC, N into task-sized blocks (at most NC wide), M into
  * blocks of MC rows. For each block, B is packed into NR-wide panels (for every k, NR consecutive
  * outputs) and A into MR-row panels (for every k, MR consecutive rows), so the micro-kernel reads
- * both with unit stride. The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers
+ * both with unit stride. The layout only changes the packers: an operand stored with K along its
+ * rows ((M,K) A, (N,K) B) is transposed while packing, one stored with K down its columns ((K,M) A,
+ * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts. The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers
  * (12 accumulators + 2 B vectors + 1 broadcast of A = 15 of the 16 registers).
  *
  * Determinism: each C element is one chain c = c + a_k·b_k over k = 0..K-1 in order, starting
@@ -113,13 +116,39 @@ SL_AVX2 static void pack_panel6_avx2(const float *src, int64_t ld, int64_t kb, f
 }
 #endif
 
-/* Packs rows [0, rows) × columns [0, kb) of src into ceil(rows/width) panels. */
-static void pack_block(const float *src, int64_t ld, int64_t rows, int64_t width, int64_t kb, float *dst,
-                       int avx2) {
+/* A panel from a k-major source (element (i, k) at src[k*ld + i]): for every k the panel's row is
+ * already `rows` consecutive floats of src, so packing is a straight copy plus zero padding.
+ * Inlined with a constant width, so the full-panel copy is a fixed-size move. */
+static inline __attribute__((always_inline)) void pack_panel_copy(const float *restrict src, int64_t ld,
+                                                                  int64_t rows, const int64_t width, int64_t kb,
+                                                                  float *restrict dst) {
+    if (rows == width) {
+        for (int64_t k = 0; k < kb; k++) memcpy(dst + k * width, src + k * ld, (size_t)width * sizeof(float));
+    } else {
+        for (int64_t k = 0; k < kb; k++) {
+            memcpy(dst + k * width, src + k * ld, (size_t)rows * sizeof(float));
+            memset(dst + k * width + rows, 0, (size_t)(width - rows) * sizeof(float));
+        }
+    }
+}
+
+/* Packs a rows × kb block of the operand into ceil(rows/width) panels of width MR or NR.
+ * kmajor == 0: element (i, k) is src[i*ld + k] (A stored (M,K), B stored (N,K)): transposing pack.
+ * kmajor != 0: element (i, k) is src[k*ld + i] (A stored (K,M), B stored (K,N)): straight copy.
+ * Either way the panel holds dst[k*width + i] for k < kb, so one micro-kernel serves all layouts. */
+static void pack_block(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t width, int64_t kb,
+                       float *dst, int avx2) {
     for (int64_t i0 = 0; i0 < rows; i0 += width) {
         int64_t r = min64(width, rows - i0);
-        const float *s = src + i0 * ld;
         float *d = dst + i0 * kb;
+        if (kmajor) {
+            if (width == NR)
+                pack_panel_copy(src + i0, ld, r, NR, kb, d);
+            else
+                pack_panel_copy(src + i0, ld, r, MR, kb, d);
+            continue;
+        }
+        const float *s = src + i0 * ld;
 #if SL_SGEMM_X86
         if (avx2 && r == width && width == NR) {
             pack_panel16_avx2(s, ld, kb, d);
@@ -243,6 +272,7 @@ typedef struct {
     int64_t M, N, K, lda, ldb, ldc, kc;
     const float *A, *B;
     float *C;
+    int a_kmajor, b_kmajor; /* A stored (K,M) (trans_a); B stored (K,N) (!trans_b) */
     int accumulate, avx2;
     ukernel_fn uk;
 } sgemm_job;
@@ -279,10 +309,12 @@ static void run_task(const sgemm_job *g, int64_t m0, int64_t m1, int64_t n0, int
     for (int64_t k0 = 0; k0 < g->K; k0 += g->kc) {
         int64_t kb = min64(g->kc, g->K - k0);
         int load = g->accumulate || k0 > 0; /* continue each chain from C after the first block */
-        pack_block(g->B + n0 * g->ldb + k0, g->ldb, nb, NR, kb, Bp, g->avx2);
+        const float *b = g->b_kmajor ? g->B + k0 * g->ldb + n0 : g->B + n0 * g->ldb + k0;
+        pack_block(b, g->ldb, g->b_kmajor, nb, NR, kb, Bp, g->avx2);
         for (int64_t i0 = m0; i0 < m1; i0 += MC) {
             int64_t mb = min64(MC, m1 - i0);
-            pack_block(g->A + i0 * g->lda + k0, g->lda, mb, MR, kb, Ap, g->avx2);
+            const float *a = g->a_kmajor ? g->A + k0 * g->lda + i0 : g->A + i0 * g->lda + k0;
+            pack_block(a, g->lda, g->a_kmajor, mb, MR, kb, Ap, g->avx2);
             macro_kernel(g, mb, nb, kb, Ap, Bp, g->C + i0 * g->ldc + n0, load);
         }
     }
@@ -311,22 +343,6 @@ static int check_matrix(const char *name, const void *p, int64_t rows, int64_t c
     return SL_OK;
 }
 
-/* op(A)·op(B) by plain loops, one chain over k per element: the reference for the layouts the
- * packed path does not handle yet. */
-static void sgemm_loops(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) {
-            float c = accumulate ? C[i * ldc + j] : 0.0f;
-            for (int64_t k = 0; k < K; k++) {
-                const float a = trans_a ? A[k * lda + i] : A[i * lda + k];
-                const float b = trans_b ? B[j * ldb + k] : B[k * ldb + j];
-                c += a * b;
-            }
-            C[i * ldc + j] = c;
-        }
-}
-
 int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
     if (M < 0 || N < 0 || K < 0)
@@ -345,12 +361,9 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
             for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
         return SL_OK;
     }
-    if (trans_a || !trans_b) {
-        sgemm_loops(trans_a, trans_b, M, N, K, A, lda, B, ldb, C, ldc, accumulate);
-        return SL_OK;
-    }
 
-    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, accumulate != 0, 0, ukernel_generic};
+    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0,
+                   ukernel_generic};
 #if SL_SGEMM_X86
     if (sl_simd() == SL_SIMD_AVX2) {
         g.avx2 = 1;

@@ -1,4 +1,8 @@
-"""SGEMM (C = A @ B.T, fp32): accuracy against float64 NumPy, determinism, dispatch, errors.
+"""SGEMM (C = op(A) @ op(B), fp32): accuracy against float64 NumPy, determinism, dispatch, errors.
+
+The first part tests the forward layout C = A @ B.T (sgemm_nt); the section "All four layouts"
+tests sgemm(A, B, trans_a, trans_b) with A stored (M, K) or (K, M) and B stored (N, K) or (K, N),
+as the backward pass uses them (dx = dy @ W: NN; dW += dy.T @ x: TN).
 
 Error bound used throughout. Every C element is one sequential chain c = c + a_k*b_k (k in order),
 one rounding per step (FMA) or two (generic), so |C - C_exact| <= gamma * sum_k |a_k*b_k| with
@@ -211,6 +215,162 @@ def test_simd_env_var():
 
 
 # ---------------------------------------------------------------------------------------------
+# All four layouts: op(A) = A (stored (M, K)) or A.T (stored (K, M)); op(B) = B.T (stored (N, K))
+# or B (stored (K, N)). Same chain bound as above, with the same K.
+
+LAYOUTS = [(False, True), (False, False), (True, False), (True, True)]
+LAYOUT_IDS = ["NT", "NN", "TN", "TT"]
+MR, NR, KC, MC, NC = 6, 16, 256, 96, 512  # the tiling of csrc/sgemm.c: edge sizes sit around these
+
+
+def stored(rng, M, N, K, ta, tb):
+    """Random operands in the stored layouts: A (K, M) if ta else (M, K), B (N, K) if tb else (K, N)."""
+    return rand(rng, *((K, M) if ta else (M, K))), rand(rng, *((N, K) if tb else (K, N)))
+
+
+def as_nt(A, B, ta, tb):
+    """The same operands as contiguous op(A) (M, K) and op(B).T (N, K)."""
+    return np.ascontiguousarray(A.T if ta else A), np.ascontiguousarray(B if tb else B.T)
+
+
+LAYOUT_SHAPES = [
+    (1, 1, 1), (1, 17, 7), (13, 1, 300), (MR - 1, NR - 1, KC - 1), (MR, NR, KC), (MR + 1, NR + 1, KC + 1),
+    (2 * MR + 1, 3 * NR - 1, 2 * KC + 1), (MC - 1, NC + 1, 9), (MC + 1, NC - 1, 33), (1, 600, 5),
+    (200, 30, 520), (64, 1030, 70), (37, 20, 1000),
+]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("M,N,K", LAYOUT_SHAPES)
+def test_layouts_match_float64(level, ta, tb, M, N, K):
+    rng = np.random.default_rng(M * 1000003 + N * 1009 + K)
+    A, B = stored(rng, M, N, K, ta, tb)
+    assert core.set_simd(level) == level
+    C = core.sgemm(A, B, trans_a=ta, trans_b=tb)
+    assert C.shape == (M, N) and C.dtype == np.float32
+    check_close(C, *as_nt(A, B, ta, tb))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_backward_shapes(level):
+    """SmolLM2-135M's backward products (d = 576, F = 1536, kv = 192, T = 512): input gradients
+    dx = dy @ W (NN) and weight gradients dW = dy.T @ x (TN)."""
+    rng = np.random.default_rng(4)
+    core.set_simd(level)
+    T = 512
+    for out, inp in [(576, 576), (192, 576), (1536, 576), (576, 1536)]:
+        W, dy, x = rand(rng, out, inp), rand(rng, T, out), rand(rng, T, inp)
+        check_close(core.sgemm(dy, W, trans_b=False), dy, np.ascontiguousarray(W.T))  # (T, in)
+        check_close(core.sgemm(dy, x, trans_a=True, trans_b=False),
+                    np.ascontiguousarray(dy.T), np.ascontiguousarray(x.T))  # (out, in)
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("M,N,K", [(1, 7, 24), (9, 40, 300), (130, 100, 513)])
+def test_layouts_accumulate(level, ta, tb, M, N, K):
+    rng = np.random.default_rng(8)
+    A, B = stored(rng, M, N, K, ta, tb)
+    C0 = rand(rng, M, N)
+    core.set_simd(level)
+    C = C0.copy()
+    out = core.sgemm(A, B, C, trans_a=ta, trans_b=tb, accumulate=True)
+    assert np.shares_memory(out, C)
+    check_close(C, *as_nt(A, B, ta, tb), C0.astype(np.float64))
+    C[:] = np.nan  # without accumulate the old contents are ignored
+    core.sgemm(A, B, C, trans_a=ta, trans_b=tb)
+    check_close(C, *as_nt(A, B, ta, tb))
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_layouts_same_chain(level):
+    """Every layout runs the same chain per element, so the four layouts of the same product are
+    bitwise equal, splitting K and continuing with accumulate=True changes no bit, and the generic
+    path equals the float32 emulation c = fl(c + fl(a*b)) over k in order."""
+    rng = np.random.default_rng(6)
+    M, N, K = 19, 37, 700
+    opA, opBt = rand(rng, M, K), rand(rng, N, K)  # op(A) (M, K), op(B).T (N, K)
+    core.set_simd(level)
+    store = {  # the stored operands for each layout
+        (ta, tb): (np.ascontiguousarray(opA.T) if ta else opA, opBt if tb else np.ascontiguousarray(opBt.T))
+        for ta, tb in LAYOUTS
+    }
+    full = core.sgemm(opA, opBt)
+    if level == "generic":
+        emu = np.zeros((M, N), np.float32)
+        for k in range(K):
+            emu = emu + np.outer(opA[:, k], opBt[:, k])  # float32 product, then float32 add
+        assert np.array_equal(emu, full)
+    for (ta, tb), (A, B) in store.items():
+        assert np.array_equal(core.sgemm(A, B, trans_a=ta, trans_b=tb), full), (ta, tb)
+        for k1 in (1, 255, 256, 333):
+            A1, A2 = (A[:k1], A[k1:]) if ta else (A[:, :k1], A[:, k1:])
+            B1, B2 = (B[:, :k1], B[:, k1:]) if tb else (B[:k1], B[k1:])
+            C = core.sgemm(np.ascontiguousarray(A1), np.ascontiguousarray(B1), trans_a=ta, trans_b=tb)
+            core.sgemm(np.ascontiguousarray(A2), np.ascontiguousarray(B2), C, trans_a=ta, trans_b=tb,
+                       accumulate=True)
+            assert np.array_equal(C, full), f"layout {(ta, tb)}: split at k={k1} changed the bits"
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("M,N,K", [(128, 576, 576), (576, 576, 512), (6, 5000, 40), (257, 1537, 129)])
+def test_layouts_threads_bitwise(level, ta, tb, M, N, K):
+    rng = np.random.default_rng(5)
+    A, B = stored(rng, M, N, K, ta, tb)
+    core.set_simd(level)
+    out = {}
+    for n in (1, 2, 3):
+        core.set_num_threads(n)
+        out[n] = core.sgemm(A, B, trans_a=ta, trans_b=tb)
+    assert np.array_equal(out[1], out[2]) and np.array_equal(out[1], out[3])
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+def test_layouts_generic_vs_avx2(ta, tb):
+    if not HAS_AVX2:
+        pytest.skip("CPU has no AVX2+FMA")
+    rng = np.random.default_rng(12)
+    for M, N, K in [(512, 576, 1536), (576, 1536, 512), (7, 33, 24), (64, 64, 64)]:
+        A, B = stored(rng, M, N, K, ta, tb)
+        core.set_simd("generic")
+        g = core.sgemm(A, B, trans_a=ta, trans_b=tb)
+        core.set_simd("auto")
+        v = core.sgemm(A, B, trans_a=ta, trans_b=tb)
+        a64, b64 = as_nt(A, B, ta, tb)
+        ref = np.abs(a64.astype(np.float64) @ b64.T.astype(np.float64)).max()
+        assert np.abs(g.astype(np.float64) - v).max() <= 1e-6 * ref
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+def test_layouts_special_values(ta, tb):
+    """A NaN in op(A)[3, 4] fills row 3 of C; an inf in op(B)[0, 17] fills column 17 (other rows)."""
+    rng = np.random.default_rng(2)
+    opA, opBt = rand(rng, 8, 20), rand(rng, 18, 20)
+    opA[3, 4] = np.nan
+    opBt[17, 0] = np.inf
+    A = np.ascontiguousarray(opA.T) if ta else opA
+    B = opBt if tb else np.ascontiguousarray(opBt.T)
+    for level in LEVELS:
+        core.set_simd(level)
+        C = core.sgemm(A, B, trans_a=ta, trans_b=tb)
+        assert np.all(np.isnan(C[3])) and np.all(np.isinf(C[np.arange(8) != 3, 17]))
+        assert np.isfinite(np.delete(np.delete(C, 3, 0), 17, 1)).all()
+
+
+def test_layouts_bad_inputs():
+    a = np.ones((4, 5), np.float32)
+    with pytest.raises(ValueError):
+        core.sgemm(a, np.ones((4, 3), np.float32), trans_b=False)  # op(A) (4, 5) @ (4, 3)
+    with pytest.raises(ValueError):
+        core.sgemm(a, np.ones((3, 5), np.float32), trans_a=True)  # op(A) (5, 4) @ (5, 3).T
+    core.sgemm(a, np.ones((4, 3), np.float32), trans_a=True, trans_b=False)  # (5, 4) @ (4, 3): fine
+    with pytest.raises((TypeError, ValueError)):
+        core.sgemm(a, np.ones((5, 3), np.float32), np.ones((3, 4), np.float32), trans_b=False)  # C is (M, N)
+
+
+# ---------------------------------------------------------------------------------------------
 # The C API directly: leading dimensions, argument checks, calls from inside a parallel region.
 
 DRIVER = textwrap.dedent(r"""
@@ -228,17 +388,21 @@ DRIVER = textwrap.dedent(r"""
 
     static float frand(unsigned *s) { *s = *s * 1664525u + 1013904223u; return (float)(*s >> 8) / 16777216.0f - 0.5f; }
 
-    /* C = A·Bᵀ with every matrix inside a larger buffer (ld > row length), padding set to NaN in
-     * A and B (must never be read) and to a sentinel in C (must never be written). */
-    static void strided(int64_t M, int64_t N, int64_t K, int64_t pa, int64_t pb, int64_t pc, int par) {
-        int64_t lda = K + pa, ldb = K + pb, ldc = N + pc;
-        float *A = malloc(sizeof(float) * (M * lda + 1)), *B = malloc(sizeof(float) * (N * ldb + 1));
+    /* C = op(A)·op(B) with every matrix inside a larger buffer (ld > row length), padding set to
+     * NaN in A and B (must never be read) and to a sentinel in C (must never be written).
+     * A is stored (K, M) when ta, else (M, K); B is stored (N, K) when tb, else (K, N). */
+    static void strided(int ta, int tb, int64_t M, int64_t N, int64_t K, int64_t pa, int64_t pb, int64_t pc,
+                        int par) {
+        int64_t ra = ta ? K : M, ca = ta ? M : K, rb = tb ? N : K, cb = tb ? K : N;
+        int64_t lda = ca + pa, ldb = cb + pb, ldc = N + pc;
+        float *A = malloc(sizeof(float) * (ra * lda + 1)), *B = malloc(sizeof(float) * (rb * ldb + 1));
         float *C = malloc(sizeof(float) * (M * ldc + 1));
         unsigned s = 1234u + (unsigned)(M * 7 + N * 13 + K);
-        for (int64_t i = 0; i < M * lda; i++) A[i] = (i % lda) < K ? frand(&s) : NAN;
-        for (int64_t i = 0; i < N * ldb; i++) B[i] = (i % ldb) < K ? frand(&s) : NAN;
+        for (int64_t i = 0; i < ra * lda; i++) A[i] = (i % lda) < ca ? frand(&s) : NAN;
+        for (int64_t i = 0; i < rb * ldb; i++) B[i] = (i % ldb) < cb ? frand(&s) : NAN;
         for (int64_t i = 0; i < M * ldc; i++) C[i] = -7.0f;
-        int rc = sl_sgemm_nt(M, N, K, A, lda, B, ldb, C, ldc, 0, par);
+        int rc = ta == 0 && tb == 1 ? sl_sgemm_nt(M, N, K, A, lda, B, ldb, C, ldc, 0, par)
+                                    : sl_sgemm(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, 0, par);
         CHECK(rc == SL_OK, "strided rc %d", rc);
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < ldc; j++) {
@@ -246,12 +410,12 @@ DRIVER = textwrap.dedent(r"""
                 if (j >= N) { CHECK(c == -7.0f, "C padding written at (%lld,%lld)", (long long)i, (long long)j); continue; }
                 double ref = 0, sc = 0;
                 for (int64_t k = 0; k < K; k++) {
-                    double p = (double)A[i * lda + k] * B[j * ldb + k];
-                    ref += p; sc += fabs(p);
+                    double a = ta ? A[k * lda + i] : A[i * lda + k], b = tb ? B[j * ldb + k] : B[k * ldb + j];
+                    ref += a * b; sc += fabs(a * b);
                 }
                 double tol = (2.0 * K + 2) * ldexp(1.0, -24) * sc + 1e-30;
-                CHECK(fabs(c - ref) <= tol, "M=%lld N=%lld K=%lld (%lld,%lld): %g vs %g", (long long)M,
-                      (long long)N, (long long)K, (long long)i, (long long)j, c, ref);
+                CHECK(fabs(c - ref) <= tol, "ta=%d tb=%d M=%lld N=%lld K=%lld (%lld,%lld): %g vs %g", ta, tb,
+                      (long long)M, (long long)N, (long long)K, (long long)i, (long long)j, c, ref);
             }
         free(A); free(B); free(C);
     }
@@ -259,11 +423,15 @@ DRIVER = textwrap.dedent(r"""
     int main(void) {
         for (int lvl = 0; lvl < 2; lvl++) {
             if (sl_set_simd((sl_simd_level)lvl) != (sl_simd_level)lvl) continue;
-            strided(1, 7, 24, 3, 1, 5, 1);
-            strided(13, 35, 70, 1, 9, 3, 1);
-            strided(64, 64, 64, 64, 0, 64, 0);
-            strided(130, 300, 260, 5, 7, 1, 1);
-            strided(6, 16, 8, 1, 1, 1, 0);
+            for (int ta = 0; ta < 2; ta++)
+                for (int tb = 0; tb < 2; tb++) {
+                    strided(ta, tb, 1, 7, 24, 3, 1, 5, 1);
+                    strided(ta, tb, 13, 35, 70, 1, 9, 3, 1);
+                    strided(ta, tb, 64, 64, 64, 64, 0, 64, 0);
+                    strided(ta, tb, 130, 300, 260, 5, 7, 1, 1);
+                    strided(ta, tb, 6, 16, 8, 1, 1, 1, 0);
+                    strided(ta, tb, 5, 17, 257, 2, 3, 0, 0);
+                }
         }
         float x[64] = {0};
         CHECK(sl_sgemm_nt(-1, 2, 2, x, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "negative M");
@@ -276,25 +444,45 @@ DRIVER = textwrap.dedent(r"""
         CHECK(sl_sgemm_nt(2, 2, 2, x, 2, NULL, 2, x, 2, 0, 1) == SL_ERR_VALUE, "B NULL");
         CHECK(sl_sgemm_nt(2, 2, 2, x, 2, x, 2, NULL, 2, 0, 1) == SL_ERR_VALUE, "C NULL");
         CHECK(sl_sgemm_nt(3, 2, 2, x, INT64_MAX, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "lda overflow");
+        /* leading dimensions are checked against the stored row length of each layout */
+        CHECK(sl_sgemm(1, 0, 4, 3, 2, x, 3, x, 3, x, 3, 0, 1) == SL_ERR_VALUE, "TN: lda < M");
+        CHECK(sl_sgemm(1, 0, 4, 3, 2, x, 4, x, 2, x, 3, 0, 1) == SL_ERR_VALUE, "TN: ldb < N");
+        CHECK(sl_sgemm(0, 0, 4, 3, 5, x, 4, x, 3, x, 3, 0, 1) == SL_ERR_VALUE, "NN: lda < K");
+        CHECK(sl_sgemm(1, 0, 4, 3, 2, x, 4, x, 3, x, 3, 0, 1) == SL_OK, "TN: tight leading dimensions");
+        CHECK(sl_sgemm(0, 0, 4, 3, 5, x, 5, x, 3, x, 3, 0, 1) == SL_OK, "NN: tight leading dimensions");
+        CHECK(sl_sgemm(1, 0, 2, 2, INT64_MAX / 2, x, 2, x, 2, x, 2, 0, 1) == SL_ERR_VALUE, "huge K");
         CHECK(strlen(sl_last_error()) > 0, "no message");
         CHECK(sl_sgemm_nt(0, 0, 0, NULL, 0, NULL, 0, NULL, 0, 0, 1) == SL_OK, "empty");
         CHECK(sl_sgemm_nt(0, 5, 3, NULL, 3, x, 3, NULL, 5, 0, 1) == SL_OK, "M = 0");
 
         /* parallel == 0 from inside a parallel region: re-entrant, same bits as a serial call */
         enum { M = 64, N = 96, K = 64, H = 8 };
-        static float A[H][M * K], B[H][N * K], C[H][M * N], R[H][M * N];
+        /* per h: NT from A (M,K), B (N,K); NN from the same A and Bt (K,N); TN from At (K,M), Bt */
+        static float A[H][M * K], B[H][N * K], At[H][K * M], Bt[H][K * N];
+        static float C[3][H][M * N], R[3][H][M * N];
         unsigned s = 99u;
         for (int h = 0; h < H; h++) {
             for (int i = 0; i < M * K; i++) A[h][i] = frand(&s);
             for (int i = 0; i < N * K; i++) B[h][i] = frand(&s);
-            sl_sgemm_nt(M, N, K, A[h], K, B[h], K, R[h], N, 0, 0);
+            for (int i = 0; i < M; i++)
+                for (int k = 0; k < K; k++) At[h][k * M + i] = A[h][i * K + k];
+            for (int j = 0; j < N; j++)
+                for (int k = 0; k < K; k++) Bt[h][k * N + j] = B[h][j * K + k];
+            sl_sgemm_nt(M, N, K, A[h], K, B[h], K, R[0][h], N, 0, 0);
+            sl_sgemm(0, 0, M, N, K, A[h], K, Bt[h], N, R[1][h], N, 0, 0);
+            sl_sgemm(1, 0, M, N, K, At[h], M, Bt[h], N, R[2][h], N, 0, 0);
         }
+        /* the three layouts run the same chains: the same bits */
+        CHECK(memcmp(R[0], R[1], sizeof R[0]) == 0 && memcmp(R[0], R[2], sizeof R[0]) == 0, "layouts differ");
         int bad = 0;
         #pragma omp parallel for num_threads(4) reduction(+ : bad)
         for (int h = 0; h < H; h++) {
             for (int rep = 0; rep < 20; rep++) {
-                bad += sl_sgemm_nt(M, N, K, A[h], K, B[h], K, C[h], N, 0, 0) != SL_OK;
-                bad += sl_sgemm_nt(M, N, K, A[h], K, B[h], K, C[h], N, 0, 1) != SL_OK;
+                for (int par = 0; par < 2; par++) {
+                    bad += sl_sgemm_nt(M, N, K, A[h], K, B[h], K, C[0][h], N, 0, par) != SL_OK;
+                    bad += sl_sgemm(0, 0, M, N, K, A[h], K, Bt[h], N, C[1][h], N, 0, par) != SL_OK;
+                    bad += sl_sgemm(1, 0, M, N, K, At[h], M, Bt[h], N, C[2][h], N, 0, par) != SL_OK;
+                }
             }
         }
         CHECK(bad == 0, "errors inside parallel region");
