@@ -185,3 +185,180 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
     sl_free(partial);
     return status;
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Backward and forward-mode derivatives. Both read the probabilities of the whole layer,
+ * recomputed once per call by sl_attention_probs with the forward's own code (so bitwise the
+ * probabilities the forward used): H*T*T floats, one layer at a time; the alternative, saving
+ * them for every layer during the forward, would hold L*H*T*T. */
+
+/* Runs task(arg, i, scratch) for i in [0, n) over the call's threads, each thread with its own
+ * scratch of scratch_floats floats; returns the first failure (by status, not by order). */
+typedef int (*attn_task_fn)(void *arg, int64_t task, float *scratch);
+
+static int run_tasks(int64_t n, int64_t scratch_floats, attn_task_fn fn, void *arg) {
+    int status = SL_OK;
+    sl_ctx *ctx = sl_ctx_current();
+#pragma omp parallel num_threads(ctx->num_threads)
+    {
+        sl_ctx *prev = sl_ctx_enter(ctx);
+        float *scratch = scratch_floats > 0 ? sl_alloc_floats(scratch_floats) : NULL;
+        int ok = scratch_floats <= 0 || scratch != NULL;
+        if (!ok) {
+#pragma omp critical(sl_attn_err)
+            status = sl_fail_ctx(ctx, SL_ERR_MEMORY, "attention: cannot allocate %lld floats of scratch",
+                                 (long long)scratch_floats);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < n; i++) {
+            if (!ok) continue;
+            int rc = fn(arg, i, scratch);
+            if (rc != SL_OK) {
+#pragma omp critical(sl_attn_err)
+                status = rc;
+            }
+        }
+        sl_free(scratch);
+        sl_ctx_leave(prev);
+    }
+    return status;
+}
+
+typedef struct {
+    const sl_attn_shape *s;
+    const sl_attn_intervention *iv;
+    int64_t B;
+    const float *q, *k, *v, *probs;       /* primal, (T, ·) dense; probs (H, T, T) */
+    const float *dout;                    /* backward: (B*T, H*hd) */
+    float *dq, *dk, *dv;                  /* backward outputs; JVP inputs (tangents) */
+    float *tout;                          /* JVP output (B*T, H*hd) */
+    float *probs_out;                     /* sl_attention_probs output */
+} attn_grad_job;
+
+static int64_t n_query_blocks(int64_t T) { return (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK; }
+
+static int probs_task(void *arg, int64_t task, float *scratch) {
+    (void)scratch;
+    const attn_grad_job *j = arg;
+    const sl_attn_shape *s = j->s;
+    const int64_t T = s->T, hd = s->head_dim, nb = n_query_blocks(T);
+    const int64_t h = task / nb, b = task % nb, g = h / (s->n_heads / s->n_kv_heads);
+    const int64_t i0 = b * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
+    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    return causal_probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, i0,
+                              i1, j->probs_out + (h * T + i0) * T, T);
+}
+
+int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, float *probs,
+                       const sl_attn_intervention *iv) {
+    attn_grad_job j = {.s = s, .iv = iv, .q = q, .k = k, .probs_out = probs};
+    return run_tasks(s->n_heads * n_query_blocks(s->T), 0, probs_task, &j);
+}
+
+/* Whether query row i reads v_0 as zero under this head's zero_first_value. */
+static int zeroes_first_value(const head_opts *o, int64_t i) {
+    return o->zero_first_value == SL_ZFV_ALL || (o->zero_first_value == SL_ZFV_OTHERS && i > 0);
+}
+
+/* One (cotangent b, kv head g): every query head h of the group, query blocks in order.
+ *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') / sqrt(hd)
+ *   dq_i = sum_j dS_ij k_j,  dk_j += sum_i dS_ij q_i,  dv_j += sum_i P_ij do_i
+ * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. The group's dk, dv
+ * rows are summed by this task alone, in a fixed order. Scratch: a block of dS and of do. */
+static int backward_task(void *arg, int64_t task, float *scratch) {
+    const attn_grad_job *j = arg;
+    const sl_attn_shape *s = j->s;
+    const int64_t T = s->T, H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim;
+    const int64_t qd = H * hd, kvd = G * hd, rep = H / G;
+    const int64_t b = task / G, g = task % G;
+    float *dk = j->dk + b * T * kvd + g * hd, *dv = j->dv + b * T * kvd + g * hd;
+    for (int64_t t = 0; t < T; t++) {
+        memset(dk + t * kvd, 0, (size_t)hd * sizeof(float));
+        memset(dv + t * kvd, 0, (size_t)hd * sizeof(float));
+    }
+    float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T;
+    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+        head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+        for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
+            const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0, nk = i1;
+            const float *p = j->probs + (h * T + i0) * T;
+            for (int64_t i = 0; i < nb; i++)
+                for (int64_t e = 0; e < hd; e++) dob[i * hd + e] = o.scale * j->dout[(b * T + i0 + i) * qd + h * hd + e];
+            SL_TRY(sl_sgemm(0, 1, nb, nk, hd, dob, hd, j->v + g * hd, kvd, ds, nk, 0, 0));
+            for (int64_t i = 0; i < nb; i++) {
+                float *row = ds + i * nk;
+                const float *pr = p + i * T;
+                if (zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
+                double dot = 0.0;
+                for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
+                for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * s->scale;
+            }
+            SL_TRY(sl_sgemm(0, 0, nb, hd, nk, ds, nk, j->k + g * hd, kvd, j->dq + (b * T + i0) * qd + h * hd, qd, 0, 0));
+            SL_TRY(sl_sgemm(1, 0, nk, hd, nb, ds, nk, j->q + i0 * qd + h * hd, qd, dk, kvd, 1, 0));
+            /* dv: key 0 takes nothing from the rows that read it as zero. */
+            const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
+            SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + skip * kvd, kvd, 1, 0));
+            if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0)
+                for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
+        }
+    }
+    return SL_OK;
+}
+
+int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                          const float *probs, const float *dout, float *dq, float *dk, float *dv,
+                          const sl_attn_intervention *iv) {
+    attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
+                       .dq = dq, .dk = dk, .dv = dv};
+    return run_tasks(B * s->n_kv_heads, SL_ATTN_QBLOCK * (s->T + s->head_dim), backward_task, &j);
+}
+
+/* One (tangent b, query head h, query block):
+ *   dS_ij = (tq_i . k_j + q_i . tk_j) / sqrt(hd),  dP_ij = P_ij (dS_ij - sum_j' P_ij' dS_ij')
+ *   tout_i = scale_h (sum_j dP_ij v'_j + P_ij tv'_j)
+ * with v'_0 = tv'_0 = 0 where zero_first_value applies. Scratch: a block of dS. */
+static int jvp_task(void *arg, int64_t task, float *scratch) {
+    const attn_grad_job *j = arg;
+    const sl_attn_shape *s = j->s;
+    const int64_t T = s->T, H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim;
+    const int64_t qd = H * hd, kvd = G * hd, nblk = n_query_blocks(T);
+    const int64_t b = task / (H * nblk), h = (task / nblk) % H, blk = task % nblk, g = h / (H / G);
+    const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
+    const int64_t nb = i1 - i0, nk = i1;
+    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    const float *p = j->probs + (h * T + i0) * T;
+    const float *tq = j->dq + (b * T + i0) * qd + h * hd, *tk = j->dk + b * T * kvd + g * hd;
+    const float *tv = j->dv + b * T * kvd + g * hd;
+    float *ds = scratch, *out = j->tout + (b * T + i0) * qd + h * hd;
+    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, tq, qd, j->k + g * hd, kvd, ds, nk, 0, 0));
+    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, j->q + i0 * qd + h * hd, qd, tk, kvd, ds, nk, 1, 0));
+    for (int64_t i = 0; i < nb; i++) {
+        float *row = ds + i * nk;
+        const float *pr = p + i * T;
+        double dot = 0.0;
+        for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
+        const float mean = (float)(dot * (double)s->scale);
+        for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] * s->scale - mean);
+    }
+    const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
+    if (nk - skip > 0) {
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, ds + skip, nk, j->v + g * hd + skip * kvd, kvd, out, qd, 0, 0));
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, p + skip, T, tv + skip * kvd, kvd, out, qd, 1, 0));
+    } else {
+        for (int64_t i = 0; i < nb; i++) memset(out + i * qd, 0, (size_t)hd * sizeof(float));
+    }
+    if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) /* query 0 keeps its own value */
+        for (int64_t e = 0; e < hd; e++) out[e] = ds[0] * j->v[g * hd + e] + p[0] * tv[e];
+    if (o.scale != 1.0f)
+        for (int64_t i = 0; i < nb; i++)
+            for (int64_t e = 0; e < hd; e++) out[i * qd + e] *= o.scale;
+    return SL_OK;
+}
+
+int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                     const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
+                     const sl_attn_intervention *iv) {
+    attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs,
+                       .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout};
+    return run_tasks(B * s->n_heads * n_query_blocks(s->T), SL_ATTN_QBLOCK * s->T, jvp_task, &j);
+}

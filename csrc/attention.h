@@ -51,4 +51,27 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
                          const float *v, int64_t kv_stride, float *out, float *probs,
                          const sl_attn_intervention *iv, const sl_attn_stats *st);
 
+/* Derivatives. q, k, v are the forward's dense tensors after RoPE: (T, H*hd), (T, G*hd),
+ * (T, G*hd); cotangents and tangents hold B directions for that one sequence, (B*T, ·) dense.
+ * Interventions are differentiated as applied: a masked key has zero probability and zero
+ * gradient, a zeroed value contributes nothing and receives no gradient from the rows that read
+ * it as zero, head_scale multiplies the head's derivative. */
+
+/* probs (H, T, T): every head's probabilities (zeros above the diagonal), bitwise as the forward
+ * computes them. */
+int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, float *probs,
+                       const sl_attn_intervention *iv);
+
+/* Reverse mode: from dout, the gradient of the attention output (what W_O reads), the gradients
+ * dq (B*T, H*hd), dk, dv (B*T, G*hd), all overwritten. Tasks are (b, kv head): a kv head's
+ * gradient sums its query heads in order, so results do not depend on the thread count. */
+int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                          const float *probs, const float *dout, float *dq, float *dk, float *dv,
+                          const sl_attn_intervention *iv);
+
+/* Forward mode: the output tangent tout (B*T, H*hd) from the tangents of q, k (after RoPE) and v. */
+int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                     const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
+                     const sl_attn_intervention *iv);
+
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "cpu.h"
+#include "grad.h"
 #include "model.h"
 #include "ops.h"
 #include "quant.h"
@@ -351,9 +352,9 @@ fail:
     return NULL;
 }
 
-/* Fills ptrs[0..n) from a list of None-or-array with the given per-entry shape. */
-static int capture_list(PyObject *lst, const char *name, Py_ssize_t n, int ndim, const npy_intp *dims,
-                        float **ptrs) {
+/* Fills ptrs[0..n) from a list of None-or-array of dtype `type` with the given per-entry shape. */
+static int array_list(PyObject *lst, const char *name, Py_ssize_t n, int type, int ndim, const npy_intp *dims,
+                      void **ptrs) {
     for (Py_ssize_t i = 0; i < n; i++) ptrs[i] = NULL;
     if (lst == Py_None) return 1;
     if (!PyList_Check(lst) || PyList_GET_SIZE(lst) != n) {
@@ -363,11 +364,16 @@ static int capture_list(PyObject *lst, const char *name, Py_ssize_t n, int ndim,
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PyList_GET_ITEM(lst, i);
         if (o == Py_None) continue;
-        PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
+        PyArrayObject *a = check_array(o, name, type, ndim, dims, 1);
         if (!a) return 0;
         ptrs[i] = PyArray_DATA(a);
     }
     return 1;
+}
+
+static int capture_list(PyObject *lst, const char *name, Py_ssize_t n, int ndim, const npy_intp *dims,
+                        float **ptrs) {
+    return array_list(lst, name, n, NPY_FLOAT32, ndim, dims, (void **)ptrs);
 }
 
 /* An optional (L, H) intervention array of the given dtype, or NULL for None. */
@@ -379,6 +385,13 @@ static int intervention_array(PyObject *o, const char *name, int type, const sl_
     if (!a) return 0;
     *out = PyArray_DATA(a);
     return 1;
+}
+
+static int interventions(const sl_model *m, PyObject *mask_o, PyObject *zero_o, PyObject *scale_o,
+                         sl_intervention *iv) {
+    return intervention_array(mask_o, "mask_first", NPY_UINT8, m, (const void **)&iv->mask_first) &&
+           intervention_array(zero_o, "zero_first_value", NPY_UINT8, m, (const void **)&iv->zero_first_value) &&
+           intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv->head_scale);
 }
 
 static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) {
@@ -433,9 +446,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
              capture_list(head_o, "head_out", L, 3, head_dims, cap.head_out) &&
              capture_list(aout_o, "attn_out", L, 2, resid_dims, cap.attn_out) &&
              capture_list(mout_o, "mlp_out", L, 2, resid_dims, cap.mlp_out) &&
-             intervention_array(mask_o, "mask_first", NPY_UINT8, m, (const void **)&iv.mask_first) &&
-             intervention_array(zero_o, "zero_first_value", NPY_UINT8, m, (const void **)&iv.zero_first_value) &&
-             intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv.head_scale);
+             interventions(m, mask_o, zero_o, scale_o, &iv);
     if (ok && logits_o != Py_None) {
         PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, 2, logit_dims, 1);
         ok = lg != NULL;
@@ -454,6 +465,182 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     if (!ok) return NULL;
     if (rc != SL_OK) return raise_status(&ctx, rc);
     Py_RETURN_NONE;
+}
+
+/* ---------------------------------------------------------------- derivatives */
+
+/* The model handle and (T,) int64 ids of a derivative call. */
+static const sl_model *model_and_ids(PyObject *capsule, PyObject *ids_o, PyArrayObject **ids) {
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    *ids = check_array(ids_o, "ids", NPY_INT64, 1, NULL, 0);
+    if (!*ids) return NULL;
+    if (PyArray_DIM(*ids, 0) == 0) {
+        PyErr_SetString(PyExc_ValueError, "ids is empty: need at least one token");
+        return NULL;
+    }
+    return &h->model;
+}
+
+/* (B, T, d) float32 directions (cotangents or tangents) for a sequence of T tokens. */
+static PyArrayObject *directions(PyObject *o, const char *name, const sl_model *m, npy_intp T) {
+    npy_intp dims[3] = {-1, T, m->d_model};
+    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, 3, dims, 0);
+    if (a && PyArray_DIM(a, 0) < 1) {
+        PyErr_Format(PyExc_ValueError, "%s needs at least one direction", name);
+        return NULL;
+    }
+    return a;
+}
+
+static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "ids", "cotangent", "at", "dresid", "sqnorm", "spectral",
+                             "spectral_rtol", "spectral_max_iter", "mask_first", "zero_first_value",
+                             "head_scale", NULL};
+    PyObject *capsule, *ids_o, *cot_o, *dresid_o = Py_None, *sq_o = Py_None, *spec_o = Py_None;
+    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    long long at;
+    double rtol = 1e-6;
+    int max_iter = 1000;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
+                                     &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o))
+        return NULL;
+    PyArrayObject *ids;
+    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    if (!m) return NULL;
+    const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
+    PyArrayObject *cot = directions(cot_o, "cotangent", m, T);
+    if (!cot) return NULL;
+    if (at < 0 || at > L) return PyErr_Format(PyExc_ValueError, "at=%lld outside [0, %zd]", at, (Py_ssize_t)L);
+    if (!(rtol > 0.0) || max_iter < 1)
+        return PyErr_Format(PyExc_ValueError, "spectral_rtol must be > 0 and spectral_max_iter >= 1");
+    const npy_intp B = PyArray_DIM(cot, 0);
+    void **ptrs = PyMem_Calloc((size_t)(3 * (L + 1)), sizeof(void *));
+    if (!ptrs) return PyErr_NoMemory();
+    npy_intp g_dims[3] = {B, T, m->d_model}, sq_dims[2] = {B, T}, spec_dims[1] = {T};
+    sl_vjp_out out = {(float **)ptrs, (double **)(ptrs + L + 1), (double **)(ptrs + 2 * (L + 1)), rtol, max_iter, 0};
+    sl_intervention iv = {NULL, NULL, NULL};
+    int ok = array_list(dresid_o, "dresid", L + 1, NPY_FLOAT32, 3, g_dims, ptrs) &&
+             array_list(sq_o, "sqnorm", L + 1, NPY_FLOAT64, 2, sq_dims, ptrs + L + 1) &&
+             array_list(spec_o, "spectral", L + 1, NPY_FLOAT64, 1, spec_dims, ptrs + 2 * (L + 1)) &&
+             interventions(m, mask_o, zero_o, scale_o, &iv);
+    int rc = SL_OK;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_model_vjp(m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out);
+        Py_END_ALLOW_THREADS
+    }
+    sl_ctx_end(prev);
+    PyMem_Free(ptrs);
+    if (!ok) return NULL;
+    if (rc != SL_OK) return raise_status(&ctx, rc);
+    return PyLong_FromLong(out.spectral_iters);
+}
+
+static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "ids", "tangent", "at", "tout", "mask_first", "zero_first_value",
+                             "head_scale", NULL};
+    PyObject *capsule, *ids_o, *tan_o, *tout_o = Py_None, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    long long at;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
+                                     &zero_o, &scale_o))
+        return NULL;
+    PyArrayObject *ids;
+    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    if (!m) return NULL;
+    const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
+    PyArrayObject *tan = directions(tan_o, "tangent", m, T);
+    if (!tan) return NULL;
+    if (at < 0 || at > L) return PyErr_Format(PyExc_ValueError, "at=%lld outside [0, %zd]", at, (Py_ssize_t)L);
+    float **tout = PyMem_Calloc((size_t)(L + 1), sizeof(float *));
+    if (!tout) return PyErr_NoMemory();
+    npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
+    sl_intervention iv = {NULL, NULL, NULL};
+    int ok = capture_list(tout_o, "tout", L + 1, 3, dims, tout) && interventions(m, mask_o, zero_o, scale_o, &iv);
+    int rc = SL_OK;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_model_jvp(m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), tout);
+        Py_END_ALLOW_THREADS
+    }
+    sl_ctx_end(prev);
+    PyMem_Free(tout);
+    if (!ok) return NULL;
+    if (rc != SL_OK) return raise_status(&ctx, rc);
+    Py_RETURN_NONE;
+}
+
+/* grads[name], a writable float32 array shaped like the weight of that name. */
+static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp d0, npy_intp d1) {
+    PyObject *o = PyDict_GetItemString(grads, name);
+    if (!o) {
+        PyErr_Format(PyExc_KeyError, "grads has no buffer for %s", name);
+        return NULL;
+    }
+    npy_intp dims[2] = {d0, d1};
+    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
+    return a ? PyArray_DATA(a) : NULL;
+}
+
+static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "ids", "targets", "grads", "mask_first", "zero_first_value", "head_scale",
+                             NULL};
+    PyObject *capsule, *ids_o, *tg_o, *grads, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!|OOO", kwlist, &capsule, &ids_o, &tg_o, &PyDict_Type, &grads,
+                                     &mask_o, &zero_o, &scale_o))
+        return NULL;
+    PyArrayObject *ids;
+    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    if (!m) return NULL;
+    const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
+    npy_intp tdims[1] = {T};
+    PyArrayObject *targets = check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
+    if (!targets) return NULL;
+    const npy_intp d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const npy_intp F = m->d_ff, V = m->vocab_size;
+    sl_layer_grads *lg = PyMem_Calloc((size_t)L, sizeof *lg);
+    if (!lg) return PyErr_NoMemory();
+    sl_model_grads pg = {NULL, NULL, NULL, lg};
+    sl_intervention iv = {NULL, NULL, NULL};
+    int ok = (pg.tok_embd = grad_buffer(grads, "tok_embd", 2, V, d)) && (pg.out_norm = grad_buffer(grads, "out_norm", 1, d, 0)) &&
+             (pg.lm_head = grad_buffer(grads, "lm_head", 2, V, d)) && interventions(m, mask_o, zero_o, scale_o, &iv);
+    for (npy_intp l = 0; l < L && ok; l++) {
+        char name[64];
+#define G(field, key, nd, a, b)                                  \
+    snprintf(name, sizeof name, "blk.%lld." key, (long long)l); \
+    ok = ok && (lg[l].field = grad_buffer(grads, name, nd, a, b)) != NULL;
+        G(attn_norm, "attn_norm", 1, d, 0)
+        G(wq, "attn_q", 2, qd, d)
+        G(wk, "attn_k", 2, kvd, d)
+        G(wv, "attn_v", 2, kvd, d)
+        G(wo, "attn_output", 2, d, qd)
+        G(ffn_norm, "ffn_norm", 1, d, 0)
+        G(w_gate, "ffn_gate", 2, F, d)
+        G(w_up, "ffn_up", 2, F, d)
+        G(w_down, "ffn_down", 2, d, F)
+#undef G
+    }
+    double loss = 0.0;
+    int rc = SL_OK;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_model_loss_grad(m, PyArray_DATA(ids), PyArray_DATA(targets), T, &iv, &loss, &pg);
+        Py_END_ALLOW_THREADS
+    }
+    sl_ctx_end(prev);
+    PyMem_Free(lg);
+    if (!ok) return NULL;
+    if (rc != SL_OK) return raise_status(&ctx, rc);
+    return PyFloat_FromDouble(loss);
 }
 
 /* ---------------------------------------------------------------- module */
@@ -475,6 +662,14 @@ static PyMethodDef methods[] = {
     {"dequantize", py_dequantize, METH_VARARGS,
      "dequantize(ggml_type, data uint8 (nbytes,), n_elements) -> float32 (n_elements,)."},
     {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
+    {"model_vjp", (PyCFunction)(void (*)(void))py_model_vjp, METH_VARARGS | METH_KEYWORDS,
+     "model_vjp(handle, ids, cotangent (B,T,d), at, dresid=None, sqnorm=None, spectral=None, spectral_rtol=1e-6, "
+     "spectral_max_iter=1000, mask_first=None, zero_first_value=None, head_scale=None) -> power iterations taken"},
+    {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
+     "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
+    {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,
+     "model_loss_grad(handle, ids, targets, grads: dict, mask_first=None, zero_first_value=None, head_scale=None) "
+     "-> mean cross-entropy (nats); gradients are added into grads"},
     {"model_forward", (PyCFunction)(void (*)(void))py_model_forward, METH_VARARGS | METH_KEYWORDS,
      "model_forward(handle, ids int64 (T,), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"

@@ -4,6 +4,8 @@
 
 #include <stdint.h>
 
+#include "attention.h"
+
 typedef struct {
     const float *attn_norm;              /* (d) */
     const float *wq, *wk, *wv, *wo;      /* (H*hd, d), (G*hd, d), (G*hd, d), (d, H*hd) */
@@ -53,8 +55,34 @@ typedef struct {
     const float *head_scale;
 } sl_intervention;
 
-/* Runs the model on ids[0..T) (each already checked to be in [0, vocab)). cap and iv may be NULL. */
+/* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */
+void sl_layer_intervention(const sl_model *m, const sl_intervention *iv, int64_t l, sl_attn_intervention *aiv);
+
+/* Runs the model on ids[0..T) (each checked to be in [0, vocab)). cap and iv may be NULL. */
 int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,
                      const sl_intervention *iv);
+
+/* One layer's saved activations (its tape), T rows each, for the backward and the JVP:
+ * Q/K rows in the file's layout (as the weights), q and k after RoPE. */
+typedef struct {
+    float *x;            /* (T, d) resid[l], the stream entering the layer */
+    float *xn1, *rstd1;  /* (T, d) attention-norm output, (T) its 1/rms */
+    float *q, *k, *v;    /* (T, H*hd), (T, G*hd), (T, G*hd) */
+    float *z;            /* (T, H*hd) attention output after interventions: what W_O reads */
+    float *h;            /* (T, d) the stream after the attention block */
+    float *xn2, *rstd2;  /* (T, d), (T) the MLP norm's */
+    float *gate, *up;    /* (T, F) pre-activations */
+} sl_layer_tape;
+
+/* Floats one layer's tape needs for T tokens (-1 on overflow), and the binding of a tape's
+ * fields to a buffer of that many floats. */
+int64_t sl_layer_tape_floats(const sl_model *m, int64_t T);
+int sl_layer_tape_bind(const sl_model *m, int64_t T, float *buf, sl_layer_tape *lt);
+
+/* Runs layers [0, n_run) saving each one's tape (tapes: n_run entries); x_out (NULL or (T, d))
+ * receives resid[n_run]; cosv/sinv (NULL or (T, hd/2)) the RoPE tables. */
+int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int64_t n_run,
+                          sl_layer_tape *tapes, const sl_intervention *iv, float *x_out, float *cosv,
+                          float *sinv);
 
 #endif

@@ -16,7 +16,7 @@
 #define SL_X86 0
 #endif
 
-void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d, float eps) {
+void sl_rmsnorm(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps) {
 #pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         const float *xr = x + t * d;
@@ -24,7 +24,56 @@ void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d
         double ss = 0.0; /* double: the mean of squares is the one reduction that matters here */
         for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
         float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+        if (rstd) rstd[t] = inv;
         for (int64_t i = 0; i < d; i++) o[i] = w[i] * (xr[i] * inv);
+    }
+}
+
+/* y = w * x * r with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / d, so
+ *   dx_j = r * (w_j dy_j - x_j * r^2 * sum_i(w_i dy_i x_i) / d),   dw_i += dy_i * x_i * r. */
+void sl_rmsnorm_backward(float *dx, int accumulate, float *dw, const float *dy, const float *x,
+                         const float *w, const float *rstd, int64_t rows, int64_t T, int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r % T;
+        const float *xr = x + t * d, *g = dy + r * d;
+        float *o = dx + r * d;
+        const float inv = rstd[t];
+        double dot = 0.0;
+        for (int64_t i = 0; i < d; i++) dot += (double)w[i] * g[i] * xr[i];
+        const float c = (float)(dot * (double)inv * (double)inv / (double)d);
+        for (int64_t i = 0; i < d; i++) {
+            const float v = inv * (w[i] * g[i] - xr[i] * c);
+            o[i] = accumulate ? o[i] + v : v;
+        }
+    }
+    if (!dw) return;
+    /* One chain per weight over rows in order: the same sum for any thread count. */
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < d; i++) {
+        float acc = dw[i];
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t t = r % T;
+            acc += dy[r * d + i] * (x[t * d + i] * rstd[t]);
+        }
+        dw[i] = acc;
+    }
+}
+
+/* Forward-mode derivative of the norm along dx: the same linear map as the backward (the
+ * norm's Jacobian w r (I - r^2 x x^T / d) is symmetric up to the diagonal weight). */
+void sl_rmsnorm_jvp(float *dy, const float *dx, const float *x, const float *w, const float *rstd,
+                    int64_t rows, int64_t T, int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r % T;
+        const float *xr = x + t * d, *g = dx + r * d;
+        float *o = dy + r * d;
+        const float inv = rstd[t];
+        double dot = 0.0;
+        for (int64_t i = 0; i < d; i++) dot += (double)xr[i] * g[i];
+        const float c = (float)(dot * (double)inv * (double)inv / (double)d);
+        for (int64_t i = 0; i < d; i++) o[i] = w[i] * inv * (g[i] - xr[i] * c);
     }
 }
 
@@ -37,8 +86,10 @@ void sl_rope_tables(float *cosv, float *sinv, const float *inv_freq, int64_t T, 
         }
 }
 
-void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
-                   const float *cosv, const float *sinv, int layout) {
+/* Rotation by +angle (forward, and its JVP: RoPE is linear) or by -angle (the backward: the
+ * transpose of a rotation is its inverse). */
+static void rope_rotate(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
+                        const float *cosv, const float *sinv, int layout, float sign) {
     const int64_t half = head_dim / 2;
 #pragma omp parallel for schedule(static) if (T * n_heads * head_dim > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
@@ -48,12 +99,22 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
             for (int64_t i = 0; i < half; i++) {
                 int64_t a = layout == SL_ROPE_ADJACENT ? 2 * i : i;
                 int64_t b = layout == SL_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-                float x0 = v[a], x1 = v[b];
-                v[a] = x0 * c[i] - x1 * s[i];
-                v[b] = x1 * c[i] + x0 * s[i];
+                float x0 = v[a], x1 = v[b], sn = sign * s[i];
+                v[a] = x0 * c[i] - x1 * sn;
+                v[b] = x1 * c[i] + x0 * sn;
             }
         }
     }
+}
+
+void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
+                   const float *cosv, const float *sinv, int layout) {
+    rope_rotate(x, T, stride, n_heads, head_dim, cosv, sinv, layout, 1.0f);
+}
+
+void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
+                      const float *cosv, const float *sinv, int layout) {
+    rope_rotate(dx, T, stride, n_heads, head_dim, cosv, sinv, layout, -1.0f);
 }
 
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
@@ -61,6 +122,28 @@ void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
     for (int64_t i = 0; i < n; i++) {
         float x = g[i];
         h[i] = (x / (1.0f + expf(-x))) * u[i];
+    }
+}
+
+/* silu(g) = g s with s = sigmoid(g); silu'(g) = s (1 + g (1 - s)). */
+void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+                        int64_t n, int64_t period) {
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = i % period;
+        const float x = g[p], s = 1.0f / (1.0f + expf(-x));
+        dg[i] = dh[i] * u[p] * (s * (1.0f + x * (1.0f - s)));
+        du[i] = dh[i] * (x * s);
+    }
+}
+
+void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *g, const float *u,
+                   int64_t n, int64_t period) {
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t p = i % period;
+        const float x = g[p], s = 1.0f / (1.0f + expf(-x));
+        dh[i] = dg[i] * u[p] * (s * (1.0f + x * (1.0f - s))) + du[i] * (x * s);
     }
 }
 
@@ -154,4 +237,13 @@ void sl_add_inplace(float *x, const float *y, int64_t n) {
 
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d) {
     for (int64_t t = 0; t < T; t++) memcpy(out + t * d, table + ids[t] * d, (size_t)d * sizeof(float));
+}
+
+/* Serial in position order: a repeated token sums its rows in one fixed order. */
+void sl_embed_backward(float *dtable, const float *dout, const int64_t *ids, int64_t T, int64_t d) {
+    for (int64_t t = 0; t < T; t++) {
+        float *row = dtable + ids[t] * d;
+        const float *g = dout + t * d;
+        for (int64_t i = 0; i < d; i++) row[i] += g[i];
+    }
 }

@@ -4,8 +4,19 @@
 
 #include <stdint.h>
 
-/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of width d (out may alias x). */
-void sl_rmsnorm(float *out, const float *x, const float *w, int64_t T, int64_t d, float eps);
+/* Batched backward and JVP convention: the primal tensors (x, rstd, g, u) hold T rows (one
+ * sequence); the cotangents/tangents hold rows = B*T rows (B directions for that sequence), row r
+ * reading primal row r % T. */
+
+/* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of width d (out may alias x);
+ * rstd (NULL or T) receives 1/sqrt(mean(x[t]^2) + eps) for the backward. */
+void sl_rmsnorm(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
+/* dx (+)= J^T dy for each of `rows` rows; dw (NULL or d) += the weight gradient summed over rows. */
+void sl_rmsnorm_backward(float *dx, int accumulate, float *dw, const float *dy, const float *x,
+                         const float *w, const float *rstd, int64_t rows, int64_t T, int64_t d);
+/* dy = J dx for each of `rows` rows. */
+void sl_rmsnorm_jvp(float *dy, const float *dx, const float *x, const float *w, const float *rstd,
+                    int64_t rows, int64_t T, int64_t d);
 
 /* Rotary tables for positions 0..T-1: cos/sin[t*half + i] of angle t * inv_freq[i].
  * The angle is rounded to fp32 first, as the reference implementations do. */
@@ -18,8 +29,19 @@ enum { SL_ROPE_HALF_SPLIT = 0, /* pairs (i, i+hd/2): Hugging Face layout */
 void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                    const float *cosv, const float *sinv, int layout);
 
+/* The inverse rotation (rotation by -angle), which is RoPE's transpose: the backward of
+ * sl_rope_apply. Its JVP is sl_rope_apply itself (RoPE is linear). */
+void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
+                      const float *cosv, const float *sinv, int layout);
+
 /* h = silu(g) * u elementwise (SwiGLU); h may alias g. */
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
+/* dg = dh * u * silu'(g), du = dh * silu(g) for n elements; g, u hold `period` elements. */
+void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+                        int64_t n, int64_t period);
+/* dh = dg * u * silu'(g) + du * silu(g). */
+void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *g, const float *u,
+                   int64_t n, int64_t period);
 
 /* Numerically safe softmax of x[0..n) in place (max subtracted, sums in double); returns the
  * entropy of the result in nats, from log Z - E[x - max] so no per-element log is needed. */
@@ -30,5 +52,7 @@ void sl_add_inplace(float *x, const float *y, int64_t n);
 
 /* out[t] = table[ids[t]]; every id must already be checked against vocab (done by the caller). */
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d);
+/* dtable[ids[t]] += dout[t]: the embedding's weight gradient. */
+void sl_embed_backward(float *dtable, const float *dout, const int64_t *ids, int64_t T, int64_t d);
 
 #endif

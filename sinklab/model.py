@@ -295,6 +295,232 @@ class Model:
         return Trace(ids=arr, attn=opt(attn), resid=opt(resid), logits=opt(logits), stats=st,
                      layers=sel, meta=meta, **{k: opt(v) for k, v in acts.items()})
 
+    # ------------------------------------------------------------------ derivatives
+    def _sequence(self, ids: Any) -> np.ndarray:
+        arr = self.check_ids(ids)
+        if arr.ndim != 1:
+            raise ValueError(f"derivatives take one sequence of ids (T,), got shape {arr.shape}")
+        return arr
+
+    def _directions(self, x: Any, shape: Tuple[int, ...], name: str) -> Tuple[np.ndarray, bool]:
+        """``x`` as float32 with shape ``shape`` or ``(B,) + shape``; returns (array (B,) + shape, batched)."""
+        arr = np.asarray(x)
+        if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
+            raise TypeError(f"{name} must be a float array, got dtype {arr.dtype}")
+        if arr.shape == shape:
+            return np.ascontiguousarray(arr[None], dtype=np.float32), False
+        if arr.ndim == len(shape) + 1 and arr.shape[1:] == shape and arr.shape[0] >= 1:
+            return np.ascontiguousarray(arr, dtype=np.float32), True
+        raise ValueError(f"{name} must have shape {shape} or (B,) + {shape}, got {arr.shape}")
+
+    def _layer_index(self, layer: Any, name: str, lo: int = 0) -> int:
+        L = self.config.n_layers
+        if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
+            raise TypeError(f"{name} must be an integer layer index, got {layer!r}")
+        if not lo <= int(layer) <= L:
+            raise ValueError(f"{name}={layer} outside [{lo}, {L}] (resid[{L}] is the last layer's output)")
+        return int(layer)
+
+    @staticmethod
+    def _positions(positions: Any, T: int) -> np.ndarray:
+        pos = np.asarray(range(T) if positions is None else positions)
+        if pos.ndim > 1 or not np.issubdtype(pos.dtype, np.integer):
+            raise ValueError(f"positions must be an integer or a sequence of integers, got {positions!r}")
+        pos = pos.reshape(-1)
+        bad = pos[(pos < -T) | (pos >= T)]
+        if bad.size:
+            raise ValueError(f"position {int(bad[0])} outside [-{T}, {T}) for T={T}")
+        pos = pos % T
+        if len(np.unique(pos)) != len(pos):
+            raise ValueError(f"positions repeat: {positions!r}")
+        return pos
+
+    def _check_bytes(self, nbytes: int, what: str, cheaper: str) -> None:
+        avail = available_memory()
+        if avail is not None and nbytes > avail:
+            raise MemoryError(f"{what} needs {_gb(nbytes)} but only {_gb(avail)} is available; {cheaper}")
+
+    def grad_bytes(self, T: int, B: int = 1, n_tape: Optional[int] = None) -> int:
+        """Bytes the C backward allocates for ``B`` directions on ``T`` tokens (besides the outputs).
+
+        The tape of ``n_tape`` layers (default all): per token and layer 4*(4d + 2H*hd + 2G*hd +
+        2F + 2) bytes; the layer's attention probabilities 4*H*T*T; per direction and token
+        4*(2d + 2H*hd + 2G*hd) bytes, and the MLP's 3 F-wide buffers for up to 8192 rows.
+        """
+        c = self.config
+        qd, kvd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
+        L = c.n_layers if n_tape is None else n_tape
+        tape = L * T * (4 * c.d_model + 2 * qd + 2 * kvd + 2 * c.d_ff + 2)
+        rows = B * T
+        return 4 * (tape + c.n_heads * T * T + rows * (2 * c.d_model + 2 * qd + 2 * kvd)
+                    + 3 * min(rows, max(8192 // T, 1) * T) * c.d_ff)
+
+    def vjp(self, ids: Any, cotangent: Any, at: Any, intervene: Optional[Intervention] = None,
+            layers: Optional[Sequence[int]] = None) -> np.ndarray:
+        """Vector-Jacobian product: gradients of <cotangent, resid[layer][positions]> with
+        respect to the residual stream entering each layer.
+
+        ``resid[l]`` is the stream entering layer l (``resid[0]`` the input embeddings,
+        ``resid[L]`` the last layer's output before the final norm), as :meth:`run` captures it.
+        The C backward runs one forward (saving each layer's activations), then pushes all B
+        cotangents back together, so each linear layer's backward is one product with B*T rows.
+        Positions after the last one in ``positions`` cannot influence it (the model is causal):
+        they are not computed and their gradients are exactly zero.
+
+        Args:
+            ids: token ids (T,).
+            cotangent: (P, d), or (B, P, d) for B cotangents at once; (d,) / (B, d) when
+                ``positions`` is one integer.
+            at: ``(layer, positions)`` with ``layer`` in [0, L] and ``positions`` an int or a
+                sequence of P distinct ints (negative count from the end); a bare ``layer``
+                means every position.
+            intervene: an :class:`Intervention`, differentiated as applied.
+            layers: which ``resid[l]`` (l <= layer) to return gradients for; default all 0..layer.
+
+        Returns:
+            float32 (n, T, d), or (B, n, T, d) for batched cotangents, n = len(layers): row k is
+            the gradient with respect to ``resid[layers[k]]``.
+        """
+        arr = self._sequence(ids)
+        T, d = arr.shape[0], self.config.d_model
+        layer, positions = at if isinstance(at, tuple) else (at, None)
+        layer = self._layer_index(layer, "at layer")
+        pos = self._positions(positions, T)
+        one = positions is not None and np.ndim(positions) == 0
+        cot, batched = self._directions(cotangent, (d,) if one else (len(pos), d), "cotangent")
+        cot = cot.reshape(cot.shape[0], len(pos), d)
+        out_layers = list(range(layer + 1)) if layers is None else [int(l) for l in layers]
+        bad = [l for l in out_layers if not 0 <= l <= layer]
+        if bad:
+            raise ValueError(f"layers {bad} outside [0, {layer}]: gradients exist for resid[0..{layer}]")
+        B, t_eff = cot.shape[0], int(pos.max()) + 1
+        self._check_bytes(self.grad_bytes(t_eff, B, layer) + 4 * B * len(out_layers) * T * d,
+                          f"vjp of {B} cotangents on {T} tokens", "pass fewer cotangents at once or fewer layers=")
+        full = np.zeros((B, t_eff, d), np.float32)
+        full[:, pos] = cot
+        out = np.zeros((B, len(out_layers), T, d), np.float32)
+        bufs: List[Optional[np.ndarray]] = [None] * (self.config.n_layers + 1)
+        for k, l in enumerate(out_layers):
+            bufs[l] = out[:, k, :t_eff] if t_eff == T else np.empty((B, t_eff, d), np.float32)
+        ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
+        _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, dresid=bufs, **ivs)
+        if t_eff != T:
+            for k, l in enumerate(out_layers):
+                out[:, k, :t_eff] = bufs[l]
+        return out if batched else out[0]
+
+    def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None) -> np.ndarray:
+        """Jacobian-vector product: how the residual stream of every later layer moves when
+        ``resid[at]`` moves along ``tangent``, at the cost of about one forward per tangent.
+
+        Args:
+            ids: token ids (T,).
+            tangent: (T, d) direction added to ``resid[at]``, or (B, T, d) for B at once.
+            at: the layer index l in [0, L] of the stream the tangent enters.
+            intervene: an :class:`Intervention`, differentiated as applied.
+
+        Returns:
+            float32 (L+1-at, T, d), or (B, L+1-at, T, d): row k is the tangent of ``resid[at+k]``
+            (row 0 is ``tangent`` itself).
+        """
+        arr = self._sequence(ids)
+        T, d, L = arr.shape[0], self.config.d_model, self.config.n_layers
+        at = self._layer_index(at, "at")
+        tan, batched = self._directions(tangent, (T, d), "tangent")
+        B = tan.shape[0]
+        self._check_bytes(self.grad_bytes(T, B) + 4 * B * (L + 1 - at) * T * d,
+                          f"jvp of {B} tangents on {T} tokens", "pass fewer tangents at once")
+        out = np.empty((B, L + 1 - at, T, d), np.float32)
+        bufs: List[Optional[np.ndarray]] = [None] * at + [np.ascontiguousarray(out[:, k]) for k in range(L + 1 - at)]
+        ivs = (intervene or Intervention()).arrays(L, self.config.n_heads)
+        _core.model_jvp(self._handle, arr, tan, at, tout=bufs, **ivs)
+        for k in range(L + 1 - at):
+            out[:, k] = bufs[at + k]
+        return out if batched else out[0]
+
+    def jacobian(self, ids: Any, of: Tuple[int, int], wrt: int = 0, intervene: Optional[Intervention] = None,
+                 progress: bool = True, chunk: Optional[int] = None) -> np.ndarray:
+        """The exact Jacobian block J[a, j, b] = d resid[layer][position, a] / d resid[wrt][j, b].
+
+        Computed as d unit cotangents pushed back through the C backward together (one product
+        with d*T rows per linear layer), in chunks of ``chunk`` cotangents when memory is short.
+
+        Args:
+            ids: token ids (T,).
+            of: ``(layer, position)``, the output row; layer in [1, L].
+            wrt: the layer whose input stream it is differentiated by, 0 <= wrt < layer.
+            chunk: cotangents per backward call (default: all d when they fit in memory).
+
+        Returns:
+            float32 (d, T, d); rows j > position are zero (causality).
+        """
+        arr = self._sequence(ids)
+        T, d = arr.shape[0], self.config.d_model
+        layer, position = of
+        layer = self._layer_index(layer, "of layer", lo=1)
+        wrt = self._layer_index(wrt, "wrt")
+        if wrt >= layer:
+            raise ValueError(f"wrt={wrt} must be below the output layer {layer}")
+        pos = int(self._positions(position, T)[0])
+        chunk = self._cotangent_chunk(pos + 1, d, layer) if chunk is None else max(1, int(chunk))
+        J = np.empty((d, T, d), np.float32)
+        starts = range(0, d, chunk)
+        for a0 in progress_bar(starts, progress and len(starts) > 1, desc=f"jacobian ({d} cotangents)", unit="chunk"):
+            n = min(chunk, d - a0)
+            cot = np.zeros((n, d), np.float32)
+            cot[np.arange(n), a0 + np.arange(n)] = 1.0
+            J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt])[:, 0]
+        return J
+
+    def _cotangent_chunk(self, T: int, B: int, n_tape: int, budget: Optional[int] = None) -> int:
+        """The most cotangents (<= B) whose backward fits in ``budget`` bytes (default: half the
+        available memory, at most 4 GB)."""
+        avail = available_memory()
+        budget = budget or min(4 << 30, (avail or 8 << 30) // 2)
+        per = self.grad_bytes(T, 2, n_tape) - self.grad_bytes(T, 1, n_tape) + 4 * T * self.config.d_model
+        fixed = self.grad_bytes(T, 1, n_tape) - per
+        return int(max(1, min(B, (budget - fixed) // max(per, 1))))
+
+    def loss_and_grad(self, ids: Any, targets: Any = None,
+                      intervene: Optional[Intervention] = None) -> Tuple[float, Dict[str, np.ndarray]]:
+        """Next-token cross-entropy and its gradient with respect to every weight.
+
+        Args:
+            ids: token ids (T,).
+            targets: (T,) int target ids, negative to leave a position out; default the next
+                token (``targets[t] = ids[t+1]``, the last position left out), so the loss is
+                what Hugging Face's ``labels=ids`` computes.
+            intervene: an :class:`Intervention`, differentiated as applied.
+
+        Returns:
+            (loss, grads): the mean cross-entropy in nats over the positions with a target, and
+            float32 gradients keyed and shaped like :attr:`weights` (without ``rope_inv_freq``;
+            with tied embeddings there is no ``lm_head`` entry and ``tok_embd`` holds the sum of
+            the embedding's and the head's gradients). Q/K gradients of a GGUF-loaded model are
+            in the file's (llama.cpp-permuted) row layout, like its weights.
+        """
+        arr = self._sequence(ids)
+        T = arr.shape[0]
+        if targets is None:
+            tg = np.full(T, -1, np.int64)
+            tg[:-1] = arr[1:]
+        else:
+            tg = np.asarray(targets)
+            if tg.shape != (T,) or not np.issubdtype(tg.dtype, np.integer):
+                raise ValueError(f"targets must be integers of shape ({T},), got {tg.dtype} {tg.shape}")
+            if tg.max() >= self.config.vocab_size:
+                raise ValueError(f"target {int(tg.max())} is outside the vocabulary [0, {self.config.vocab_size})")
+            tg = np.ascontiguousarray(tg, dtype=np.int64)
+        if not np.any(tg >= 0):
+            raise ValueError("no position has a target: need T >= 2 or some targets >= 0")
+        tied = self.weights["lm_head"] is self.weights["tok_embd"]
+        grads = {k: np.zeros_like(v) for k, v in self.weights.items()
+                 if k != "rope_inv_freq" and not (tied and k == "lm_head")}
+        bufs = dict(grads, lm_head=grads["tok_embd"]) if tied else grads
+        ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
+        loss = _core.model_loss_grad(self._handle, arr, tg, bufs, **ivs)
+        return float(loss), grads
+
     def _per_layer(self, buf: Optional[np.ndarray], b: int, sel: List[int]) -> Optional[list]:
         """The C core's per-layer list: batch row b's slot for each selected layer, None elsewhere."""
         if buf is None:

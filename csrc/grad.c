@@ -1,0 +1,339 @@
+/* Reverse- and forward-mode derivatives of the transformer, layer by layer over the tape that
+ * sl_model_forward_tape saves (model.h), with the ops' own backward/JVP kernels (ops.h,
+ * attention.h). Layer l, as the forward computes it:
+ *   h = x + Wo·z,   z = attention(rope(Wq·n1(x)), rope(Wk·n1(x)), Wv·n1(x))
+ *   y = h + Wdown·(silu(Wgate·n2(h)) * Wup·n2(h))
+ * A batch of B directions (cotangents or tangents) for one sequence is held as B*T rows, so each
+ * linear layer's derivative is one product with B*T rows: the d cotangents of a Jacobian cost one
+ * GEMM per weight, not d calls. Memory: the tape (sl_layer_tape_floats per layer), the layer's
+ * probabilities (H*T*T floats, recomputed per layer) and about (3d + H*hd + 2*G*hd) floats per row
+ * of directions; the MLP's F-wide buffers are taken a few sequences at a time. */
+#include "grad.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "attention.h"
+#include "jacobian.h"
+#include "ops.h"
+#include "sgemm.h"
+#include "sl_common.h"
+
+/* MLP rows (of B*T) per block of the F-wide buffers. */
+#define SL_GRAD_MLP_ROWS 8192
+
+typedef struct {
+    int64_t T, B, chunk;                  /* chunk: directions per MLP block */
+    float *tape_buf, *cosv, *sinv, *probs;
+    float *dx, *dz, *dq, *dk, *dv, *dxn;  /* (B*T, ·) */
+    float *dact, *dg, *du;                /* (chunk*T, F) */
+    float *act;                           /* (T, F), parameter gradients only */
+    sl_layer_tape *tapes;
+} grad_bufs;
+
+static void grad_bufs_free(grad_bufs *g) {
+    float **p[] = {&g->tape_buf, &g->cosv, &g->sinv, &g->probs, &g->dx, &g->dz, &g->dq, &g->dk, &g->dv,
+                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
+        sl_free(*p[i]);
+        *p[i] = NULL;
+    }
+    free(g->tapes);
+    g->tapes = NULL;
+}
+
+/* *out = a*b*c with overflow checks. */
+static int mul3(int64_t a, int64_t b, int64_t c, int64_t *out) {
+    int64_t ab;
+    return sl_mul_size(a, b, &ab) && sl_mul_size(ab, c, out);
+}
+
+/* Tapes for n_tape layers and direction buffers for B directions; params: the (T, F) activation. */
+static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B, int64_t n_tape, int params) {
+    memset(g, 0, sizeof *g);
+    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t F = m->d_ff, H = m->n_heads, half = m->head_dim / 2;
+    g->T = T, g->B = B;
+    g->chunk = SL_GRAD_MLP_ROWS / T > 0 ? SL_GRAD_MLP_ROWS / T : 1;
+    if (g->chunk > B) g->chunk = B;
+    const int64_t per_layer = sl_layer_tape_floats(m, T);
+    int64_t n_tape_f, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_act = 0;
+    int ok = per_layer >= 0 && sl_mul_size(per_layer, n_tape > 0 ? n_tape : 1, &n_tape_f) &&
+             mul3(H, T, T, &n_probs) && mul3(B, T, d, &n_d) && mul3(B, T, qd, &n_qd) && mul3(B, T, kvd, &n_kvd) &&
+             mul3(g->chunk, T, F, &n_f) && sl_mul_size(T, half, &n_half) && (!params || sl_mul_size(T, F, &n_act));
+    if (!ok) return sl_fail(SL_ERR_MEMORY, "gradient: sizes overflow for T=%lld and %lld directions", (long long)T,
+                            (long long)B);
+    g->tapes = n_tape > 0 ? calloc((size_t)n_tape, sizeof(sl_layer_tape)) : NULL;
+    g->tape_buf = sl_alloc_floats(n_tape_f);
+    g->cosv = sl_alloc_floats(n_half);
+    g->sinv = sl_alloc_floats(n_half);
+    g->probs = sl_alloc_floats(n_probs);
+    g->dx = sl_alloc_floats(n_d);
+    g->dz = sl_alloc_floats(n_qd);
+    g->dq = sl_alloc_floats(n_qd);
+    g->dk = sl_alloc_floats(n_kvd);
+    g->dv = sl_alloc_floats(n_kvd);
+    g->dxn = sl_alloc_floats(n_d);
+    g->dact = sl_alloc_floats(n_f);
+    g->dg = sl_alloc_floats(n_f);
+    g->du = sl_alloc_floats(n_f);
+    g->act = params ? sl_alloc_floats(n_act) : NULL;
+    if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
+        !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act)) {
+        grad_bufs_free(g);
+        double gb = 4.0 * ((double)per_layer * (double)n_tape + 2.0 * (double)n_d + 2.0 * (double)n_qd +
+                           2.0 * (double)n_kvd + 3.0 * (double)n_f + (double)n_probs) / 1e9;
+        return sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %.2f GB for T=%lld and %lld directions "
+                       "(fewer directions at once, or fewer tokens)", gb, (long long)T, (long long)B);
+    }
+    for (int64_t l = 0; l < n_tape; l++) sl_layer_tape_bind(m, T, g->tape_buf + l * per_layer, &g->tapes[l]);
+    return SL_OK;
+}
+
+static sl_attn_shape attn_shape(const sl_model *m, int64_t T) {
+    sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, m->head_dim, (float)(1.0 / sqrt((double)m->head_dim))};
+    return s;
+}
+
+/* Applies RoPE's backward (inverse rotation) or its JVP (the rotation) to B sequences of rows. */
+static void rope_rows(const sl_model *m, const grad_bufs *g, float *x, int64_t stride, int64_t heads, int inverse) {
+    for (int64_t b = 0; b < g->B; b++) {
+        float *xb = x + b * g->T * stride;
+        if (inverse)
+            sl_rope_backward(xb, g->T, stride, heads, m->head_dim, g->cosv, g->sinv, m->rope_layout);
+        else
+            sl_rope_apply(xb, g->T, stride, heads, m->head_dim, g->cosv, g->sinv, m->rope_layout);
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Reverse mode. g->dx holds the gradient w.r.t. the layer's output on entry and w.r.t. its input
+ * (resid[l]) on exit. Parameter gradients (lg, B == 1 only) use the tape's inputs of each product. */
+
+static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
+                        sl_layer_grads *lg) {
+    const int64_t T = g->T, d = m->d_model, F = m->d_ff;
+    if (lg) sl_swiglu(g->act, lt->gate, lt->up, T * F);
+    for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
+        const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
+        float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
+        SL_TRY(sl_sgemm(0, 0, rows, F, d, dx, d, lw->w_down, F, g->dact, F, 0, 1));
+        if (lg) SL_TRY(sl_sgemm(1, 0, d, F, rows, dx, d, g->act, F, lg->w_down, F, 1, 1));
+        sl_swiglu_backward(g->dg, g->du, g->dact, lt->gate, lt->up, rows * F, T * F);
+        SL_TRY(sl_sgemm(0, 0, rows, d, F, g->dg, F, lw->w_gate, d, dxn, d, 0, 1));
+        SL_TRY(sl_sgemm(0, 0, rows, d, F, g->du, F, lw->w_up, d, dxn, d, 1, 1));
+        if (lg) {
+            SL_TRY(sl_sgemm(1, 0, F, d, rows, g->dg, F, lt->xn2, d, lg->w_gate, d, 1, 1));
+            SL_TRY(sl_sgemm(1, 0, F, d, rows, g->du, F, lt->xn2, d, lg->w_up, d, 1, 1));
+        }
+        /* The residual path: d/dh = dy + n2's backward of dxn. */
+        sl_rmsnorm_backward(dx, 1, lg ? lg->ffn_norm : NULL, dxn, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
+    }
+    return SL_OK;
+}
+
+static int attention_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                              grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg) {
+    const int64_t T = g->T, rows = g->B * T, d = m->d_model;
+    const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const sl_attn_shape s = attn_shape(m, T);
+    SL_TRY(sl_sgemm(0, 0, rows, qd, d, g->dx, d, lw->wo, qd, g->dz, qd, 0, 1));
+    if (lg) SL_TRY(sl_sgemm(1, 0, d, qd, rows, g->dx, d, lt->z, qd, lg->wo, qd, 1, 1));
+    SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
+    SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, aiv));
+    rope_rows(m, g, g->dq, qd, m->n_heads, 1);
+    rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 1);
+    SL_TRY(sl_sgemm(0, 0, rows, d, qd, g->dq, qd, lw->wq, d, g->dxn, d, 0, 1));
+    SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dk, kvd, lw->wk, d, g->dxn, d, 1, 1));
+    SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dv, kvd, lw->wv, d, g->dxn, d, 1, 1));
+    if (lg) {
+        SL_TRY(sl_sgemm(1, 0, qd, d, rows, g->dq, qd, lt->xn1, d, lg->wq, d, 1, 1));
+        SL_TRY(sl_sgemm(1, 0, kvd, d, rows, g->dk, kvd, lt->xn1, d, lg->wk, d, 1, 1));
+        SL_TRY(sl_sgemm(1, 0, kvd, d, rows, g->dv, kvd, lt->xn1, d, lg->wv, d, 1, 1));
+    }
+    sl_rmsnorm_backward(g->dx, 1, lg ? lg->attn_norm : NULL, g->dxn, lt->x, lw->attn_norm, lt->rstd1, rows, T, d);
+    return SL_OK;
+}
+
+static int layer_backward(const sl_model *m, const sl_intervention *iv, int64_t l, grad_bufs *g,
+                          sl_layer_grads *lg) {
+    sl_attn_intervention aiv;
+    sl_layer_intervention(m, iv, l, &aiv);
+    SL_TRY(mlp_backward(m, &m->layers[l], &g->tapes[l], g, lg));
+    return attention_backward(m, &m->layers[l], &g->tapes[l], g, &aiv, lg);
+}
+
+/* Copies and reduces the gradient w.r.t. resid[l] as out asks. */
+static int record_layer(sl_vjp_out *out, int64_t l, const grad_bufs *g, int64_t d) {
+    if (!out) return SL_OK;
+    if (out->dresid && out->dresid[l]) memcpy(out->dresid[l], g->dx, (size_t)(g->B * g->T * d) * sizeof(float));
+    if (out->sqnorm && out->sqnorm[l]) sl_block_sqnorms(g->dx, g->B, g->T, d, out->sqnorm[l]);
+    if (out->spectral && out->spectral[l]) {
+        int it = sl_block_spectral(g->dx, g->B, g->T, d, out->spectral_rtol, out->spectral_max_iter, out->spectral[l]);
+        if (it < 0) return -it;
+        if (it > out->spectral_iters) out->spectral_iters = it;
+    }
+    return SL_OK;
+}
+
+/* The lowest layer boundary out asks anything of (at when it asks nothing). */
+static int64_t lowest_requested(const sl_vjp_out *out, int64_t at) {
+    if (!out) return at;
+    for (int64_t l = 0; l < at; l++)
+        if ((out->dresid && out->dresid[l]) || (out->sqnorm && out->sqnorm[l]) || (out->spectral && out->spectral[l]))
+            return l;
+    return at;
+}
+
+static int check_directions(const sl_model *m, int64_t at, int64_t B, const void *dirs, const char *what) {
+    if (at < 0 || at > m->n_layers)
+        return sl_fail(SL_ERR_VALUE, "%s: layer %lld outside [0, %lld]", what, (long long)at, (long long)m->n_layers);
+    if (B < 1 || !dirs) return sl_fail(SL_ERR_VALUE, "%s: need at least one direction", what);
+    return SL_OK;
+}
+
+int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_intervention *iv, int64_t at,
+                 int64_t B, const float *cot, sl_vjp_out *out) {
+    SL_TRY(check_directions(m, at, B, cot, "vjp"));
+    if (out) out->spectral_iters = 0;
+    const int64_t low = lowest_requested(out, at), d = m->d_model;
+    grad_bufs g;
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, at, 0));
+    int rc = sl_model_forward_tape(m, ids, T, at, g.tapes, iv, NULL, g.cosv, g.sinv);
+    if (rc == SL_OK) {
+        memcpy(g.dx, cot, (size_t)(B * T * d) * sizeof(float));
+        rc = record_layer(out, at, &g, d);
+    }
+    for (int64_t l = at - 1; l >= low && rc == SL_OK; l--) {
+        rc = layer_backward(m, iv, l, &g, NULL);
+        if (rc == SL_OK) rc = record_layer(out, l, &g, d);
+    }
+    grad_bufs_free(&g);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * The language-model loss. */
+
+/* Cross-entropy of each row with a target, summed in double; dlogits (in place of the logits)
+ * = (softmax - onehot) / n for those rows, zero for the others. */
+static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64_t V, double *loss) {
+    int64_t n = 0;
+    for (int64_t t = 0; t < T; t++) {
+        if (targets[t] >= V)
+            return sl_fail(SL_ERR_VALUE, "loss: target %lld at position %lld is outside [0, %lld)",
+                           (long long)targets[t], (long long)t, (long long)V);
+        n += targets[t] >= 0;
+    }
+    if (n == 0) return sl_fail(SL_ERR_VALUE, "loss: no position has a target (all are negative)");
+    double total = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : total) num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++) {
+        float *row = logits + t * V;
+        if (targets[t] < 0) {
+            memset(row, 0, (size_t)V * sizeof(float));
+            continue;
+        }
+        float mx = row[0];
+        for (int64_t i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
+        double z = 0.0;
+        for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
+        total += log(z) + mx - row[targets[t]];
+        for (int64_t i = 0; i < V; i++) row[i] = (float)(exp((double)row[i] - mx) / z / (double)n);
+        row[targets[t]] -= (float)(1.0 / (double)n);
+    }
+    *loss = total / (double)n;
+    return SL_OK;
+}
+
+int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
+                       const sl_intervention *iv, double *loss, const sl_model_grads *pg) {
+    if (!pg || !pg->tok_embd || !pg->out_norm || !pg->lm_head || !pg->layers)
+        return sl_fail(SL_ERR_VALUE, "loss: every parameter gradient buffer is needed");
+    const int64_t d = m->d_model, V = m->vocab_size, L = m->n_layers;
+    grad_bufs g;
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, 1, L, 1));
+    int64_t n_logits, n_x;
+    float *xf = sl_mul_size(T, d, &n_x) ? sl_alloc_floats(n_x) : NULL, *rstd = sl_alloc_floats(T);
+    float *logits = sl_mul_size(T, V, &n_logits) ? sl_alloc_floats(n_logits) : NULL;
+    int rc = (!xf || !rstd || !logits) ? sl_fail(SL_ERR_MEMORY, "loss: cannot allocate the logits (%lld x %lld)",
+                                                  (long long)T, (long long)V)
+                                       : sl_model_forward_tape(m, ids, T, L, g.tapes, iv, g.dx, g.cosv, g.sinv);
+    if (rc == SL_OK) {
+        /* dx holds resid[L]; xf its final norm; the logits become their gradient in place. */
+        sl_rmsnorm(xf, rstd, g.dx, m->out_norm, T, d, m->norm_eps);
+        rc = sl_sgemm(0, 1, T, V, d, xf, d, m->lm_head, d, logits, V, 0, 1);
+    }
+    if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, loss);
+    if (rc == SL_OK) rc = sl_sgemm(1, 0, V, d, T, logits, V, xf, d, pg->lm_head, d, 1, 1);
+    if (rc == SL_OK) rc = sl_sgemm(0, 0, T, d, V, logits, V, m->lm_head, d, g.dxn, d, 0, 1);
+    if (rc == SL_OK) {
+        memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float)); /* resid[L], the final norm's input */
+        sl_rmsnorm_backward(g.dx, 0, pg->out_norm, g.dxn, xf, m->out_norm, rstd, T, T, d);
+    }
+    for (int64_t l = L - 1; l >= 0 && rc == SL_OK; l--) rc = layer_backward(m, iv, l, &g, &pg->layers[l]);
+    if (rc == SL_OK) sl_embed_backward(pg->tok_embd, g.dx, ids, T, d);
+    sl_free(xf);
+    sl_free(rstd);
+    sl_free(logits);
+    grad_bufs_free(&g);
+    return rc;
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Forward mode. g->dx holds the tangent of the layer's input on entry and of its output on exit;
+ * each addition to the stream is formed on its own first, then added, as in the forward. */
+
+static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
+                         const sl_attn_intervention *aiv) {
+    const int64_t T = g->T, rows = g->B * T, d = m->d_model;
+    const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const sl_attn_shape s = attn_shape(m, T);
+    sl_rmsnorm_jvp(g->dxn, g->dx, lt->x, lw->attn_norm, lt->rstd1, rows, T, d);
+    SL_TRY(sl_sgemm(0, 1, rows, qd, d, g->dxn, d, lw->wq, d, g->dq, qd, 0, 1));
+    SL_TRY(sl_sgemm(0, 1, rows, kvd, d, g->dxn, d, lw->wk, d, g->dk, kvd, 0, 1));
+    SL_TRY(sl_sgemm(0, 1, rows, kvd, d, g->dxn, d, lw->wv, d, g->dv, kvd, 0, 1));
+    rope_rows(m, g, g->dq, qd, m->n_heads, 0);
+    rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 0);
+    SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
+    SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
+    SL_TRY(sl_sgemm(0, 1, rows, d, qd, g->dz, qd, lw->wo, qd, g->dxn, d, 0, 1));
+    sl_add_inplace(g->dx, g->dxn, rows * d);
+    return SL_OK;
+}
+
+static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g) {
+    const int64_t T = g->T, d = m->d_model, F = m->d_ff;
+    for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
+        const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
+        float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
+        sl_rmsnorm_jvp(dxn, dx, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
+        SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_gate, d, g->dg, F, 0, 1));
+        SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_up, d, g->du, F, 0, 1));
+        sl_swiglu_jvp(g->dact, g->dg, g->du, lt->gate, lt->up, rows * F, T * F);
+        SL_TRY(sl_sgemm(0, 1, rows, d, F, g->dact, F, lw->w_down, F, dxn, d, 0, 1));
+        sl_add_inplace(dx, dxn, rows * d);
+    }
+    return SL_OK;
+}
+
+int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_intervention *iv, int64_t at,
+                 int64_t B, const float *tangent, float **tout) {
+    SL_TRY(check_directions(m, at, B, tangent, "jvp"));
+    const int64_t L = m->n_layers, d = m->d_model;
+    grad_bufs g;
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, L, 0));
+    int rc = sl_model_forward_tape(m, ids, T, L, g.tapes, iv, NULL, g.cosv, g.sinv);
+    if (rc == SL_OK) memcpy(g.dx, tangent, (size_t)(B * T * d) * sizeof(float));
+    if (rc == SL_OK && tout && tout[at]) memcpy(tout[at], g.dx, (size_t)(B * T * d) * sizeof(float));
+    for (int64_t l = at; l < L && rc == SL_OK; l++) {
+        sl_attn_intervention aiv;
+        sl_layer_intervention(m, iv, l, &aiv);
+        rc = attention_jvp(m, &m->layers[l], &g.tapes[l], &g, &aiv);
+        if (rc == SL_OK) rc = mlp_jvp(m, &m->layers[l], &g.tapes[l], &g);
+        if (rc == SL_OK && tout && tout[l + 1]) memcpy(tout[l + 1], g.dx, (size_t)(B * T * d) * sizeof(float));
+    }
+    grad_bufs_free(&g);
+    return rc;
+}
