@@ -6,8 +6,9 @@
  * outputs) and A into MR-row panels (for every k, MR consecutive rows), so the micro-kernel reads
  * both with unit stride. The layout only changes the packers: an operand stored with K along its
  * rows ((M,K) A, (N,K) B) is transposed while packing, one stored with K down its columns ((K,M) A,
- * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts. The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers
- * (12 accumulators + 2 B vectors + 1 broadcast of A = 15 of the 16 registers).
+ * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts.
+ * The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers (12 accumulators + 2 B vectors
+ * + 1 broadcast of A = 15 of the 16 registers).
  *
  * Determinism: each C element is one chain c = c + a_k·b_k over k = 0..K-1 in order, starting
  * from 0 (or from C when accumulating). K blocks are walked in order and each block continues the
