@@ -27,6 +27,7 @@ from .analysis.perturbation import PerturbationStudy, perturb, perturbation_stud
 from .prompts import load_passages
 from .analysis.quality import compare_bos_quality, passkey, perplexity
 from .analysis.sinkset import compare_bos, sink_study
+from .analysis.sensitivity import Sensitivity, sensitivity
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
@@ -34,7 +35,8 @@ __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervent
            "sink_study", "compare_bos", "perturb", "perturbation_study", "PerturbationStudy", "text_key_entropy",
            "rank_collapse", "prop31_check", "Prop31", "representational_collapse",
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
-           "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages"]
+           "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages",
+           "sensitivity", "Sensitivity"]
 
 
 def set_num_threads(n: int) -> None:

@@ -1,0 +1,194 @@
+"""The over-squashing map: how strongly each source position's residual stream, at each layer,
+moves one target token's final representation (the measured side of the paper's Thm. 3.2).
+
+For a target position i and the stream after the last layer (``resid[L]``, before the final
+norm), the map holds, for every layer l and source position j, a norm of the d x d Jacobian block
+
+    J_j^(l) = d resid[L][i] / d resid[l][j].
+
+``method="exact"`` pushes the d unit cotangents at (L, i) back through the C backward together
+and reads every block at every layer boundary on the way down: Frobenius norms from the squared
+row norms, spectral norms by power iteration on each block (in double, to a relative change of
+``spectral_rtol``). ``method="estimate"`` pushes ``n_probes`` random sign vectors u instead:
+E||u^T J||^2 = ||J||_F^2 for E[u u^T] = I, so the mean over probes of ||u^T J_j^(l)||^2 is an
+unbiased estimate of every block's squared Frobenius norm at once, with its standard error from
+the spread over probes. Positions after the target cannot influence it (the model is causal) and
+are not computed: their norms are exactly 0.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .. import _core
+from ..interventions import Intervention
+from ..progress import progress_bar
+
+METHODS = ("exact", "estimate")
+
+
+@dataclass
+class Sensitivity:
+    """Norms of d resid[L][target] / d resid[l][j] for l in ``layers`` and every position j.
+
+    Attributes:
+        fro: (len(layers), T) float64 Frobenius norms (the estimate's square root for
+            ``method="estimate"``).
+        spectral: (len(layers), T) float64 largest singular values, or None (not computed, or
+            ``method="estimate"``).
+        stderr: (len(layers), T) float64 standard error of ``fro`` (estimate only, by the delta
+            method from the squared norms' standard error), else None.
+        layers: the resid indices l of the rows; ``layers[-1] == L`` gives the identity block at
+            the target (Frobenius sqrt(d), spectral 1).
+        target: the target position (non-negative).
+        method, n_probes, seconds: how it was computed and the wall time.
+        spectral_iters: the most power iterations any block took (0 when not computed).
+    """
+
+    fro: np.ndarray
+    spectral: Optional[np.ndarray]
+    stderr: Optional[np.ndarray]
+    layers: List[int]
+    target: int
+    method: str
+    n_probes: Optional[int]
+    seconds: float
+    spectral_iters: int = 0
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def T(self) -> int:
+        return int(self.fro.shape[1])
+
+    def __repr__(self) -> str:
+        kind = "exact" if self.method == "exact" else f"estimate, {self.n_probes} probes"
+        return (f"<Sensitivity {kind}: {len(self.layers)} layers x {self.T} positions, target {self.target}, "
+                f"{self.seconds:.1f} s>")
+
+    def summary(self) -> Dict[str, Any]:
+        """Plain numbers: per layer, the norm at the target itself, at position 0 and the mean
+        over the other sources 1..target-1."""
+        rows = []
+        for k, l in enumerate(self.layers):
+            f = self.fro[k]
+            others = f[1:self.target] if self.target > 1 else np.zeros(0)
+            rows.append({"layer": l, "self": float(f[self.target]), "first": float(f[0]),
+                         "others_mean": float(others.mean()) if others.size else None})
+        return {"method": self.method, "n_probes": self.n_probes, "target": self.target, "T": self.T,
+                "seconds": self.seconds, "layers": rows}
+
+
+def _layer_list(model, layers: Optional[Sequence[int]]) -> List[int]:
+    L = model.config.n_layers
+    out = list(range(L + 1)) if layers is None else sorted({int(l) for l in layers})
+    bad = [l for l in out if not 0 <= l <= L]
+    if bad:
+        raise ValueError(f"layers {bad} outside [0, {L}]")
+    return out
+
+
+def _probes(n: int, t_eff: int, d: int, target: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, t_eff, d) cotangents: random signs (+-1) at the target row, zero elsewhere."""
+    cot = np.zeros((n, t_eff, d), np.float32)
+    cot[:, target] = rng.choice(np.array([-1.0, 1.0], np.float32), size=(n, d))
+    return cot
+
+
+def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int]] = None,
+                method: str = "exact", n_probes: int = 32, seed: int = 0,
+                intervene: Optional[Intervention] = None, spectral: bool = True,
+                spectral_rtol: float = 1e-6, progress: bool = True,
+                chunk: Optional[int] = None) -> Sensitivity:
+    """The over-squashing map of one target token (see the module docstring).
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        ids: token ids (T,).
+        target: the target position (negative counts from the end).
+        layers: resid indices l in [0, L] to report (default all, 0..L).
+        method: ``"exact"`` (d cotangents, Frobenius and spectral norms) or ``"estimate"``
+            (``n_probes`` random-sign probes, Frobenius only, with standard errors).
+        n_probes: probes of the estimate.
+        seed: seed of the probes.
+        intervene: an :class:`Intervention` (e.g. ``mask_first`` on every head: the map with the
+            sink removed), differentiated as applied.
+        spectral: compute spectral norms (exact only). They need all d cotangents in one backward;
+            without them the cotangents go in chunks that fit in memory.
+        spectral_rtol: relative change at which the power iteration stops.
+        progress: progress bar over the backward calls.
+        chunk: cotangents per backward call (exact without spectral, or estimate).
+
+    Returns:
+        a :class:`Sensitivity`.
+    """
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    arr = model._sequence(ids)
+    T, d, L = arr.shape[0], model.config.d_model, model.config.n_layers
+    if not -T <= int(target) < T:
+        raise ValueError(f"target={target} outside [-{T}, {T}) for T={T}")
+    target = int(target) % T
+    sel = _layer_list(model, layers)
+    t_eff = target + 1
+    ids_eff = np.ascontiguousarray(arr[:t_eff])
+    ivs = (intervene or Intervention()).arrays(L, model.config.n_heads)
+    B = d if method == "exact" else int(n_probes)
+    if B < 2 and method == "estimate":
+        raise ValueError("the estimate needs n_probes >= 2 (its standard error comes from their spread)")
+    want_spec = spectral and method == "exact"
+    if want_spec:
+        model._check_bytes(model.grad_bytes(t_eff, B), f"the exact map with spectral norms ({d} cotangents at once, "
+                           f"{t_eff} tokens)", "pass spectral=False (Frobenius only, chunked) or method='estimate'")
+        step = B
+    else:
+        step = model._cotangent_chunk(t_eff, B, L) if chunk is None else max(1, int(chunk))
+    rng = np.random.default_rng(seed)
+    sq = np.zeros((len(sel), B, t_eff))
+    spec = np.zeros((len(sel), t_eff)) if want_spec else None
+    iters = 0
+    t0 = time.perf_counter()
+    starts = range(0, B, step)
+    for b0 in progress_bar(starts, progress and len(starts) > 1, desc=f"sensitivity ({method}, {B} directions)",
+                           unit="chunk"):
+        n = min(step, B - b0)
+        if method == "exact":
+            cot = np.zeros((n, t_eff, d), np.float32)
+            cot[np.arange(n), target, b0 + np.arange(n)] = 1.0
+        else:
+            cot = _probes(n, t_eff, d, target, rng)
+        sq_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)
+        spec_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)
+        for k, l in enumerate(sel):
+            sq_bufs[l] = np.empty((n, t_eff))
+            if want_spec:
+                spec_bufs[l] = np.empty(t_eff)
+        it = _core.model_vjp(model._handle, ids_eff, cot, L, sqnorm=sq_bufs, spectral=spec_bufs if want_spec else None,
+                             spectral_rtol=float(spectral_rtol), **ivs)
+        iters = max(iters, int(it))
+        for k, l in enumerate(sel):
+            sq[k, b0:b0 + n] = sq_bufs[l]
+            if want_spec:
+                spec[k] = spec_bufs[l]
+    seconds = time.perf_counter() - t0
+    fro = np.zeros((len(sel), T))
+    stderr = None
+    if method == "exact":
+        fro[:, :t_eff] = np.sqrt(sq.sum(axis=1))
+    else:
+        mean = sq.mean(axis=1)
+        se_sq = sq.std(axis=1, ddof=1) / np.sqrt(B)
+        fro[:, :t_eff] = np.sqrt(mean)
+        stderr = np.zeros((len(sel), T))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            stderr[:, :t_eff] = np.where(mean > 0, se_sq / (2.0 * np.sqrt(mean)), 0.0)
+    spectral_full = None
+    if spec is not None:
+        spectral_full = np.zeros((len(sel), T))
+        spectral_full[:, :t_eff] = spec
+    meta = {"model": model.name, "T": T, "intervention": {k: v is not None for k, v in ivs.items()},
+            "seed": seed if method == "estimate" else None, "spectral_rtol": spectral_rtol if want_spec else None}
+    return Sensitivity(fro=fro, spectral=spectral_full, stderr=stderr, layers=sel, target=target, method=method,
+                       n_probes=B if method == "estimate" else None, seconds=seconds, spectral_iters=iters, meta=meta)
