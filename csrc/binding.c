@@ -501,8 +501,8 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     PyObject *capsule, *ids_o, *cot_o, *dresid_o = Py_None, *sq_o = Py_None, *spec_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
     long long at;
-    double rtol = 1e-6;
-    int max_iter = 1000;
+    double rtol = 1e-9;
+    int max_iter = 300;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
                                      &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o))
         return NULL;
@@ -663,8 +663,8 @@ static PyMethodDef methods[] = {
      "dequantize(ggml_type, data uint8 (nbytes,), n_elements) -> float32 (n_elements,)."},
     {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
     {"model_vjp", (PyCFunction)(void (*)(void))py_model_vjp, METH_VARARGS | METH_KEYWORDS,
-     "model_vjp(handle, ids, cotangent (B,T,d), at, dresid=None, sqnorm=None, spectral=None, spectral_rtol=1e-6, "
-     "spectral_max_iter=1000, mask_first=None, zero_first_value=None, head_scale=None) -> power iterations taken"},
+     "model_vjp(handle, ids, cotangent (B,T,d), at, dresid=None, sqnorm=None, spectral=None, spectral_rtol=1e-9, "
+     "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None) -> the most Lanczos steps any spectral norm took"},
     {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
      "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
     {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,

@@ -29,12 +29,13 @@ typedef struct {
     float *dx, *dz, *dq, *dk, *dv, *dxn;  /* (B*T, ·) */
     float *dact, *dg, *du;                /* (chunk*T, F) */
     float *act;                           /* (T, F), parameter gradients only */
+    float *dh_dg, *dh_du;                 /* (T, F): the SwiGLU partials of the current layer */
     sl_layer_tape *tapes;
 } grad_bufs;
 
 static void grad_bufs_free(grad_bufs *g) {
     float **p[] = {&g->tape_buf, &g->cosv, &g->sinv, &g->probs, &g->dx, &g->dz, &g->dq, &g->dk, &g->dv,
-                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act};
+                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         sl_free(*p[i]);
         *p[i] = NULL;
@@ -58,10 +59,10 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     g->chunk = SL_GRAD_MLP_ROWS / T > 0 ? SL_GRAD_MLP_ROWS / T : 1;
     if (g->chunk > B) g->chunk = B;
     const int64_t per_layer = sl_layer_tape_floats(m, T);
-    int64_t n_tape_f, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_act = 0;
+    int64_t n_tape_f, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_tf;
     int ok = per_layer >= 0 && sl_mul_size(per_layer, n_tape > 0 ? n_tape : 1, &n_tape_f) &&
              mul3(H, T, T, &n_probs) && mul3(B, T, d, &n_d) && mul3(B, T, qd, &n_qd) && mul3(B, T, kvd, &n_kvd) &&
-             mul3(g->chunk, T, F, &n_f) && sl_mul_size(T, half, &n_half) && (!params || sl_mul_size(T, F, &n_act));
+             mul3(g->chunk, T, F, &n_f) && sl_mul_size(T, half, &n_half) && sl_mul_size(T, F, &n_tf);
     if (!ok) return sl_fail(SL_ERR_MEMORY, "gradient: sizes overflow for T=%lld and %lld directions", (long long)T,
                             (long long)B);
     g->tapes = n_tape > 0 ? calloc((size_t)n_tape, sizeof(sl_layer_tape)) : NULL;
@@ -78,9 +79,12 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     g->dact = sl_alloc_floats(n_f);
     g->dg = sl_alloc_floats(n_f);
     g->du = sl_alloc_floats(n_f);
-    g->act = params ? sl_alloc_floats(n_act) : NULL;
+    g->act = params ? sl_alloc_floats(n_tf) : NULL;
+    g->dh_dg = sl_alloc_floats(n_tf);
+    g->dh_du = sl_alloc_floats(n_tf);
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
-        !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act)) {
+        !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act) ||
+        !g->dh_dg || !g->dh_du) {
         grad_bufs_free(g);
         double gb = 4.0 * ((double)per_layer * (double)n_tape + 2.0 * (double)n_d + 2.0 * (double)n_qd +
                            2.0 * (double)n_kvd + 3.0 * (double)n_f + (double)n_probs) / 1e9;
@@ -115,12 +119,13 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
                         sl_layer_grads *lg) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
     if (lg) sl_swiglu(g->act, lt->gate, lt->up, T * F);
+    sl_swiglu_partials(g->dh_dg, g->dh_du, lt->gate, lt->up, T * F);
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
         SL_TRY(sl_sgemm(0, 0, rows, F, d, dx, d, lw->w_down, F, g->dact, F, 0, 1));
         if (lg) SL_TRY(sl_sgemm(1, 0, d, F, rows, dx, d, g->act, F, lg->w_down, F, 1, 1));
-        sl_swiglu_backward(g->dg, g->du, g->dact, lt->gate, lt->up, rows * F, T * F);
+        sl_swiglu_backward(g->dg, g->du, g->dact, g->dh_dg, g->dh_du, rows * F, T * F);
         SL_TRY(sl_sgemm(0, 0, rows, d, F, g->dg, F, lw->w_gate, d, dxn, d, 0, 1));
         SL_TRY(sl_sgemm(0, 0, rows, d, F, g->du, F, lw->w_up, d, dxn, d, 1, 1));
         if (lg) {
@@ -305,13 +310,14 @@ static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl
 
 static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
+    sl_swiglu_partials(g->dh_dg, g->dh_du, lt->gate, lt->up, T * F);
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
         sl_rmsnorm_jvp(dxn, dx, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
         SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_gate, d, g->dg, F, 0, 1));
         SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_up, d, g->du, F, 0, 1));
-        sl_swiglu_jvp(g->dact, g->dg, g->du, lt->gate, lt->up, rows * F, T * F);
+        sl_swiglu_jvp(g->dact, g->dg, g->du, g->dh_dg, g->dh_du, rows * F, T * F);
         SL_TRY(sl_sgemm(0, 1, rows, d, F, g->dact, F, lw->w_down, F, dxn, d, 0, 1));
         sl_add_inplace(dx, dxn, rows * d);
     }

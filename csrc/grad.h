@@ -28,7 +28,7 @@ typedef struct {
                            (B x d) block dresid[l][:, t, :] (see sl_block_spectral) */
     double spectral_rtol;
     int spectral_max_iter;
-    int spectral_iters; /* out: the most power iterations any block took */
+    int spectral_iters; /* out: the most Lanczos steps any block took */
 } sl_vjp_out;
 
 /* B cotangents cot (B, T, d) on resid[at] (0 <= at <= n_layers) pushed back through layers

@@ -10,10 +10,11 @@
  * an unbiased estimate of it. */
 void sl_block_sqnorms(const float *g, int64_t B, int64_t T, int64_t d, double *sq);
 
-/* spec[t] = the largest singular value of the (B x d) block g[:, t, :], by power iteration on
- * J_t^T J_t (in double) from the block's largest row, until the estimate changes by less than
- * `rtol` relatively or after max_iter steps. The estimate never exceeds the true value (a Rayleigh
- * quotient), and converges to it. Returns the largest number of iterations any block took. */
+/* spec[t] = the largest singular value of the (B x d) block g[:, t, :]: Lanczos on J_t^T J_t
+ * (float vectors, fully reorthogonalised; coefficients in double) from the block's largest row,
+ * until the largest Ritz value changes by less than `rtol` relatively, or after max_iter steps.
+ * The Ritz value never exceeds sigma^2 and increases to it. Returns the largest number of steps
+ * any block took, or minus an error code. */
 int sl_block_spectral(const float *g, int64_t B, int64_t T, int64_t d, double rtol, int max_iter,
                       double *spec);
 

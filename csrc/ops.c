@@ -125,25 +125,37 @@ void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
     }
 }
 
-/* silu(g) = g s with s = sigmoid(g); silu'(g) = s (1 + g (1 - s)). */
-void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
-                        int64_t n, int64_t period) {
+/* silu(g) = g s with s = sigmoid(g); silu'(g) = s (1 + g (1 - s)). The partial derivatives of
+ * h = silu(g) u are taken once per sequence, so a batch of directions costs two multiplies each. */
+void sl_swiglu_partials(float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n) {
 #pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
     for (int64_t i = 0; i < n; i++) {
-        const int64_t p = i % period;
-        const float x = g[p], s = 1.0f / (1.0f + expf(-x));
-        dg[i] = dh[i] * u[p] * (s * (1.0f + x * (1.0f - s)));
-        du[i] = dh[i] * (x * s);
+        const float x = g[i], s = 1.0f / (1.0f + expf(-x));
+        dh_dg[i] = u[i] * (s * (1.0f + x * (1.0f - s)));
+        dh_du[i] = x * s;
     }
 }
 
-void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *g, const float *u,
+void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *dh_dg, const float *dh_du,
+                        int64_t n, int64_t period) {
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < n / period; r++) {
+        const float *h = dh + r * period;
+        float *og = dg + r * period, *ou = du + r * period;
+        for (int64_t i = 0; i < period; i++) {
+            og[i] = h[i] * dh_dg[i];
+            ou[i] = h[i] * dh_du[i];
+        }
+    }
+}
+
+void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_dg, const float *dh_du,
                    int64_t n, int64_t period) {
 #pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
-    for (int64_t i = 0; i < n; i++) {
-        const int64_t p = i % period;
-        const float x = g[p], s = 1.0f / (1.0f + expf(-x));
-        dh[i] = dg[i] * u[p] * (s * (1.0f + x * (1.0f - s))) + du[i] * (x * s);
+    for (int64_t r = 0; r < n / period; r++) {
+        const float *g = dg + r * period, *u = du + r * period;
+        float *o = dh + r * period;
+        for (int64_t i = 0; i < period; i++) o[i] = g[i] * dh_dg[i] + u[i] * dh_du[i];
     }
 }
 

@@ -36,11 +36,13 @@ void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int
 
 /* h = silu(g) * u elementwise (SwiGLU); h may alias g. */
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
-/* dg = dh * u * silu'(g), du = dh * silu(g) for n elements; g, u hold `period` elements. */
-void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *g, const float *u,
+/* The partials of h = silu(g) u: dh_dg = u silu'(g), dh_du = silu(g), for n elements. */
+void sl_swiglu_partials(float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);
+/* Backward: dg = dh * dh_dg, du = dh * dh_du; JVP: dh = dg * dh_dg + du * dh_du. n is a multiple
+ * of period, the partials' length (one sequence). */
+void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *dh_dg, const float *dh_du,
                         int64_t n, int64_t period);
-/* dh = dg * u * silu'(g) + du * silu(g). */
-void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *g, const float *u,
+void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_dg, const float *dh_du,
                    int64_t n, int64_t period);
 
 /* Numerically safe softmax of x[0..n) in place (max subtracted, sums in double); returns the

@@ -133,22 +133,37 @@ static inline __attribute__((always_inline)) void pack_panel_copy(const float *r
     }
 }
 
+/* A whole block from a k-major source, KT rows of k at a time across all its panels: the source
+ * is read in short runs of KT rows that each span the block's width, rather than panel by panel
+ * down all kb rows (kb pages apart when ld is large, e.g. the (T, 49152) cotangent in the tied
+ * embedding's gradient: a TLB miss per row and panel). Inlined with a constant width. */
+static inline __attribute__((always_inline)) void pack_block_kmajor(const float *src, int64_t ld, int64_t rows,
+                                                                    const int64_t width, int64_t kb,
+                                                                    float *dst) {
+    enum { KT = 8 };
+    for (int64_t k0 = 0; k0 < kb; k0 += KT) {
+        int64_t kt = min64(KT, kb - k0);
+        for (int64_t i0 = 0; i0 < rows; i0 += width)
+            pack_panel_copy(src + k0 * ld + i0, ld, min64(width, rows - i0), width, kt, dst + i0 * kb + k0 * width);
+    }
+}
+
 /* Packs a rows × kb block of the operand into ceil(rows/width) panels of width MR or NR.
  * kmajor == 0: element (i, k) is src[i*ld + k] (A stored (M,K), B stored (N,K)): transposing pack.
  * kmajor != 0: element (i, k) is src[k*ld + i] (A stored (K,M), B stored (K,N)): straight copy.
  * Either way the panel holds dst[k*width + i] for k < kb, so one micro-kernel serves all layouts. */
 static void pack_block(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t width, int64_t kb,
                        float *dst, int avx2) {
+    if (kmajor) {
+        if (width == NR)
+            pack_block_kmajor(src, ld, rows, NR, kb, dst);
+        else
+            pack_block_kmajor(src, ld, rows, MR, kb, dst);
+        return;
+    }
     for (int64_t i0 = 0; i0 < rows; i0 += width) {
         int64_t r = min64(width, rows - i0);
         float *d = dst + i0 * kb;
-        if (kmajor) {
-            if (width == NR)
-                pack_panel_copy(src + i0, ld, r, NR, kb, d);
-            else
-                pack_panel_copy(src + i0, ld, r, MR, kb, d);
-            continue;
-        }
         const float *s = src + i0 * ld;
 #if SL_SGEMM_X86
         if (avx2 && r == width && width == NR) {
@@ -288,6 +303,18 @@ static void macro_kernel(const sgemm_job *g, int64_t mb, int64_t nb, int64_t kb,
             int mr = (int)min64(MR, mb - i0);
             const float *ap = Ap + i0 * kb;
             float *c = C + i0 * g->ldc + j0;
+            /* Prefetch the next tile of C while this one computes: once C outgrows the caches (tall
+             * M, e.g. a batch of cotangents), waiting for its rows at every tile's start and end
+             * otherwise costs more than the tile's arithmetic. */
+            int64_t ni = i0 + MR < mb ? i0 + MR : 0, nj = i0 + MR < mb ? j0 : j0 + NR;
+            if (nj < nb) {
+                const float *cn = C + ni * g->ldc + nj;
+                int64_t rows = min64(MR, mb - ni), last = min64(NR, nb - nj) - 1;
+                for (int64_t i = 0; i < rows; i++) {
+                    __builtin_prefetch(cn + i * g->ldc, 1, 3);
+                    __builtin_prefetch(cn + i * g->ldc + last, 1, 3);
+                }
+            }
             if (nr == NR) {
                 g->uk(kb, ap, bp, c, g->ldc, mr, load);
             } else {

@@ -8,8 +8,8 @@ norm), the map holds, for every layer l and source position j, a norm of the d x
 
 ``method="exact"`` pushes the d unit cotangents at (L, i) back through the C backward together
 and reads every block at every layer boundary on the way down: Frobenius norms from the squared
-row norms, spectral norms by power iteration on each block (in double, to a relative change of
-``spectral_rtol``). ``method="estimate"`` pushes ``n_probes`` random sign vectors u instead:
+row norms, spectral norms by Lanczos iteration on each block's J^T J (to a relative change of the Ritz
+value below ``spectral_rtol``). ``method="estimate"`` pushes ``n_probes`` random sign vectors u instead:
 E||u^T J||^2 = ||J||_F^2 for E[u u^T] = I, so the mean over probes of ||u^T J_j^(l)||^2 is an
 unbiased estimate of every block's squared Frobenius norm at once, with its standard error from
 the spread over probes. Positions after the target cannot influence it (the model is causal) and
@@ -45,7 +45,7 @@ class Sensitivity:
             the target (Frobenius sqrt(d), spectral 1).
         target: the target position (non-negative).
         method, n_probes, seconds: how it was computed and the wall time.
-        spectral_iters: the most power iterations any block took (0 when not computed).
+        spectral_iters: the most Lanczos steps any block took (0 when not computed).
     """
 
     fro: np.ndarray
@@ -100,7 +100,7 @@ def _probes(n: int, t_eff: int, d: int, target: int, rng: np.random.Generator) -
 def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int]] = None,
                 method: str = "exact", n_probes: int = 32, seed: int = 0,
                 intervene: Optional[Intervention] = None, spectral: bool = True,
-                spectral_rtol: float = 1e-6, progress: bool = True,
+                spectral_rtol: float = 1e-9, progress: bool = True,
                 chunk: Optional[int] = None) -> Sensitivity:
     """The over-squashing map of one target token (see the module docstring).
 
@@ -117,7 +117,8 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
             sink removed), differentiated as applied.
         spectral: compute spectral norms (exact only). They need all d cotangents in one backward;
             without them the cotangents go in chunks that fit in memory.
-        spectral_rtol: relative change at which the power iteration stops.
+        spectral_rtol: relative change of the largest Ritz value (sigma^2) at which the Lanczos
+            iteration stops (at most 300 steps; ``Sensitivity.spectral_iters`` tells the most taken).
         progress: progress bar over the backward calls.
         chunk: cotangents per backward call (exact without spectral, or estimate).
 
