@@ -23,7 +23,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .viz import figures_mixing, figures_sinks, plots
+from .viz import figures_mixing, figures_oversquashing, figures_sensitivity, figures_sinks, plots
+from .analysis.squashing_study import squashing_study
 from .analysis.collapse import collapse_vs_length
 from .interventions import Intervention
 from .analysis.noop import find_conditional_heads, noop_analysis
@@ -75,7 +76,8 @@ PAPER_ELEMENTS: List[Tuple[str, str, str, str]] = [
     ("Rank and representational collapse grow with depth and context length", "qualitative",
      "reproduced here", "collapse"),
     ("Thm. 3.2: multi-head over-squashing bound vs the measured Jacobian", "a bound",
-     "not yet: needs the Jacobians of a later release", ""),
+     "reproduced here: the bound with constants derived for this architecture, against exact Jacobians",
+     "oversquashing"),
     ("Fig. 2–3: a one-word perturbation spreads further without ⟨bos⟩; attention is smoother",
      "Gemma 7B, one prompt", "stand-in: many word swaps on another model", "perturbation"),
     ("Sinks as approximate no-ops; the 'apostrophe head' of Gemma 7B", "qualitative",
@@ -104,6 +106,9 @@ class Settings:
     passkey_quick: bool
     perturb_passages: int
     perturb_swaps: int
+    squash_T: int = 64
+    squash_lengths: Tuple[int, ...] = (64, 256, 1024)
+    squash_probes: int = 32
     eps: Tuple[float, ...] = (0.3, 0.8)
     bos: bool = True
 
@@ -115,10 +120,11 @@ class Settings:
         if quick:
             return cls(sink_prompts=32, sink_T=64, long_T=1024, noop_prompts=8, collapse_lengths=(16, 64, 256),
                        ppl_texts=12, ppl_max_tokens=256, passkey_quick=True, perturb_passages=10,
-                       perturb_swaps=3, eps=eps, bos=bos)
+                       perturb_swaps=3, squash_T=16, squash_lengths=(32, 128), squash_probes=16, eps=eps, bos=bos)
         return cls(sink_prompts=144, sink_T=64, long_T=8192, noop_prompts=40,
                    collapse_lengths=(16, 64, 256, 1024, 4096), ppl_texts=36, ppl_max_tokens=1024,
-                   passkey_quick=False, perturb_passages=30, perturb_swaps=3, eps=eps, bos=bos)
+                   passkey_quick=False, perturb_passages=30, perturb_swaps=3, squash_T=64,
+                   squash_lengths=(64, 256, 1024), squash_probes=32, eps=eps, bos=bos)
 
 
 @dataclass
@@ -577,10 +583,77 @@ def section_quality(c: Context) -> Section:
         body=body, reading=reading, figures=figs, numbers=q.to_dict())
 
 
+def section_oversquashing(c: Context) -> Section:
+    s, model = c.s, c.model
+    title = "Over-squashing: Thm. 3.2's bound against the measured Jacobian"
+    paper = ("Thm. 3.2: ||∂v_j^(L)/∂v_i^(0)|| ≤ C^L · Σ_paths Π_l abar^(l), abar^(l) = Σ_h c_{l,h} A^(l,h) + I, "
+             "with C, c_{l,h} from Lipschitz constants and weight norms; a sink takes weight off every other path, "
+             "so tokens mix less, and longer contexts and deeper models need stronger sinks. No figure of it on "
+             "a trained model in the paper.")
+    if not s.bos:
+        return Section(title, paper=paper, here="Run without ⟨bos⟩ (`--no-bos`): nothing to compare.", body="",
+                       reading="Skipped.")
+    passage = " ".join(load_passages("all"))
+    st = squashing_study(model, passage, T=s.squash_T, lengths=s.squash_lengths, n_probes=s.squash_probes,
+                         progress=c.progress)
+    summ = st.summary()
+    conds = st.conditions
+    L = model.config.n_layers
+    rows = ""
+    for k in conds:
+        r = summ["conditions"][k]
+        rows += (f"| {st.label(k)} | {r['violations']} | {r['min_ratio']:.3g} | {r['median_ratio']:.3g} | "
+                 f"{r['spearman_mean']:.3f} ({r['spearman_min']:.3f}) | {r['share_layer0']:.3f} | {r['share_mid']:.3f} |\n")
+    sweep = "".join(f"| {st.label(k)} | " + " | ".join(f"{st.share(k, n)[0]:.3f}" for n in st.lengths) + " |\n"
+                    for k in conds)
+    body = (f"Target: the last token's stream after the last layer (before the final norm), T = {st.T} tokens "
+            f"(⟨bos⟩ + {st.T - 1} text tokens; the run without ⟨bos⟩ has the same {st.T - 1} text tokens). "
+            f"Measured: exact d×d Jacobian blocks ∂v_last^(L)/∂v_j^(l) for every layer l and source j "
+            f"({model.config.d_model} cotangents through the C backward), spectral norms by Lanczos. Bound: the "
+            f"path-sum matrix product with entrywise constants. Ratio = bound / measured over all (l < L, j); "
+            f"ρ = Spearman rank correlation of bound and measurement over source positions, mean (min) over layers. "
+            f"Mixing share = the share of ||J||_F² on the text tokens other than the target.\n\n"
+            f"| condition | bound violated | min ratio | median ratio | ρ mean (min) | mixing share l=0 | "
+            f"mixing share l={L // 2} |\n|---|---|---|---|---|---|---|\n{rows}\n"
+            f"Mixing share over the whole depth (l = 0) against context length ({st.n_probes}-probe random-sign "
+            f"estimates, ⟨bos⟩ counted in T):\n\n| condition | " + " | ".join(f"T = {n}" for n in st.lengths)
+            + " |\n|---" + "|---" * len(st.lengths) + "|\n" + sweep)
+    figs = [c.save(figures_sensitivity.sensitivity_maps(st), "oversquashing_maps.png"),
+            c.save(figures_oversquashing.bound_vs_measured({st.label(k): st.bounds[k] for k in conds}),
+                   "oversquashing_bound.png")]
+    if st.lengths:
+        figs.append(c.save(figures_sensitivity.mixing_vs_length(st), "oversquashing_length.png"))
+    r_b, r_n = summ["conditions"]["bos"], summ["conditions"].get("nobos", summ["conditions"]["bos"])
+    viol = sum(summ["conditions"][k]["violations"] for k in conds)
+    holds = ("The bound holds at every (layer, position) in every condition" if viol == 0 else
+             f"The bound is violated at {viol} (layer, position) entries, which would mean a wrong constant")
+    d_share = r_n["share_layer0"] - r_b["share_layer0"]
+    direction = ("more" if d_share > 0.01 else "less" if d_share < -0.01 else "about as much")
+    reading = (f"{holds} (smallest ratio {min(summ['conditions'][k]['min_ratio'] for k in conds):.3g}), but it is "
+               f"loose: the median ratio is {r_b['median_ratio']:.3g} with ⟨bos⟩, because the per-layer constants "
+               f"multiply over {L} layers. Its shape follows the measurement only partly (mean ρ "
+               f"{r_b['spearman_mean']:.2f} with ⟨bos⟩, {r_n['spearman_mean']:.2f} without). Without ⟨bos⟩ the last "
+               f"token takes {direction} of its sensitivity from the other text tokens "
+               f"({r_n['share_layer0']:.3f} vs {r_b['share_layer0']:.3f} at l = 0), "
+               + ("the paper's prediction. " if d_share > 0.01 else "so the paper's prediction is not borne out on "
+                  "this model at this length. ")
+               + "SmolLM2 was not trained with a fixed ⟨bos⟩ and sinks on whatever token comes first (see the sinks "
+                 "section), which weakens any with/without contrast.")
+    return Section(
+        title, paper=paper,
+        here=(f"{model.name}, the shipped passages concatenated; exact Jacobians at T = {st.T} instead of the "
+              f"input-to-output pairs of a synthetic model; the theorem's constants, whose form the paper leaves "
+              f"open, derived here for this architecture (RMSNorm, RoPE, GQA softmax attention, SwiGLU) as a local "
+              f"bound at the input, valid for the spectral norm; three conditions: with ⟨bos⟩, without it, and "
+              f"with attention to it masked in every head."),
+        body=body, reading=reading, figures=figs,
+        numbers={"study": summ, "seconds": st.meta["seconds"]})
+
+
 SECTIONS: List[Tuple[str, Callable[[Context], Section]]] = [
     ("sinks", section_sinks), ("long_context", section_long_context), ("interventions", section_interventions),
     ("noop", section_noop), ("perturbation", section_perturbation), ("collapse", section_collapse),
-    ("quality", section_quality)]
+    ("oversquashing", section_oversquashing), ("quality", section_quality)]
 
 
 # ---------------------------------------------------------------------- report
