@@ -327,5 +327,26 @@ def test_report_ratios():
     if not LOG:
         pytest.skip("no bound cases ran")
     for case, mn, med, med_exact, med_ph in LOG:
-        print(f"{case:32s} min {mn:9.3g}  median {med:9.3g}  (mlp exact {med_exact:9.3g}, per_head {med_ph:9.3g})")
+        print(f"{case:32s} min {mn:9.3g}  median {med:9.3g}  "
+              f"(mlp exact {med_exact:9.3g}, per_head {med_ph:9.3g})")
     assert all(mn >= 1 - SLACK for _, mn, *_ in LOG if np.isfinite(mn))
+
+
+def test_figure(store, tmp_path):
+    """The figure draws bound and measurement for several results and saves (a smoke test)."""
+    from sinklab.viz.figures_oversquashing import bound_vs_measured
+    spec = "mha"
+    m = store.sl(spec, "st")
+    L, H = m.config.n_layers, m.config.n_heads
+    ids = _ids(spec, 8)
+    out = {}
+    for label, iv in [("with BOS", None), ("sink masked", sl.Intervention(mask_first=True))]:
+        arrs = (iv or sl.Intervention()).arrays(L, H)
+        out[label] = osq.oversquashing_bound(m, ids, intervene=iv,
+                                             measured=store.ref(spec).jacobian_norms(ids, 7, arrs))
+    fig = bound_vs_measured(out)
+    assert len(fig.axes) == 4          # three panels and the twin axis
+    fig.savefig(tmp_path / "osq.png", dpi=60)
+    assert (tmp_path / "osq.png").stat().st_size > 1000
+    with pytest.raises(ValueError, match="measured"):
+        bound_vs_measured(osq.oversquashing_bound(m, ids))

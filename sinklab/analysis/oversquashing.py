@@ -52,10 +52,12 @@ away, the Jacobian *is* the linearisation):
    every norm), scores s q_k . kk_m, probabilities A_km, o_k = sum_m A_km v_m. Since
    dA_km'/dscore_km = A_km' (delta_m'm - A_km), d o_k / d score_km = A_km (v_m - o_k), and
 
-       value path   A_km W_V^g                                   -> A_km ||W_O^h W_V^g'|| r1_m
-       key path     A_km (v_m - o_k) (s q_k^T R_m W_K^g)         -> A_km ||W_O^h (v_m - o_k)|| s ||q_k|| ||W_K^g'|| r1_m
-       query path   sum_m' A_km' (v_m' - o_k) (s kk_m'^T R_k W_Q^h)   (only m = k)
-                    -> s sum_m' A_km' ||W_O^h (v_m' - o_k)|| ||kk_m'|| ||W_Q^h'|| r1_k
+       value path  A_km W_V^g
+                   -> A_km ||W_O^h W_V^g'|| r1_m
+       key path    A_km (v_m - o_k) (s q_k^T R_m W_K^g)
+                   -> A_km ||W_O^h (v_m - o_k)|| s ||q_k|| ||W_K^g'|| r1_m
+       query path  sum_m' A_km' (v_m' - o_k) (s kk_m'^T R_k W_Q^h)      (only m = k)
+                   -> s sum_m' A_km' ||W_O^h (v_m' - o_k)|| ||kk_m'|| ||W_Q^h'|| r1_k
 
    (key path: a rank-one matrix, its norm is the product of the two vector norms, and
    ||W_K^T R_m^T q_k|| <= ||W_K'|| ||q_k||). The attention block is the sum over heads (the
