@@ -997,35 +997,42 @@ def test_smollm2_vjp(smol, log):
 
 
 def test_smollm2_loss_and_grad(smol, log):
+    """Loss and a few parameter gradients (Q/K rows permuted into the GGUF layout) against a
+    float64 copy of the reference. Not against the fp32 reference: on SmolLM2 (<bos> residual
+    norm ~6100 at the last layer) torch's own fp32 parameter gradients are off the float64 ones
+    by more than 1e-4 of max|ref| for 44 of 272 tensors (worst blk.29.ffn_norm, 5.7e-4), so an
+    fp32 reference cannot check 1e-4. (HF's float64 model still runs RMSNorm and softmax in
+    float32: ~1e-7 relative, far below the bound.)"""
+    import copy
     ref, model, ids = smol
     H, Hkv = ref.config.num_attention_heads, ref.config.num_key_value_heads
     loss, grads = model.loss_and_grad(ids)
-    tgt = torch.as_tensor(np.concatenate([ids[1:], [-1]]))
     names = {"tok_embd": "model.embed_tokens.weight", "out_norm": "model.norm.weight",
              "blk.0.attn_q": "model.layers.0.self_attn.q_proj.weight",
              "blk.7.attn_k": "model.layers.7.self_attn.k_proj.weight",
              "blk.15.attn_v": "model.layers.15.self_attn.v_proj.weight",
-             "blk.29.ffn_down": "model.layers.29.mlp.down_proj.weight",
-             "blk.3.attn_norm": "model.layers.3.input_layernorm.weight"}
-    params = dict(ref.named_parameters())
-    was = {n: p.requires_grad for n, p in params.items()}
-    try:
-        for n, p in params.items():
-            p.requires_grad_(n in names.values())
-        ref.zero_grad(set_to_none=True)
-        _, logits = hf_resid(ref, ids, logits=True)
-        want_loss = F.cross_entropy(logits, tgt, ignore_index=-1)
-        want_loss.backward()
-        assert abs(loss - want_loss.item()) <= 1e-4 * want_loss.item()
-        assert "lm_head" not in grads                      # tied: the head is in tok_embd
-        for canon, name in names.items():
-            w = params[name].grad.numpy()
-            if canon.endswith("attn_q"):
-                w = rm.llama_cpp_permute(w, H, H)
-            elif canon.endswith("attn_k"):
-                w = rm.llama_cpp_permute(w, H, Hkv)
-            log.compare("smollm2 loss_and_grad", canon, grads[canon], w)
-    finally:
-        ref.zero_grad(set_to_none=True)
-        for n, p in params.items():
-            p.requires_grad_(was[n])
+             "blk.16.attn_norm": "model.layers.16.input_layernorm.weight",
+             "blk.20.attn_q": "model.layers.20.self_attn.q_proj.weight",
+             "blk.29.ffn_down": "model.layers.29.mlp.down_proj.weight"}
+    ref64 = copy.deepcopy(ref).double()
+    params = dict(ref64.named_parameters())
+    for n, p in params.items():
+        p.requires_grad_(n in names.values())
+    tgt = torch.as_tensor(np.concatenate([ids[1:], [-1]]))
+    _, logits = hf_resid(ref64, ids, logits=True)
+    want_loss = F.cross_entropy(logits, tgt, ignore_index=-1)
+    want_loss.backward()
+    assert abs(loss - want_loss.item()) <= 1e-4 * want_loss.item()
+    assert "lm_head" not in grads                      # tied: the head is in tok_embd
+    failed = []
+    for canon, name in names.items():
+        w = params[name].grad.numpy()
+        if canon.endswith("attn_q"):
+            w = rm.llama_cpp_permute(w, H, H)
+        elif canon.endswith("attn_k"):
+            w = rm.llama_cpp_permute(w, H, Hkv)
+        try:
+            log.compare("smollm2 loss_and_grad vs float64", canon, grads[canon], w)
+        except AssertionError as e:
+            failed.append(str(e))
+    assert not failed, "\n".join(failed)
