@@ -111,6 +111,42 @@ static void rope_rows(const sl_model *m, const grad_bufs *g, float *x, int64_t s
     }
 }
 
+/* Reduction length per block of the products whose K is long. */
+#define SL_GRAD_K_BLOCK 2048
+
+/* C (+)= op(A) . B (B stored (K, N); A stored (M, K), or (K, M) with trans_a) for the long K of the
+ * LM head's backward (the vocabulary) and of weight gradients over many positions: K is cut into
+ * fixed blocks, each block's product one float chain, the blocks (and C when accumulating) summed
+ * in double in order. A single float chain over ~50k terms loses about 1e-4 relative; the blocks
+ * depend on K only, so results stay the same for any thread count. */
+static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                        const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+    if (K <= SL_GRAD_K_BLOCK) return sl_sgemm(trans_a, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate, 1);
+    int64_t n;
+    if (!sl_mul_size(M, N, &n)) return sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
+    float *part = sl_alloc_floats(n);
+    double *acc = (double *)sl_alloc_floats(2 * n);
+    int rc = part && acc ? SL_OK : sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld floats", (long long)(3 * n));
+    for (int64_t i = 0; i < M && rc == SL_OK && accumulate; i++)
+        for (int64_t j = 0; j < N; j++) acc[i * N + j] = C[i * ldc + j];
+    for (int64_t k0 = 0; k0 < K && rc == SL_OK; k0 += SL_GRAD_K_BLOCK) {
+        const int64_t kb = K - k0 < SL_GRAD_K_BLOCK ? K - k0 : SL_GRAD_K_BLOCK;
+        const float *a = trans_a ? A + k0 * lda : A + k0;
+        rc = sl_sgemm(trans_a, 0, M, N, kb, a, lda, B + k0 * ldb, ldb, part, N, 0, 1);
+        for (int64_t i = 0; i < n && rc == SL_OK; i++) acc[i] += part[i];
+    }
+    for (int64_t i = 0; i < M && rc == SL_OK; i++)
+        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = (float)acc[i * N + j];
+    sl_free(part);
+    sl_free(acc);
+    return rc;
+}
+
+/* dW (out x in) += dY^T X over `rows` rows: a weight's gradient. */
+static int weight_grad(float *dw, int64_t out, int64_t in, int64_t rows, const float *dy, const float *x) {
+    return sgemm_long_k(1, out, in, rows, dy, out, x, in, dw, in, 1);
+}
+
 /* ------------------------------------------------------------------------------------------
  * Reverse mode. g->dx holds the gradient w.r.t. the layer's output on entry and w.r.t. its input
  * (resid[l]) on exit. Parameter gradients (lg, B == 1 only) use the tape's inputs of each product. */
@@ -124,13 +160,13 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
         SL_TRY(sl_sgemm(0, 0, rows, F, d, dx, d, lw->w_down, F, g->dact, F, 0, 1));
-        if (lg) SL_TRY(sl_sgemm(1, 0, d, F, rows, dx, d, g->act, F, lg->w_down, F, 1, 1));
+        if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dx, g->act));
         sl_swiglu_backward(g->dg, g->du, g->dact, g->dh_dg, g->dh_du, rows * F, T * F);
         SL_TRY(sl_sgemm(0, 0, rows, d, F, g->dg, F, lw->w_gate, d, dxn, d, 0, 1));
         SL_TRY(sl_sgemm(0, 0, rows, d, F, g->du, F, lw->w_up, d, dxn, d, 1, 1));
         if (lg) {
-            SL_TRY(sl_sgemm(1, 0, F, d, rows, g->dg, F, lt->xn2, d, lg->w_gate, d, 1, 1));
-            SL_TRY(sl_sgemm(1, 0, F, d, rows, g->du, F, lt->xn2, d, lg->w_up, d, 1, 1));
+            SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
+            SL_TRY(weight_grad(lg->w_up, F, d, rows, g->du, lt->xn2));
         }
         /* The residual path: d/dh = dy + n2's backward of dxn. */
         sl_rmsnorm_backward(dx, 1, lg ? lg->ffn_norm : NULL, dxn, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
@@ -144,7 +180,7 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
     const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
     const sl_attn_shape s = attn_shape(m, T);
     SL_TRY(sl_sgemm(0, 0, rows, qd, d, g->dx, d, lw->wo, qd, g->dz, qd, 0, 1));
-    if (lg) SL_TRY(sl_sgemm(1, 0, d, qd, rows, g->dx, d, lt->z, qd, lg->wo, qd, 1, 1));
+    if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, g->dx, lt->z));
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, aiv));
     rope_rows(m, g, g->dq, qd, m->n_heads, 1);
@@ -153,9 +189,9 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
     SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dk, kvd, lw->wk, d, g->dxn, d, 1, 1));
     SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dv, kvd, lw->wv, d, g->dxn, d, 1, 1));
     if (lg) {
-        SL_TRY(sl_sgemm(1, 0, qd, d, rows, g->dq, qd, lt->xn1, d, lg->wq, d, 1, 1));
-        SL_TRY(sl_sgemm(1, 0, kvd, d, rows, g->dk, kvd, lt->xn1, d, lg->wk, d, 1, 1));
-        SL_TRY(sl_sgemm(1, 0, kvd, d, rows, g->dv, kvd, lt->xn1, d, lg->wv, d, 1, 1));
+        SL_TRY(weight_grad(lg->wq, qd, d, rows, g->dq, lt->xn1));
+        SL_TRY(weight_grad(lg->wk, kvd, d, rows, g->dk, lt->xn1));
+        SL_TRY(weight_grad(lg->wv, kvd, d, rows, g->dv, lt->xn1));
     }
     sl_rmsnorm_backward(g->dx, 1, lg ? lg->attn_norm : NULL, g->dxn, lt->x, lw->attn_norm, lt->rstd1, rows, T, d);
     return SL_OK;
@@ -221,8 +257,9 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
 /* ------------------------------------------------------------------------------------------
  * The language-model loss. */
 
-/* Cross-entropy of each row with a target, summed in double; dlogits (in place of the logits)
- * = (softmax - onehot) / n for those rows, zero for the others. */
+/* Cross-entropy of each row with a target; dlogits (in place of the logits) = (softmax -
+ * onehot) / n for those rows, zero for the others. Rows in parallel, each row's loss kept and
+ * the losses summed in position order (in double), so the loss is the same for any thread count. */
 static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64_t V, double *loss) {
     int64_t n = 0;
     for (int64_t t = 0; t < T; t++) {
@@ -232,8 +269,9 @@ static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64
         n += targets[t] >= 0;
     }
     if (n == 0) return sl_fail(SL_ERR_VALUE, "loss: no position has a target (all are negative)");
-    double total = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : total) num_threads(sl_num_threads())
+    double *row_loss = (double *)sl_alloc_floats(2 * T);
+    if (!row_loss) return sl_fail(SL_ERR_MEMORY, "loss: cannot allocate %lld doubles", (long long)T);
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         float *row = logits + t * V;
         if (targets[t] < 0) {
@@ -244,10 +282,13 @@ static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64
         for (int64_t i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
         double z = 0.0;
         for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
-        total += log(z) + mx - row[targets[t]];
+        row_loss[t] = log(z) + mx - row[targets[t]];
         for (int64_t i = 0; i < V; i++) row[i] = (float)(exp((double)row[i] - mx) / z / (double)n);
         row[targets[t]] -= (float)(1.0 / (double)n);
     }
+    double total = 0.0;
+    for (int64_t t = 0; t < T; t++) total += row_loss[t]; /* zero for rows without a target */
+    sl_free(row_loss);
     *loss = total / (double)n;
     return SL_OK;
 }
@@ -271,8 +312,8 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
         rc = sl_sgemm(0, 1, T, V, d, xf, d, m->lm_head, d, logits, V, 0, 1);
     }
     if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, loss);
-    if (rc == SL_OK) rc = sl_sgemm(1, 0, V, d, T, logits, V, xf, d, pg->lm_head, d, 1, 1);
-    if (rc == SL_OK) rc = sl_sgemm(0, 0, T, d, V, logits, V, m->lm_head, d, g.dxn, d, 0, 1);
+    if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
+    if (rc == SL_OK) rc = sgemm_long_k(0, T, d, V, logits, V, m->lm_head, d, g.dxn, d, 0);
     if (rc == SL_OK) {
         memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float)); /* resid[L], the final norm's input */
         sl_rmsnorm_backward(g.dx, 0, pg->out_norm, g.dxn, xf, m->out_norm, rstd, T, T, d);

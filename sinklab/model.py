@@ -400,13 +400,12 @@ class Model:
         full[:, pos] = cot
         out = np.zeros((B, len(out_layers), T, d), np.float32)
         bufs: List[Optional[np.ndarray]] = [None] * (self.config.n_layers + 1)
-        for k, l in enumerate(out_layers):
-            bufs[l] = out[:, k, :t_eff] if t_eff == T else np.empty((B, t_eff, d), np.float32)
+        for l in out_layers:  # the C core writes (B, t_eff, d) C-contiguous blocks
+            bufs[l] = np.empty((B, t_eff, d), np.float32)
         ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
         _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, dresid=bufs, **ivs)
-        if t_eff != T:
-            for k, l in enumerate(out_layers):
-                out[:, k, :t_eff] = bufs[l]
+        for k, l in enumerate(out_layers):
+            out[:, k, :t_eff] = bufs[l]
         return out if batched else out[0]
 
     def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None) -> np.ndarray:
