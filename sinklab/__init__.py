@@ -28,6 +28,8 @@ from .prompts import load_passages
 from .analysis.quality import compare_bos_quality, passkey, perplexity
 from .analysis.sinkset import compare_bos, sink_study
 from .analysis.sensitivity import Sensitivity, sensitivity
+from .analysis.oversquashing import OversquashingBound, oversquashing_bound
+from .analysis.squashing_study import SquashingStudy, squashing_study
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
@@ -36,7 +38,8 @@ __all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervent
            "rank_collapse", "prop31_check", "Prop31", "representational_collapse",
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
            "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages",
-           "sensitivity", "Sensitivity"]
+           "sensitivity", "Sensitivity", "oversquashing_bound", "OversquashingBound", "squashing_study",
+           "SquashingStudy"]
 
 
 def set_num_threads(n: int) -> None:

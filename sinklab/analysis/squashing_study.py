@@ -14,6 +14,9 @@ Jacobian's squared Frobenius mass that comes from the *other text tokens*,
 
 is scale-free (the overall size of the Jacobian cancels) and excludes ⟨bos⟩ itself, so runs with
 and without ⟨bos⟩ compare on the same text tokens. Row L (the target's own stream) has share 0.
+The mass ⟨bos⟩ itself takes is in the denominator: that is the sink's effect the paper describes
+(weight moved off the other paths). The "text-only" share leaves it out (others / (others +
+target)), for the reader who wants the comparison without it.
 """
 from __future__ import annotations
 
@@ -37,11 +40,13 @@ CONDITIONS: Dict[str, Tuple[bool, Optional[Intervention], str]] = {
 }
 
 
-def mixing_share(s: Sensitivity, first_text: int) -> np.ndarray:
+def mixing_share(s: Sensitivity, first_text: int, text_only: bool = False) -> np.ndarray:
     """(len(s.layers),) share of squared Frobenius mass on text tokens other than the target
-    (see the module docstring); ``first_text`` is the first text position (1 after ⟨bos⟩)."""
+    (see the module docstring); ``first_text`` is the first text position (1 after ⟨bos⟩).
+    ``text_only``: leave ⟨bos⟩ out of the denominator too (others / (others + target)), so a
+    run with ⟨bos⟩ is not lower merely because ⟨bos⟩ takes some of the mass."""
     f2 = s.fro[:, : s.target + 1] ** 2
-    total = f2.sum(axis=1)
+    total = f2[:, first_text:].sum(axis=1) if text_only else f2.sum(axis=1)
     others = f2[:, first_text: s.target].sum(axis=1)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(total > 0, others / total, 0.0)
@@ -80,10 +85,11 @@ class SquashingStudy:
     def label(condition: str) -> str:
         return CONDITIONS[condition][2]
 
-    def share(self, condition: str, length: Optional[int] = None) -> np.ndarray:
-        """Mixing share per layer (L+1,) at the main length (exact) or a sweep length (estimate)."""
+    def share(self, condition: str, length: Optional[int] = None, text_only: bool = False) -> np.ndarray:
+        """Mixing share per layer (L+1,) at the main length (exact) or a sweep length (estimate);
+        ``text_only`` as in :func:`mixing_share`."""
         s = self.maps[condition] if length is None else self.length_maps[condition][length]
-        return mixing_share(s, self.first_text(condition))
+        return mixing_share(s, self.first_text(condition), text_only)
 
     def summary(self) -> Dict[str, Any]:
         """Plain numbers per condition: mixing share at resid[0] (the whole depth) and at the
@@ -93,7 +99,8 @@ class SquashingStudy:
         for c in self.conditions:
             s = self.share(c)
             L = len(s) - 1
-            row: Dict[str, Any] = {"share_layer0": float(s[0]), "share_mid": float(s[L // 2])}
+            row: Dict[str, Any] = {"share_layer0": float(s[0]), "share_mid": float(s[L // 2]),
+                                   "text_share_layer0": float(self.share(c, text_only=True)[0])}
             if c in self.bounds:
                 b = self.bounds[c].summary()
                 row.update({k: b.get(k) for k in ("min_ratio", "median_ratio", "violations", "spearman_mean",
