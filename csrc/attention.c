@@ -232,6 +232,8 @@ typedef struct {
     const float *dout;                    /* backward: (B*T, H*hd) */
     float *dq, *dk, *dv;                  /* backward outputs; JVP inputs (tangents) */
     float *tout;                          /* JVP output (B*T, H*hd) */
+    float *pk, *pv;                       /* backward: where each head's dk, dv go (row stride ld_kv) */
+    int64_t ld_kv;
     float *probs_out;                     /* sl_attention_probs output */
 } attn_grad_job;
 
@@ -260,57 +262,82 @@ static int zeroes_first_value(const head_opts *o, int64_t i) {
     return o->zero_first_value == SL_ZFV_ALL || (o->zero_first_value == SL_ZFV_OTHERS && i > 0);
 }
 
-/* One (cotangent b, kv head g): every query head h of the group, query blocks in order.
+/* One (cotangent b, query head h), query blocks in order:
  *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') / sqrt(hd)
  *   dq_i = sum_j dS_ij k_j,  dk_j += sum_i dS_ij q_i,  dv_j += sum_i P_ij do_i
- * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. The group's dk, dv
- * rows are summed by this task alone, in a fixed order. Scratch: a block of dS and of do. */
+ * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. The head's dk, dv go
+ * to its own rows of pk, pv (row stride ld_kv): the kv head's gradient when it has one query head,
+ * per-head partials summed in head order afterwards when several share it. Scratch: a block of dS
+ * and of do. */
 static int backward_task(void *arg, int64_t task, float *scratch) {
     const attn_grad_job *j = arg;
     const sl_attn_shape *s = j->s;
     const int64_t T = s->T, H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim;
-    const int64_t qd = H * hd, kvd = G * hd, rep = H / G;
-    const int64_t b = task / G, g = task % G;
-    float *dk = j->dk + b * T * kvd + g * hd, *dv = j->dv + b * T * kvd + g * hd;
+    const int64_t qd = H * hd, kvd = G * hd;
+    const int64_t b = task / H, h = task % H, g = h / (H / G);
+    float *dk = j->pk + b * T * j->ld_kv + (H == G ? g : h) * hd;
+    float *dv = j->pv + b * T * j->ld_kv + (H == G ? g : h) * hd;
+    const int64_t ld = j->ld_kv;
     for (int64_t t = 0; t < T; t++) {
-        memset(dk + t * kvd, 0, (size_t)hd * sizeof(float));
-        memset(dv + t * kvd, 0, (size_t)hd * sizeof(float));
+        memset(dk + t * ld, 0, (size_t)hd * sizeof(float));
+        memset(dv + t * ld, 0, (size_t)hd * sizeof(float));
     }
     float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T;
-    for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
-        head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
-        for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
-            const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0, nk = i1;
-            const float *p = j->probs + (h * T + i0) * T;
-            for (int64_t i = 0; i < nb; i++)
-                for (int64_t e = 0; e < hd; e++) dob[i * hd + e] = o.scale * j->dout[(b * T + i0 + i) * qd + h * hd + e];
-            SL_TRY(sl_sgemm(0, 1, nb, nk, hd, dob, hd, j->v + g * hd, kvd, ds, nk, 0, 0));
-            for (int64_t i = 0; i < nb; i++) {
-                float *row = ds + i * nk;
-                const float *pr = p + i * T;
-                if (zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
-                double dot = 0.0;
-                for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
-                for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * s->scale;
-            }
-            SL_TRY(sl_sgemm(0, 0, nb, hd, nk, ds, nk, j->k + g * hd, kvd, j->dq + (b * T + i0) * qd + h * hd, qd, 0, 0));
-            SL_TRY(sl_sgemm(1, 0, nk, hd, nb, ds, nk, j->q + i0 * qd + h * hd, qd, dk, kvd, 1, 0));
-            /* dv: key 0 takes nothing from the rows that read it as zero. */
-            const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
-            SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + skip * kvd, kvd, 1, 0));
-            if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0)
-                for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
+    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
+        const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0, nk = i1;
+        const float *p = j->probs + (h * T + i0) * T;
+        for (int64_t i = 0; i < nb; i++)
+            for (int64_t e = 0; e < hd; e++) dob[i * hd + e] = o.scale * j->dout[(b * T + i0 + i) * qd + h * hd + e];
+        SL_TRY(sl_sgemm(0, 1, nb, nk, hd, dob, hd, j->v + g * hd, kvd, ds, nk, 0, 0));
+        for (int64_t i = 0; i < nb; i++) {
+            float *row = ds + i * nk;
+            const float *pr = p + i * T;
+            if (zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
+            double dot = 0.0;
+            for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
+            for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * s->scale;
         }
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk, ds, nk, j->k + g * hd, kvd, j->dq + (b * T + i0) * qd + h * hd, qd, 0, 0));
+        SL_TRY(sl_sgemm(1, 0, nk, hd, nb, ds, nk, j->q + i0 * qd + h * hd, qd, dk, ld, 1, 0));
+        /* dv: key 0 takes nothing from the rows that read it as zero. */
+        const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
+        SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + skip * ld, ld, 1, 0));
+        if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0)
+            for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
     }
     return SL_OK;
 }
 
+/* dk, dv (B*T, G*hd) = the sums of the per-head partials (B*T, H*hd) over each group, in head order. */
+static void sum_group_partials(const sl_attn_shape *s, int64_t B, const float *pk, const float *pv, float *dk,
+                               float *dv) {
+    const int64_t H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim, rep = H / G;
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < B * s->T; r++)
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t e = 0; e < hd; e++) {
+                float ak = 0.0f, av = 0.0f;
+                for (int64_t h = g * rep; h < (g + 1) * rep; h++) {
+                    ak += pk[(r * H + h) * hd + e];
+                    av += pv[(r * H + h) * hd + e];
+                }
+                dk[(r * G + g) * hd + e] = ak;
+                dv[(r * G + g) * hd + e] = av;
+            }
+}
+
 int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
-                          const float *probs, const float *dout, float *dq, float *dk, float *dv,
-                          const sl_attn_intervention *iv) {
+                          const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
+                          float *pv, const sl_attn_intervention *iv) {
+    const int shared = s->n_heads != s->n_kv_heads;
+    if (shared && (!pk || !pv)) return sl_fail(SL_ERR_VALUE, "attention backward: grouped heads need partial buffers");
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
-                       .dq = dq, .dk = dk, .dv = dv};
-    return run_tasks(B * s->n_kv_heads, SL_ATTN_QBLOCK * (s->T + s->head_dim), backward_task, &j);
+                       .dq = dq, .dk = dk, .dv = dv, .pk = shared ? pk : dk, .pv = shared ? pv : dv,
+                       .ld_kv = (shared ? s->n_heads : s->n_kv_heads) * s->head_dim};
+    SL_TRY(run_tasks(B * s->n_heads, SL_ATTN_QBLOCK * (s->T + s->head_dim), backward_task, &j));
+    if (shared) sum_group_partials(s, B, pk, pv, dk, dv);
+    return SL_OK;
 }
 
 /* One (tangent b, query head h, query block):

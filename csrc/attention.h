@@ -63,11 +63,13 @@ int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, f
                        const sl_attn_intervention *iv);
 
 /* Reverse mode: from dout, the gradient of the attention output (what W_O reads), the gradients
- * dq (B*T, H*hd), dk, dv (B*T, G*hd), all overwritten. Tasks are (b, kv head): a kv head's
- * gradient sums its query heads in order, so results do not depend on the thread count. */
+ * dq (B*T, H*hd), dk, dv (B*T, G*hd), all overwritten. Tasks are (b, query head), each summing
+ * its head's dk, dv over query blocks in order; with grouped heads (G < H) they go to the
+ * per-head partials pk, pv (B*T, H*hd each, scratch) and are then summed over each group in head
+ * order, so results do not depend on the thread count (pk, pv may be NULL when G == H). */
 int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
-                          const float *probs, const float *dout, float *dq, float *dk, float *dv,
-                          const sl_attn_intervention *iv);
+                          const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
+                          float *pv, const sl_attn_intervention *iv);
 
 /* Forward mode: the output tangent tout (B*T, H*hd) from the tangents of q, k (after RoPE) and v. */
 int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,

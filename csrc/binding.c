@@ -267,6 +267,19 @@ static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
     return 1;
 }
 
+/* Every per-layer tensor: its field in sl_layer_weights and sl_layer_grads, its canonical key
+ * (blk.N.<key>), and its shape in terms of d, qd = H*hd, kvd = G*hd and F (numpy order (out, in)). */
+#define LAYER_TENSORS(X)              \
+    X(attn_norm, "attn_norm", 1, d, 0) \
+    X(wq, "attn_q", 2, qd, d)          \
+    X(wk, "attn_k", 2, kvd, d)         \
+    X(wv, "attn_v", 2, kvd, d)         \
+    X(wo, "attn_output", 2, d, qd)     \
+    X(ffn_norm, "ffn_norm", 1, d, 0)   \
+    X(w_gate, "ffn_gate", 2, F, d)     \
+    X(w_up, "ffn_up", 2, F, d)         \
+    X(w_down, "ffn_down", 2, d, F)
+
 /* Fetches tensors[name], checks dtype float32 and exact shape, keeps a reference. */
 static const float *weight(PyObject *tensors, PyObject *keep, const char *name, int ndim, npy_intp d0,
                            npy_intp d1) {
@@ -331,15 +344,7 @@ static PyObject *py_model_new(PyObject *self, PyObject *args) {
 #define W(field, key, nd, a, b)                                             \
     snprintf(name, sizeof name, "blk.%lld." key, (long long)l);            \
     if (!(lw->field = weight(tensors, h->keep, name, nd, a, b))) goto fail;
-        W(attn_norm, "attn_norm", 1, d, 0)
-        W(wq, "attn_q", 2, qd, d)
-        W(wk, "attn_k", 2, kvd, d)
-        W(wv, "attn_v", 2, kvd, d)
-        W(wo, "attn_output", 2, d, qd)
-        W(ffn_norm, "ffn_norm", 1, d, 0)
-        W(w_gate, "ffn_gate", 2, F, d)
-        W(w_up, "ffn_up", 2, F, d)
-        W(w_down, "ffn_down", 2, d, F)
+        LAYER_TENSORS(W)
 #undef W
     }
     m->layers = h->layers;
@@ -616,15 +621,7 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
 #define G(field, key, nd, a, b)                                  \
     snprintf(name, sizeof name, "blk.%lld." key, (long long)l); \
     ok = ok && (lg[l].field = grad_buffer(grads, name, nd, a, b)) != NULL;
-        G(attn_norm, "attn_norm", 1, d, 0)
-        G(wq, "attn_q", 2, qd, d)
-        G(wk, "attn_k", 2, kvd, d)
-        G(wv, "attn_v", 2, kvd, d)
-        G(wo, "attn_output", 2, d, qd)
-        G(ffn_norm, "ffn_norm", 1, d, 0)
-        G(w_gate, "ffn_gate", 2, F, d)
-        G(w_up, "ffn_up", 2, F, d)
-        G(w_down, "ffn_down", 2, d, F)
+        LAYER_TENSORS(G)
 #undef G
     }
     double loss = 0.0;

@@ -6,8 +6,8 @@
  * A batch of B directions (cotangents or tangents) for one sequence is held as B*T rows, so each
  * linear layer's derivative is one product with B*T rows: the d cotangents of a Jacobian cost one
  * GEMM per weight, not d calls. Memory: the tape (sl_layer_tape_floats per layer), the layer's
- * probabilities (H*T*T floats, recomputed per layer) and about (3d + H*hd + 2*G*hd) floats per row
- * of directions; the MLP's F-wide buffers are taken a few sequences at a time. */
+ * probabilities (H*T*T floats, recomputed per layer) and about (2d + 2*H*hd + 2*G*hd) floats per
+ * row of directions (2 more H*hd when kv heads are shared, for per-head partials); the MLP's F-wide buffers are taken a few sequences at a time. */
 #include "grad.h"
 
 #include <math.h>
@@ -30,12 +30,13 @@ typedef struct {
     float *dact, *dg, *du;                /* (chunk*T, F) */
     float *act;                           /* (T, F), parameter gradients only */
     float *dh_dg, *dh_du;                 /* (T, F): the SwiGLU partials of the current layer */
+    float *pk, *pv;                       /* (B*T, H*hd): per-head dk, dv when kv heads are shared */
     sl_layer_tape *tapes;
 } grad_bufs;
 
 static void grad_bufs_free(grad_bufs *g) {
     float **p[] = {&g->tape_buf, &g->cosv, &g->sinv, &g->probs, &g->dx, &g->dz, &g->dq, &g->dk, &g->dv,
-                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du};
+                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du, &g->pk, &g->pv};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         sl_free(*p[i]);
         *p[i] = NULL;
@@ -82,11 +83,14 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     g->act = params ? sl_alloc_floats(n_tf) : NULL;
     g->dh_dg = sl_alloc_floats(n_tf);
     g->dh_du = sl_alloc_floats(n_tf);
+    const int shared = m->n_heads != m->n_kv_heads;
+    g->pk = shared ? sl_alloc_floats(n_qd) : NULL;
+    g->pv = shared ? sl_alloc_floats(n_qd) : NULL;
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
         !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act) ||
-        !g->dh_dg || !g->dh_du) {
+        !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv))) {
         grad_bufs_free(g);
-        double gb = 4.0 * ((double)per_layer * (double)n_tape + 2.0 * (double)n_d + 2.0 * (double)n_qd +
+        double gb = 4.0 * ((double)per_layer * (double)n_tape + 2.0 * (double)n_d + 4.0 * (double)n_qd +
                            2.0 * (double)n_kvd + 3.0 * (double)n_f + (double)n_probs) / 1e9;
         return sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %.2f GB for T=%lld and %lld directions "
                        "(fewer directions at once, or fewer tokens)", gb, (long long)T, (long long)B);
@@ -182,7 +186,8 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
     SL_TRY(sl_sgemm(0, 0, rows, qd, d, g->dx, d, lw->wo, qd, g->dz, qd, 0, 1));
     if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, g->dx, lt->z));
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
-    SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, aiv));
+    SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
+                                 aiv));
     rope_rows(m, g, g->dq, qd, m->n_heads, 1);
     rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 1);
     SL_TRY(sl_sgemm(0, 0, rows, d, qd, g->dq, qd, lw->wq, d, g->dxn, d, 0, 1));

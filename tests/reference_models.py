@@ -681,3 +681,31 @@ def hf_gguf_reference(path: str):
     ref.eval()
     tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
     return ref, tok
+
+
+class TinyModels:
+    """Per-module cache of tiny random HF models (``SPECS``), their files (an F32 GGUF with
+    llama.cpp's permuted Q/K rows for ``fmt="gguf"``, a safetensors folder otherwise) and the
+    sinklab models loaded from them."""
+
+    def __init__(self, root):
+        self.root = root
+        self._hf, self._sl = {}, {}
+
+    def hf(self, spec: str):
+        if spec not in self._hf:
+            self._hf[spec] = make_hf_model(SPECS[spec])
+        return self._hf[spec]
+
+    def sl(self, spec: str, fmt: str):
+        import sinklab
+
+        key = (spec, fmt)
+        if key not in self._sl:
+            s = SPECS[spec]
+            if fmt == "gguf":
+                p = write_gguf(self.hf(spec), self.root / f"{spec}.gguf", "F32")
+            else:
+                p = save_hf(self.hf(spec), self.root / spec, legacy_config=s.legacy_config)
+            self._sl[key] = sinklab.load(str(p), quiet=True)
+        return self._sl[key]

@@ -261,34 +261,18 @@ def ref_loss_and_grad(hf, ids, targets=None, iv=None, gguf_layout: bool = False)
 # Fixtures
 # =============================================================================================
 
-class Store:
-    """Per-module cache of HF models, their files and the sinklab models loaded from them."""
+class Store(rm.TinyModels):
+    """The tiny models, plus torch references computed once and shared by the two file formats."""
 
     def __init__(self, root):
-        self.root = root
-        self._hf, self._sl, self._memo = {}, {}, {}
+        super().__init__(root)
+        self._memo = {}
 
     def memo(self, key, fn):
-        """fn() computed once per key: torch references shared by the two file formats."""
+        """fn() computed once per key."""
         if key not in self._memo:
             self._memo[key] = fn()
         return self._memo[key]
-
-    def hf(self, spec: str):
-        if spec not in self._hf:
-            self._hf[spec] = rm.make_hf_model(rm.SPECS[spec])
-        return self._hf[spec]
-
-    def sl(self, spec: str, fmt: str):
-        key = (spec, fmt)
-        if key not in self._sl:
-            s = rm.SPECS[spec]
-            if fmt == "gguf":
-                p = rm.write_gguf(self.hf(spec), self.root / f"{spec}.gguf", "F32")
-            else:
-                p = rm.save_hf(self.hf(spec), self.root / spec, legacy_config=s.legacy_config)
-            self._sl[key] = sl.load(str(p), quiet=True)
-        return self._sl[key]
 
 
 @pytest.fixture(scope="module")

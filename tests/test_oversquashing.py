@@ -123,26 +123,10 @@ class Ref:
         return out
 
 
-class Store:
+class Store(rm.TinyModels):
     def __init__(self, root):
-        self.root = root
-        self._hf, self._sl, self._ref = {}, {}, {}
-
-    def hf(self, spec):
-        if spec not in self._hf:
-            self._hf[spec] = rm.make_hf_model(rm.SPECS[spec])
-        return self._hf[spec]
-
-    def sl(self, spec, fmt):
-        key = (spec, fmt)
-        if key not in self._sl:
-            s = rm.SPECS[spec]
-            if fmt == "gguf":
-                p = rm.write_gguf(self.hf(spec), self.root / f"{spec}.gguf", "F32")
-            else:
-                p = rm.save_hf(self.hf(spec), self.root / spec, legacy_config=s.legacy_config)
-            self._sl[key] = sl.load(str(p), quiet=True)
-        return self._sl[key]
+        super().__init__(root)
+        self._ref = {}
 
     def ref(self, spec):
         if spec not in self._ref:

@@ -38,7 +38,8 @@ def test_files_and_metadata(report, smollm2_gguf):
     assert meta["bos_token_id"] == 1 and meta["bos_token"] == "<|im_start|>" and meta["eps"] == [0.3, 0.8]
     assert meta["versions"]["sinklab"] and meta["quick"] is True
     md = (out / "report.md").read_text()
-    for key in ("sinks", "long_context", "interventions", "noop", "perturbation", "collapse", "quality"):
+    for key in ("sinks", "long_context", "interventions", "noop", "perturbation", "collapse", "oversquashing",
+                "quality"):
         assert key in res, key
         for fig in res[key]["figures"]:
             data = (out / fig).read_bytes()
@@ -68,6 +69,22 @@ def test_every_section_says_paper_here_reading(report):
     # The ⟨bos⟩ caveat of a model trained without a fixed ⟨bos⟩ is stated where it matters.
     for key in ("sinks", "interventions", "quality"):
         assert "not trained to rely on a fixed ⟨bos⟩" in res[key]["here"]
+
+
+def test_oversquashing_section(report):
+    """Thm. 3.2 in the report: the bound is never below the exact Jacobian norm, and masking
+    attention to ⟨bos⟩ in every head gives the same mixing as the run without ⟨bos⟩ (two different
+    computations that must agree: with relative positions the masked run is the no-⟨bos⟩ run)."""
+    out, res = report
+    sec = res["oversquashing"]
+    conds = sec["numbers"]["study"]["conditions"]
+    assert set(conds) == {"bos", "nobos", "masked"}
+    for k, r in conds.items():
+        assert r["violations"] == 0 and r["min_ratio"] >= 1.0, k
+        assert 0.0 <= r["share_layer0"] <= 1.0 and -1.0 <= r["spearman_mean"] <= 1.0, k
+        assert set(r["share_layer0_by_length"]) == {"32", "128"}, k
+    assert abs(conds["masked"]["share_layer0"] - conds["nobos"]["share_layer0"]) < 1e-3
+    assert len(sec["figures"]) == 3
 
 
 def test_numbers_agree_with_independent_runs(report, smollm2_gguf):
