@@ -96,15 +96,29 @@ int sl_mul_size(int64_t a, int64_t b, int64_t *out) {
     return 1;
 }
 
-float *sl_alloc_floats(int64_t n) {
+/* Bytes allocated for n floats: a positive multiple of 64; 0 on overflow or negative n. */
+static size_t float_bytes(int64_t n) {
     int64_t bytes;
-    if (n < 0 || !sl_mul_size(n, (int64_t)sizeof(float), &bytes)) return NULL;
+    if (n < 0 || !sl_mul_size(n, (int64_t)sizeof(float), &bytes) || bytes > INT64_MAX - 64) return 0;
     if (bytes == 0) bytes = 64;
     bytes = (bytes + 63) & ~(int64_t)63;
-    if ((uint64_t)bytes > (uint64_t)SIZE_MAX) return NULL;
-    void *p = aligned_alloc(64, (size_t)bytes);
-    if (p) memset(p, 0, (size_t)bytes);
-    return (float *)p;
+    return (uint64_t)bytes > (uint64_t)SIZE_MAX ? 0 : (size_t)bytes;
+}
+
+float *sl_alloc_floats_uninit(int64_t n) {
+    const size_t bytes = float_bytes(n);
+    float *p = bytes ? (float *)aligned_alloc(64, bytes) : NULL;
+#ifdef SL_POISON_UNINIT
+    /* Test builds: NaN everywhere, so a float read before it is written shows in the results. */
+    if (p) memset(p, 0xff, bytes);
+#endif
+    return p;
+}
+
+float *sl_alloc_floats(int64_t n) {
+    float *p = sl_alloc_floats_uninit(n);
+    if (p) memset(p, 0, float_bytes(n));
+    return p;
 }
 
 void sl_free(void *p) { free(p); }

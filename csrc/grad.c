@@ -67,25 +67,26 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     if (!ok) return sl_fail(SL_ERR_MEMORY, "gradient: sizes overflow for T=%lld and %lld directions", (long long)T,
                             (long long)B);
     g->tapes = n_tape > 0 ? calloc((size_t)n_tape, sizeof(sl_layer_tape)) : NULL;
-    g->tape_buf = sl_alloc_floats(n_tape_f);
-    g->cosv = sl_alloc_floats(n_half);
-    g->sinv = sl_alloc_floats(n_half);
-    g->probs = sl_alloc_floats(n_probs);
-    g->dx = sl_alloc_floats(n_d);
-    g->dz = sl_alloc_floats(n_qd);
-    g->dq = sl_alloc_floats(n_qd);
-    g->dk = sl_alloc_floats(n_kvd);
-    g->dv = sl_alloc_floats(n_kvd);
-    g->dxn = sl_alloc_floats(n_d);
-    g->dact = sl_alloc_floats(n_f);
-    g->dg = sl_alloc_floats(n_f);
-    g->du = sl_alloc_floats(n_f);
-    g->act = params ? sl_alloc_floats(n_tf) : NULL;
-    g->dh_dg = sl_alloc_floats(n_tf);
-    g->dh_du = sl_alloc_floats(n_tf);
+    /* Every buffer is written before it is read (tape by the forward, the rest by each layer). */
+    g->tape_buf = sl_alloc_floats_uninit(n_tape_f);
+    g->cosv = sl_alloc_floats_uninit(n_half);
+    g->sinv = sl_alloc_floats_uninit(n_half);
+    g->probs = sl_alloc_floats_uninit(n_probs);
+    g->dx = sl_alloc_floats_uninit(n_d);
+    g->dz = sl_alloc_floats_uninit(n_qd);
+    g->dq = sl_alloc_floats_uninit(n_qd);
+    g->dk = sl_alloc_floats_uninit(n_kvd);
+    g->dv = sl_alloc_floats_uninit(n_kvd);
+    g->dxn = sl_alloc_floats_uninit(n_d);
+    g->dact = sl_alloc_floats_uninit(n_f);
+    g->dg = sl_alloc_floats_uninit(n_f);
+    g->du = sl_alloc_floats_uninit(n_f);
+    g->act = params ? sl_alloc_floats_uninit(n_tf) : NULL;
+    g->dh_dg = sl_alloc_floats_uninit(n_tf);
+    g->dh_du = sl_alloc_floats_uninit(n_tf);
     const int shared = m->n_heads != m->n_kv_heads;
-    g->pk = shared ? sl_alloc_floats(n_qd) : NULL;
-    g->pv = shared ? sl_alloc_floats(n_qd) : NULL;
+    g->pk = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
+    g->pv = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
         !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act) ||
         !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv))) {

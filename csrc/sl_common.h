@@ -77,6 +77,9 @@ int sl_mul_size(int64_t a, int64_t b, int64_t *out);
 
 /* Aligned allocation of n floats (64-byte aligned, zeroed); NULL on failure or overflow. */
 float *sl_alloc_floats(int64_t n);
+/* The same without zeroing, for buffers every float of which is written before it is read
+ * (a zeroing pass over the backward's hundreds of MB costs a few percent of it). */
+float *sl_alloc_floats_uninit(int64_t n);
 void sl_free(void *p);
 
 #define SL_TRY(expr)                  \
