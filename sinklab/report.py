@@ -583,6 +583,19 @@ def section_quality(c: Context) -> Section:
         body=body, reading=reading, figures=figs, numbers=q.to_dict())
 
 
+def _length_trend(st: Any) -> str:
+    """How the no-⟨bos⟩ minus ⟨bos⟩ mixing share at l = 0 changes over the sweep's lengths."""
+    ns = [n for n in st.lengths if n in st.length_maps.get("bos", {}) and n in st.length_maps.get("nobos", {})]
+    if len(ns) < 2:
+        return ""
+    gaps = [float(st.share("nobos", n)[0] - st.share("bos", n)[0]) for n in ns]
+    listed = ", ".join(f"{g:+.3f} at T = {n}" for g, n in zip(gaps, ns))
+    trend = ("grows" if gaps[-1] > gaps[0] + 0.01 else "shrinks" if gaps[-1] < gaps[0] - 0.01 else "stays flat")
+    return (f"Over context length ({st.n_probes}-probe estimates) that gap (without minus with ⟨bos⟩) is {listed}: "
+            f"it {trend}" + (", as the paper predicts for longer contexts. " if trend == "grows" else
+                             ", where the paper predicts it to grow with context length. "))
+
+
 def section_oversquashing(c: Context) -> Section:
     s, model = c.s, c.model
     title = "Over-squashing: Thm. 3.2's bound against the measured Jacobian"
@@ -645,6 +658,7 @@ def section_oversquashing(c: Context) -> Section:
                f"{r_n['text_share_layer0']:.3f} vs {r_b['text_share_layer0']:.3f}), so "
                + ("the difference is not only the mass ⟨bos⟩ absorbs. " if abs(d_text) > 0.01 and d_text * d_share > 0
                   else "most of the difference is the mass ⟨bos⟩ itself absorbs. ")
+               + _length_trend(st)
                + "Masking attention to ⟨bos⟩ in every head gives the run without it (the same numbers to float "
                  "rounding), as in the interventions section. SmolLM2 was not trained with a fixed ⟨bos⟩, so these "
                  "are one small model's numbers, not a test of the prediction across depth and scale.")
