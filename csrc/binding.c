@@ -498,6 +498,19 @@ static PyArrayObject *directions(PyObject *o, const char *name, const sl_model *
     return a;
 }
 
+/* The model, (T,) ids and (B, T, d) directions of a VJP/JVP call, with `at` checked against
+ * [0, n_layers]; NULL with an exception set on any problem. */
+static const sl_model *direction_call(PyObject *capsule, PyObject *ids_o, PyObject *dirs_o, const char *name,
+                                      long long at, PyArrayObject **ids, PyArrayObject **dirs) {
+    const sl_model *m = model_and_ids(capsule, ids_o, ids);
+    if (!m || !(*dirs = directions(dirs_o, name, m, PyArray_DIM(*ids, 0)))) return NULL;
+    if (at < 0 || at > m->n_layers) {
+        PyErr_Format(PyExc_ValueError, "at=%lld outside [0, %lld]", at, (long long)m->n_layers);
+        return NULL;
+    }
+    return m;
+}
+
 static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "cotangent", "at", "dresid", "sqnorm", "spectral",
@@ -511,13 +524,10 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
                                      &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o))
         return NULL;
-    PyArrayObject *ids;
-    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    PyArrayObject *ids, *cot;
+    const sl_model *m = direction_call(capsule, ids_o, cot_o, "cotangent", at, &ids, &cot);
     if (!m) return NULL;
     const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
-    PyArrayObject *cot = directions(cot_o, "cotangent", m, T);
-    if (!cot) return NULL;
-    if (at < 0 || at > L) return PyErr_Format(PyExc_ValueError, "at=%lld outside [0, %zd]", at, (Py_ssize_t)L);
     if (!(rtol > 0.0) || max_iter < 1)
         return PyErr_Format(PyExc_ValueError, "spectral_rtol must be > 0 and spectral_max_iter >= 1");
     const npy_intp B = PyArray_DIM(cot, 0);
@@ -554,13 +564,10 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
                                      &zero_o, &scale_o))
         return NULL;
-    PyArrayObject *ids;
-    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    PyArrayObject *ids, *tan;
+    const sl_model *m = direction_call(capsule, ids_o, tan_o, "tangent", at, &ids, &tan);
     if (!m) return NULL;
     const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
-    PyArrayObject *tan = directions(tan_o, "tangent", m, T);
-    if (!tan) return NULL;
-    if (at < 0 || at > L) return PyErr_Format(PyExc_ValueError, "at=%lld outside [0, %zd]", at, (Py_ssize_t)L);
     float **tout = PyMem_Calloc((size_t)(L + 1), sizeof(float *));
     if (!tout) return PyErr_NoMemory();
     npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
