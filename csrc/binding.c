@@ -123,12 +123,16 @@ static PyObject *py_set_simd(PyObject *self, PyObject *arg) {
     (void)self;
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
-    sl_simd_level level;
-    if (!strcmp(name, "generic")) level = SL_SIMD_GENERIC;
-    else if (!strcmp(name, "avx2")) level = SL_SIMD_AVX2;
-    else if (!strcmp(name, "auto")) level = sl_cpu_has_avx2_fma() ? SL_SIMD_AVX2 : SL_SIMD_GENERIC;
-    else return PyErr_Format(PyExc_ValueError, "unknown SIMD level %R (use 'generic', 'avx2' or 'auto')", arg);
-    return PyUnicode_FromString(sl_simd_name(sl_set_simd(level)));
+    int level = sl_simd_parse(name);
+    if (level < 0)
+        return PyErr_Format(PyExc_ValueError, "unknown SIMD level %R (use 'generic', 'avx2', 'avx512' or 'auto')",
+                            arg);
+    return PyUnicode_FromString(sl_simd_name(sl_set_simd((sl_simd_level)level)));
+}
+
+static PyObject *py_simd_best(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return PyUnicode_FromString(sl_simd_name(sl_simd_best()));
 }
 
 /* ---------------------------------------------------------------- SGEMM */
@@ -655,8 +659,11 @@ static PyMethodDef methods[] = {
     {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int: the process-wide setting."},
     {"_team_size", py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
-    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx2' | 'generic': the kernel family in use."},
-    {"set_simd", py_set_simd, METH_O, "set_simd('generic' | 'avx2' | 'auto') -> the level now in use."},
+    {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
+    {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
+    {"set_simd", py_set_simd, METH_O,
+     "set_simd('generic' | 'avx2' | 'avx512' | 'auto') -> the level now in use (a level the CPU lacks\n"
+     "falls back to the best it has)."},
     {"sgemm", (PyCFunction)(void (*)(void))py_sgemm, METH_VARARGS | METH_KEYWORDS,
      "sgemm(A, B, C=None, trans_a=False, trans_b=True, accumulate=False) -> C = op(A)·op(B) (+ C); "
      "A is (M, K), or (K, M) with trans_a; B is (N, K) with trans_b, else (K, N)."},

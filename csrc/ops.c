@@ -237,7 +237,7 @@ __attribute__((target("avx2,fma"))) static float softmax_entropy_avx2(float *x, 
 float sl_softmax_entropy(float *x, int64_t n) {
     if (n <= 0) return 0.0f;
 #if SL_X86
-    if (sl_simd() == SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
+    if (sl_simd() >= SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
 #endif
     return softmax_entropy_generic(x, n);
 }

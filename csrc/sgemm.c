@@ -393,7 +393,7 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0,
                    ukernel_generic};
 #if SL_SGEMM_X86
-    if (sl_simd() == SL_SIMD_AVX2) {
+    if (sl_simd() >= SL_SIMD_AVX2) {
         g.avx2 = 1;
         g.uk = ukernel_avx2;
     }

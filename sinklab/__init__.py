@@ -60,11 +60,19 @@ def get_num_threads() -> int:
 
 
 def simd() -> str:
-    """The kernel family in use: ``"avx2"`` or ``"generic"`` (force with SINKLAB_SIMD=generic)."""
+    """The kernel family in use: ``"avx512"``, ``"avx2"`` or ``"generic"`` (portable C).
+
+    Chosen at run time, the best the CPU has (AVX-512 F/BW/VL/DQ, then AVX2+FMA); the
+    environment variable ``SINKLAB_SIMD=generic|avx2|avx512`` read at import forces a lower
+    level (a level the CPU lacks falls back to the best it has).
+    """
     return _core.simd()
 
 
 if not _core.has_openmp:
     warnings.warn("sinklab was built without OpenMP (the compiler has none): kernels run on one thread")
+if os.environ.get("SINKLAB_SIMD", "auto") not in ("auto", "generic", "avx2", "avx512"):
+    warnings.warn(f"SINKLAB_SIMD={os.environ['SINKLAB_SIMD']!r} is not one of auto, generic, avx2, avx512: "
+                  f"using {_core.simd()}")
 if os.environ.get("SINKLAB_NUM_THREADS"):
     set_num_threads(int(os.environ["SINKLAB_NUM_THREADS"]))

@@ -25,8 +25,9 @@ import sinklab._core as core
 
 U = 2.0**-24
 ROOT = Path(__file__).resolve().parents[1]
-HAS_AVX2 = core.set_simd("auto") == "avx2"
-LEVELS = ["generic", "avx2"] if HAS_AVX2 else ["generic"]
+BEST = core.simd_best()
+HAS_AVX2 = BEST in ("avx2", "avx512")
+LEVELS = {"generic": ["generic"], "avx2": ["generic", "avx2"], "avx512": ["generic", "avx2", "avx512"]}[BEST]
 
 
 @pytest.fixture(autouse=True)
@@ -209,9 +210,10 @@ def test_simd_env_var():
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "generic"
-    env["SINKLAB_SIMD"] = "auto"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
-    assert out.stdout.strip() == ("avx2" if HAS_AVX2 else "generic")
+    for name, want in [("auto", BEST), ("avx2", "avx2" if HAS_AVX2 else "generic"), ("avx512", BEST)]:
+        env["SINKLAB_SIMD"] = name
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=ROOT)
+        assert out.stdout.strip() == want, f"SINKLAB_SIMD={name}"
 
 
 # ---------------------------------------------------------------------------------------------
