@@ -1,6 +1,20 @@
-/* Row-wise ops of the LLaMA block. Loops are OpenMP over rows: each output is computed by one
- * thread in a fixed order, so results do not depend on the thread count. Team sizes come from
- * the call context (sl_num_threads), not from the calling thread's OpenMP setting. */
+/* Row-wise ops of the LLaMA block. Loops are OpenMP over rows (or over fixed chunks of an
+ * elementwise op): each output is computed by one thread in a fixed order, so results do not
+ * depend on the thread count. Team sizes come from the call context (sl_num_threads), not from
+ * the calling thread's OpenMP setting.
+ *
+ * Run-time dispatch (cpu.h): softmax with entropy, RMSNorm, SwiGLU and the residual add have
+ * AVX2+FMA and AVX-512 kernels beside the portable C; the level is read once per call, so all
+ * rows of one call use one path. Within a path every element is computed by the same lane-wise
+ * sequence wherever it falls (row tails use masked or padded vectors, never a scalar fallback
+ * that a chunk boundary could select). Across paths, results differ by rounding only:
+ *   - softmax/entropy: the vector exp (Cephes polynomial, <= 2 ulp) vs libm expf (<= 1 ulp),
+ *     and the order of the double sums Z and sum p*(x-max);
+ *   - RMSNorm: only the order of the double sum of squares (products of floats are exact in
+ *     double), so 1/rms differs by at most 1 ulp of float and the outputs by <= 2 ulp;
+ *   - SwiGLU: the vector exp vs expf inside the sigmoid, a few ulp of silu(g);
+ *   - the residual add is bitwise the same on every path.
+ * The AVX2 and AVX-512 exps run the same lane-wise operations, so they agree bitwise. */
 #include "ops.h"
 
 #include <math.h>
@@ -9,23 +23,295 @@
 #include "cpu.h"
 #include "sl_common.h"
 
-#if defined(__x86_64__) || defined(__i386__)
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
 #define SL_X86 1
 #include <immintrin.h>
+#define SL_AVX2 __attribute__((target("avx2,fma")))
+#define SL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2")))
 #else
 #define SL_X86 0
 #endif
 
+/* Elementwise ops are split over threads in chunks of this many elements (a multiple of 16,
+ * so vector blocks never straddle two threads; not that it would change a bit). */
+#define SL_CHUNK 8192
+
+/* ------------------------------------------------------------------------------------------
+ * SIMD kernels. Each works on one row (or one run of elements) and is called from the same
+ * OpenMP loops as the portable code. */
+#if SL_X86
+/* exp on 8 lanes, Cephes' single-precision polynomial (about 1 ulp for the arguments <= 0 that
+ * softmax produces); below -87.3 it returns a tiny positive value instead of 0 or a denormal.
+ * The clamps take x as the second operand of max/min, which is the one returned for a NaN, so a
+ * NaN stays a NaN instead of becoming exp(-87.3). */
+SL_AVX2 static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-87.3f), x);
+    x = _mm256_min_ps(_mm256_set1_ps(88.3f), x);
+    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+/* exp on 16 lanes: exp8's operations lane for lane (same constants, same FMA chain, floor by
+ * roundscale), so the AVX2 and AVX-512 paths get the same bits from it. */
+SL_AVX512 static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-87.3f), x);
+    x = _mm512_min_ps(_mm512_set1_ps(88.3f), x);
+    __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+    x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+    __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+    y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+    y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(y, _mm512_castsi512_ps(e));
+}
+
+/* The first k < 16 lanes, or all 16 when k >= 16. */
+static inline __mmask16 lanes16(int64_t k) {
+    return k >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << k) - 1u);
+}
+
+SL_AVX2 static double hsum4d(__m256d v) {
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+/* Lanes [0, 8) and [8, 16) of a float vector, widened to double. */
+SL_AVX512 static inline __m512d lo8d(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+SL_AVX512 static inline __m512d hi8d(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
+
+SL_AVX2 static float softmax_entropy_avx2(float *x, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    __m256 vmax = _mm256_set1_ps(x[0]);
+    for (int64_t i = 0; i < n8; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    float mx = lanes[0];
+    for (int k = 1; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
+    for (int64_t i = n8; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+    /* Sums in double, as in the portable path: entropy is log Z - E[x - max]. */
+    __m256d z = _mm256_setzero_pd(), zs = _mm256_setzero_pd();
+    const __m256 m = _mm256_set1_ps(mx);
+    for (int64_t i = 0; i < n8; i += 8) {
+        __m256 sh = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
+        __m256 e = exp8(sh);
+        _mm256_storeu_ps(x + i, e);
+        __m256d e_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
+        __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(sh)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(sh, 1));
+        z = _mm256_add_pd(z, _mm256_add_pd(e_lo, e_hi));
+        zs = _mm256_fmadd_pd(e_lo, s_lo, _mm256_fmadd_pd(e_hi, s_hi, zs));
+    }
+    double zt = hsum4d(z), zst = hsum4d(zs);
+    for (int64_t i = n8; i < n; i++) {
+        float sh = x[i] - mx;
+        x[i] = expf(sh);
+        zt += x[i];
+        zst += (double)x[i] * sh;
+    }
+    const __m256 inv = _mm256_set1_ps((float)(1.0 / zt));
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
+    for (int64_t i = n8; i < n; i++) x[i] *= (float)(1.0 / zt);
+    return (float)(log(zt) - zst / zt);
+}
+
+/* As the AVX2 kernel, 16 lanes wide; the row's tail is one masked block (masked-off lanes
+ * contribute exact zeros to both sums), so no element goes through libm. */
+SL_AVX512 static float softmax_entropy_avx512(float *x, int64_t n) {
+    __m512 vmax = _mm512_set1_ps(x[0]);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        vmax = _mm512_mask_max_ps(vmax, k, vmax, _mm512_maskz_loadu_ps(k, x + i));
+    }
+    const float mx = _mm512_reduce_max_ps(vmax);
+    const __m512 m = _mm512_set1_ps(mx);
+    __m512d z = _mm512_setzero_pd(), zs = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        const __m512 sh = _mm512_maskz_sub_ps(k, _mm512_maskz_loadu_ps(k, x + i), m);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp16(sh));
+        _mm512_mask_storeu_ps(x + i, k, e);
+        const __m512d e_lo = lo8d(e), e_hi = hi8d(e);
+        z = _mm512_add_pd(z, _mm512_add_pd(e_lo, e_hi));
+        zs = _mm512_fmadd_pd(e_lo, lo8d(sh), _mm512_fmadd_pd(e_hi, hi8d(sh), zs));
+    }
+    const double zt = _mm512_reduce_add_pd(z), zst = _mm512_reduce_add_pd(zs);
+    const __m512 inv = _mm512_set1_ps((float)(1.0 / zt));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
+    }
+    return (float)(log(zt) - zst / zt);
+}
+
+/* RMSNorm of one row; returns 1/rms. The squares of floats are exact in double, so only the
+ * summation order (4 lanes, then the scalar tail) differs from the portable loop. */
+SL_AVX2 static float rmsnorm_row_avx2(float *o, const float *xr, const float *w, int64_t d, float eps) {
+    const int64_t d8 = d & ~(int64_t)7;
+    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
+    for (int64_t i = 0; i < d8; i += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + i);
+        const __m256d lo = _mm256_cvtps_pd(_mm256_castps256_ps128(v)), hi = _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+        a = _mm256_fmadd_pd(lo, lo, a);
+        b = _mm256_fmadd_pd(hi, hi, b);
+    }
+    double ss = hsum4d(_mm256_add_pd(a, b));
+    for (int64_t i = d8; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    const __m256 vi = _mm256_set1_ps(inv);
+    for (int64_t i = 0; i < d8; i += 8)
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(xr + i), vi)));
+    for (int64_t i = d8; i < d; i++) o[i] = w[i] * (xr[i] * inv);
+    return inv;
+}
+
+SL_AVX512 static float rmsnorm_row_avx512(float *o, const float *xr, const float *w, int64_t d, float eps) {
+    __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+    for (int64_t i = 0; i < d; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(lanes16(d - i), xr + i);
+        const __m512d lo = lo8d(v), hi = hi8d(v);
+        a = _mm512_fmadd_pd(lo, lo, a);
+        b = _mm512_fmadd_pd(hi, hi, b);
+    }
+    const double ss = _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    const __m512 vi = _mm512_set1_ps(inv);
+    for (int64_t i = 0; i < d; i += 16) {
+        const __mmask16 k = lanes16(d - i);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + i), _mm512_mul_ps(_mm512_maskz_loadu_ps(k, xr + i), vi));
+        _mm512_mask_storeu_ps(o + i, k, v);
+    }
+    return inv;
+}
+
+/* h = (g / (1 + exp(-g))) * u on n elements: the portable expression with the vector exp. The
+ * tail goes through the same vector code on a zero-padded copy. */
+SL_AVX2 static inline __m256 swiglu8(__m256 g, __m256 u) {
+    const __m256 e = exp8(_mm256_xor_ps(g, _mm256_set1_ps(-0.0f)));
+    return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)), u);
+}
+
+SL_AVX2 static void swiglu_avx2(float *h, const float *g, const float *u, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(h + i, swiglu8(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+    if (n8 == n) return;
+    float gt[8] = {0}, ut[8] = {0}, ht[8];
+    memcpy(gt, g + n8, (size_t)(n - n8) * sizeof(float));
+    memcpy(ut, u + n8, (size_t)(n - n8) * sizeof(float));
+    _mm256_storeu_ps(ht, swiglu8(_mm256_loadu_ps(gt), _mm256_loadu_ps(ut)));
+    memcpy(h + n8, ht, (size_t)(n - n8) * sizeof(float));
+}
+
+SL_AVX512 static void swiglu_avx512(float *h, const float *g, const float *u, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), neg = _mm512_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        const __m512 x = _mm512_maskz_loadu_ps(k, g + i);
+        const __m512 e = exp16(_mm512_xor_ps(x, neg));
+        const __m512 r = _mm512_mul_ps(_mm512_div_ps(x, _mm512_add_ps(one, e)), _mm512_maskz_loadu_ps(k, u + i));
+        _mm512_mask_storeu_ps(h + i, k, r);
+    }
+}
+
+/* out = a + b (out may alias a): one rounding per element on every path, so these agree
+ * bitwise with the portable loop. */
+SL_AVX2 static void add_avx2(float *out, const float *a, const float *b, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(out + i, _mm256_add_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+    for (int64_t i = n8; i < n; i++) out[i] = a[i] + b[i];
+}
+
+SL_AVX512 static void add_avx512(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        _mm512_mask_storeu_ps(out + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+    }
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------
+ * Portable row kernels and the dispatchers. */
+
+typedef float (*rmsnorm_row_fn)(float *, const float *, const float *, int64_t, float);
+typedef void (*elementwise2_fn)(float *, const float *, const float *, int64_t);
+
+static float rmsnorm_row_generic(float *o, const float *xr, const float *w, int64_t d, float eps) {
+    double ss = 0.0; /* double: the mean of squares is the one reduction that matters here */
+    for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
+    const float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+    for (int64_t i = 0; i < d; i++) o[i] = w[i] * (xr[i] * inv);
+    return inv;
+}
+
+static rmsnorm_row_fn rmsnorm_row_for(sl_simd_level level) {
+#if SL_X86
+    if (level >= SL_SIMD_AVX512) return rmsnorm_row_avx512;
+    if (level >= SL_SIMD_AVX2) return rmsnorm_row_avx2;
+#endif
+    (void)level;
+    return rmsnorm_row_generic;
+}
+
+static void swiglu_generic(float *h, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float x = g[i];
+        h[i] = (x / (1.0f + expf(-x))) * u[i];
+    }
+}
+
+static elementwise2_fn swiglu_for(sl_simd_level level) {
+#if SL_X86
+    if (level >= SL_SIMD_AVX512) return swiglu_avx512;
+    if (level >= SL_SIMD_AVX2) return swiglu_avx2;
+#endif
+    (void)level;
+    return swiglu_generic;
+}
+
+static void add_generic(float *out, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static elementwise2_fn add_for(sl_simd_level level) {
+#if SL_X86
+    if (level >= SL_SIMD_AVX512) return add_avx512;
+    if (level >= SL_SIMD_AVX2) return add_avx2;
+#endif
+    (void)level;
+    return add_generic;
+}
+
+/* out = f(a, b) elementwise over n, in SL_CHUNK pieces split over threads. */
+static void elementwise_chunks(elementwise2_fn f, float *out, const float *a, const float *b, int64_t n) {
+    const int64_t chunks = (n + SL_CHUNK - 1) / SL_CHUNK;
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t i0 = c * SL_CHUNK, len = n - i0 < SL_CHUNK ? n - i0 : SL_CHUNK;
+        f(out + i0, a + i0, b + i0, len);
+    }
+}
+
 void sl_rmsnorm(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps) {
+    const rmsnorm_row_fn row = rmsnorm_row_for(sl_simd());
 #pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
-        const float *xr = x + t * d;
-        float *o = out + t * d;
-        double ss = 0.0; /* double: the mean of squares is the one reduction that matters here */
-        for (int64_t i = 0; i < d; i++) ss += (double)xr[i] * xr[i];
-        float inv = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+        const float inv = row(out + t * d, x + t * d, w, d, eps);
         if (rstd) rstd[t] = inv;
-        for (int64_t i = 0; i < d; i++) o[i] = w[i] * (xr[i] * inv);
     }
 }
 
@@ -118,11 +404,7 @@ void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int
 }
 
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
-    for (int64_t i = 0; i < n; i++) {
-        float x = g[i];
-        h[i] = (x / (1.0f + expf(-x))) * u[i];
-    }
+    elementwise_chunks(swiglu_for(sl_simd()), h, g, u, n);
 }
 
 /* silu(g) = g s with s = sigmoid(g); silu'(g) = s (1 + g (1 - s)). The partial derivatives of
@@ -174,77 +456,19 @@ static float softmax_entropy_generic(float *x, int64_t n) {
     return (float)(log(z) - zs / z);
 }
 
-#if SL_X86
-/* exp on 8 lanes, Cephes' single-precision polynomial (about 1 ulp for the arguments <= 0 that
- * softmax produces); below -87.3 it returns a tiny positive value instead of 0 or a denormal. */
-__attribute__((target("avx2,fma"))) static inline __m256 exp8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.3f));
-    x = _mm256_min_ps(x, _mm256_set1_ps(88.3f));
-    __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-    x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-    y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-__attribute__((target("avx2,fma"))) static double hsum4d(__m256d v) {
-    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
-    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
-}
-
-__attribute__((target("avx2,fma"))) static float softmax_entropy_avx2(float *x, int64_t n) {
-    const int64_t n8 = n & ~(int64_t)7;
-    __m256 vmax = _mm256_set1_ps(x[0]);
-    for (int64_t i = 0; i < n8; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, vmax);
-    float mx = lanes[0];
-    for (int k = 1; k < 8; k++) mx = lanes[k] > mx ? lanes[k] : mx;
-    for (int64_t i = n8; i < n; i++) mx = x[i] > mx ? x[i] : mx;
-    /* Sums in double, as in the portable path: entropy is log Z - E[x - max]. */
-    __m256d z = _mm256_setzero_pd(), zs = _mm256_setzero_pd();
-    const __m256 m = _mm256_set1_ps(mx);
-    for (int64_t i = 0; i < n8; i += 8) {
-        __m256 sh = _mm256_sub_ps(_mm256_loadu_ps(x + i), m);
-        __m256 e = exp8(sh);
-        _mm256_storeu_ps(x + i, e);
-        __m256d e_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(e)), e_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1));
-        __m256d s_lo = _mm256_cvtps_pd(_mm256_castps256_ps128(sh)), s_hi = _mm256_cvtps_pd(_mm256_extractf128_ps(sh, 1));
-        z = _mm256_add_pd(z, _mm256_add_pd(e_lo, e_hi));
-        zs = _mm256_fmadd_pd(e_lo, s_lo, _mm256_fmadd_pd(e_hi, s_hi, zs));
-    }
-    double zt = hsum4d(z), zst = hsum4d(zs);
-    for (int64_t i = n8; i < n; i++) {
-        float sh = x[i] - mx;
-        x[i] = expf(sh);
-        zt += x[i];
-        zst += (double)x[i] * sh;
-    }
-    const __m256 inv = _mm256_set1_ps((float)(1.0 / zt));
-    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
-    for (int64_t i = n8; i < n; i++) x[i] *= (float)(1.0 / zt);
-    return (float)(log(zt) - zst / zt);
-}
-#endif
 
 float sl_softmax_entropy(float *x, int64_t n) {
     if (n <= 0) return 0.0f;
 #if SL_X86
-    if (sl_simd() >= SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
+    const sl_simd_level level = sl_simd();
+    if (level >= SL_SIMD_AVX512) return softmax_entropy_avx512(x, n);
+    if (level >= SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
 #endif
     return softmax_entropy_generic(x, n);
 }
 
 void sl_add_inplace(float *x, const float *y, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
-    for (int64_t i = 0; i < n; i++) x[i] += y[i];
+    elementwise_chunks(add_for(sl_simd()), x, x, y, n);
 }
 
 void sl_embed(float *out, const float *table, const int64_t *ids, int64_t T, int64_t d) {

@@ -1,4 +1,9 @@
-/* Elementwise and row-wise ops of the LLaMA block, each next to the backward it will need. */
+/* Elementwise and row-wise ops of the LLaMA block, each next to the backward it will need.
+ *
+ * sl_rmsnorm, sl_swiglu, sl_softmax_entropy and sl_add_inplace dispatch at run time (cpu.h) to
+ * AVX-512, AVX2+FMA or portable kernels. Within one level the result is the same for any thread
+ * count; across levels it agrees to rounding (see ops.c for what differs: the vector exp and
+ * the order of double sums), except sl_add_inplace, which is bitwise the same on every level. */
 #ifndef SL_OPS_H
 #define SL_OPS_H
 
@@ -34,7 +39,8 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
 void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                       const float *cosv, const float *sinv, int layout);
 
-/* h = silu(g) * u elementwise (SwiGLU); h may alias g. */
+/* h = silu(g) * u elementwise (SwiGLU); h may alias g. The SIMD levels use a vector exp (Cephes
+ * polynomial, <= 2 ulp) where the portable path uses expf, so silu(g) differs by a few ulp. */
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
 /* The partials of h = silu(g) u: dh_dg = u silu'(g), dh_du = silu(g), for n elements. */
 void sl_swiglu_partials(float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);
