@@ -7,14 +7,19 @@
  * both with unit stride. The layout only changes the packers: an operand stored with K along its
  * rows ((M,K) A, (N,K) B) is transposed while packing, one stored with K down its columns ((K,M) A,
  * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts.
- * The AVX2 micro-kernel keeps a 6×16 tile of C in 12 ymm registers (12 accumulators + 2 B vectors
- * + 1 broadcast of A = 15 of the 16 registers).
+ *
+ * Each SIMD level has its own tile and blocking (sgemm_level below):
+ *   generic  6×16, vector extension (SSE2 / NEON), separate multiply and add;
+ *   AVX2     6×16 in 12 ymm accumulators (+ 2 B vectors + 1 broadcast of A = 15 of 16 registers);
+ *   AVX-512 14×32 in 28 zmm accumulators (+ 2 B vectors + 1 broadcast = 31 of 32 registers), ragged
+ *            right edges by masked loads and stores instead of a copy of the tile.
  *
  * Determinism: each C element is one chain c = c + a_k·b_k over k = 0..K-1 in order, starting
  * from 0 (or from C when accumulating). K blocks are walked in order and each block continues the
  * chain from the value left in C, so the block sizes, the M/N tiling and the thread count never
- * change the result. Threads own disjoint tiles of C. The generic path runs the same chains with
- * a separate multiply and add instead of a fused multiply-add, hence "equal to rounding". */
+ * change the result. Threads own disjoint tiles of C. The AVX2 and AVX-512 kernels run the same
+ * fused multiply-add chain, so they give the same bits; the generic path runs it with a separate
+ * multiply and add, hence "equal to rounding". */
 #include "sgemm.h"
 
 #include <stdlib.h>
@@ -35,16 +40,39 @@
 #include <immintrin.h>
 #define SL_SGEMM_X86 1
 #define SL_AVX2 __attribute__((target("avx2,fma")))
+#define SL_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,avx2")))
 #else
 #define SL_SGEMM_X86 0
 #endif
 
+/* Tiles and blocking of the generic and AVX2 paths. */
 enum {
     MR = 6,    /* rows of the register tile */
     NR = 16,   /* columns of the register tile: two ymm vectors */
     KC = 256,  /* K block: one packed B panel (KC×NR floats, 16 KiB) stays in L1 */
     MC = 96,   /* M block: the packed A block (MC×KC) stays in L2 */
     NC = 512,  /* widest N block of one task: its packed B (NC×KC, 512 KiB) stays in L2 */
+};
+
+/* The AVX-512 path. */
+#ifndef SL_MR512
+#define SL_MR512 14
+#endif
+#ifndef SL_KC512
+#define SL_KC512 256
+#endif
+#ifndef SL_MC512
+#define SL_MC512 112
+#endif
+#ifndef SL_NC512
+#define SL_NC512 512
+#endif
+enum {
+    MR512 = SL_MR512, /* rows of the register tile: 2 accumulators each, 28 of the 32 zmm */
+    NR512 = 32,       /* columns: two zmm vectors */
+    KC512 = SL_KC512, /* one packed B panel (KC512×32 floats) stays in L1 */
+    MC512 = SL_MC512, /* the packed A block (MC512×KC512) stays in L2 */
+    NC512 = SL_NC512,
 };
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -115,6 +143,26 @@ SL_AVX2 static void pack_panel6_avx2(const float *src, int64_t ld, int64_t kb, f
     for (; k < kb; k++)
         for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * ld + k];
 }
+
+/* Any panel (rows <= width) for the AVX-512 path: groups of 8 rows transposed 8×8 at a time, rows
+ * past `rows` read as zero, each group's columns stored with a mask (the last group of a 14-wide
+ * panel keeps 6 of 8). */
+SL_AVX512 static void pack_panel_avx512(const float *src, int64_t ld, int64_t rows, const int width, int64_t kb,
+                                        float *dst) {
+    int64_t k = 0;
+    for (; k + 8 <= kb; k += 8) {
+        for (int g = 0; g < width; g += 8) {
+            __m256 r[8];
+            for (int i = 0; i < 8; i++)
+                r[i] = g + i < rows ? _mm256_loadu_ps(src + (g + i) * ld + k) : _mm256_setzero_ps();
+            transpose8(r);
+            const __mmask8 keep = (__mmask8)(width - g >= 8 ? 0xFF : (1u << (width - g)) - 1u);
+            for (int i = 0; i < 8; i++) _mm256_mask_storeu_ps(dst + (k + i) * width + g, keep, r[i]);
+        }
+    }
+    for (; k < kb; k++)
+        for (int i = 0; i < width; i++) dst[k * width + i] = i < rows ? src[i * ld + k] : 0.0f;
+}
 #endif
 
 /* A panel from a k-major source (element (i, k) at src[k*ld + i]): for every k the panel's row is
@@ -148,52 +196,105 @@ static inline __attribute__((always_inline)) void pack_block_kmajor(const float 
     }
 }
 
-/* Packs a rows × kb block of the operand into ceil(rows/width) panels of width MR or NR.
- * kmajor == 0: element (i, k) is src[i*ld + k] (A stored (M,K), B stored (N,K)): transposing pack.
- * kmajor != 0: element (i, k) is src[k*ld + i] (A stored (K,M), B stored (K,N)): straight copy.
- * Either way the panel holds dst[k*width + i] for k < kb, so one micro-kernel serves all layouts. */
-static void pack_block(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t width, int64_t kb,
-                       float *dst, int avx2) {
-    if (kmajor) {
-        if (width == NR)
-            pack_block_kmajor(src, ld, rows, NR, kb, dst);
-        else
-            pack_block_kmajor(src, ld, rows, MR, kb, dst);
-        return;
-    }
+/* Block packers: a rows × kb block of the operand into ceil(rows/width) panels of the level's
+ * width (MR for A, NR for B). kmajor == 0: element (i, k) is src[i*ld + k] (A stored (M,K), B
+ * stored (N,K)): transposing pack. kmajor != 0: element (i, k) is src[k*ld + i] (A stored (K,M),
+ * B stored (K,N)): straight copy. Either way panel p holds dst[p*width*kb + k*width + i], so one
+ * micro-kernel serves all layouts. A packer is all a new storage format of B needs (e.g. one that
+ * dequantizes weights while packing). */
+typedef void (*pack_fn)(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst);
+
+/* Transposing pack of full panels by `full` (NULL: none), partial ones generically. */
+static inline __attribute__((always_inline)) void pack_rows(const float *src, int64_t ld, int64_t rows,
+                                                            const int64_t width, int64_t kb, float *dst,
+                                                            void (*full)(const float *, int64_t, int64_t,
+                                                                         float *)) {
     for (int64_t i0 = 0; i0 < rows; i0 += width) {
         int64_t r = min64(width, rows - i0);
-        float *d = dst + i0 * kb;
-        const float *s = src + i0 * ld;
-#if SL_SGEMM_X86
-        if (avx2 && r == width && width == NR) {
-            pack_panel16_avx2(s, ld, kb, d);
-            continue;
-        }
-        if (avx2 && r == width && width == MR) {
-            pack_panel6_avx2(s, ld, kb, d);
-            continue;
-        }
-#else
-        (void)avx2;
-#endif
-        pack_panel_generic(s, ld, r, width, kb, d);
+        if (full && r == width)
+            full(src + i0 * ld, ld, kb, dst + i0 * kb);
+        else
+            pack_panel_generic(src + i0 * ld, ld, r, width, kb, dst + i0 * kb);
     }
 }
 
-/* ------------------------------------------------------------------------------------------
- * Micro-kernels: c[i][j] for i < mr, j < NR continues its chain over kc packed steps:
- * c = (load ? c : 0) + a[k*MR+i]·b[k*NR+j] for k = 0..kc-1 in order. */
+static void pack_a_generic(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor)
+        pack_block_kmajor(src, ld, rows, MR, kb, dst);
+    else
+        pack_rows(src, ld, rows, MR, kb, dst, NULL);
+}
 
-typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+static void pack_b_generic(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor)
+        pack_block_kmajor(src, ld, rows, NR, kb, dst);
+    else
+        pack_rows(src, ld, rows, NR, kb, dst, NULL);
+}
+
+#if SL_SGEMM_X86
+static void pack_a_avx2(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor)
+        pack_block_kmajor(src, ld, rows, MR, kb, dst);
+    else
+        pack_rows(src, ld, rows, MR, kb, dst, pack_panel6_avx2);
+}
+
+static void pack_b_avx2(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor)
+        pack_block_kmajor(src, ld, rows, NR, kb, dst);
+    else
+        pack_rows(src, ld, rows, NR, kb, dst, pack_panel16_avx2);
+}
+
+static void pack_a_avx512(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor) {
+        pack_block_kmajor(src, ld, rows, MR512, kb, dst);
+        return;
+    }
+    for (int64_t i0 = 0; i0 < rows; i0 += MR512)
+        pack_panel_avx512(src + i0 * ld, ld, min64(MR512, rows - i0), MR512, kb, dst + i0 * kb);
+}
+
+static void pack_b_avx512(const float *src, int64_t ld, int kmajor, int64_t rows, int64_t kb, float *dst) {
+    if (kmajor) {
+        pack_block_kmajor(src, ld, rows, NR512, kb, dst);
+        return;
+    }
+    for (int64_t i0 = 0; i0 < rows; i0 += NR512)
+        pack_panel_avx512(src + i0 * ld, ld, min64(NR512, rows - i0), NR512, kb, dst + i0 * kb);
+}
+#endif
+
+/* ------------------------------------------------------------------------------------------
+ * Micro-kernels: c[i][j] for i < mr, j < nr continues its chain over kc packed steps:
+ * c = (load ? c : 0) + a[k*MRl+i]·b[k*NRl+j] for k = 0..kc-1 in order (MRl, NRl: the level's
+ * tile). Rows past mr and columns past nr are computed from the zero padding and not stored. */
+
+typedef void (*ukernel_fn)(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
                            int load);
+
+/* The 6×16 kernels handle a ragged right edge (nr < NR) on a copy of the full tile. */
+#define SL_RAGGED_TILE(full_call)                                                                       \
+    do {                                                                                                \
+        if (nr == NR) {                                                                                 \
+            full_call(c, ldc);                                                                          \
+        } else {                                                                                        \
+            float tile[MR * NR];                                                                        \
+            memset(tile, 0, sizeof tile);                                                               \
+            if (load)                                                                                   \
+                for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * ldc, (size_t)nr * sizeof(float)); \
+            full_call(tile, NR);                                                                        \
+            for (int i = 0; i < mr; i++) memcpy(c + i * ldc, tile + i * NR, (size_t)nr * sizeof(float));  \
+        }                                                                                               \
+    } while (0)
 
 #if defined(__GNUC__)
 /* GCC/Clang vector extension: SSE2 on any x86-64, NEON on aarch64. 16-byte aligned: packed B is. */
 typedef float v4f __attribute__((vector_size(16)));
 
-static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-                            int64_t ldc, int mr, int load) {
+static void ukernel_generic_full(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                                 int64_t ldc, int mr, int load) {
     /* Two passes over 8 columns each: 12 accumulators fit the 16 registers of SSE2. */
     for (int h = 0; h < NR; h += 8) {
         v4f acc[MR][2];
@@ -214,8 +315,8 @@ static void ukernel_generic(int64_t kc, const float *restrict a, const float *re
     }
 }
 #else
-static void ukernel_generic(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
-                            int64_t ldc, int mr, int load) {
+static void ukernel_generic_full(int64_t kc, const float *restrict a, const float *restrict b, float *restrict c,
+                                 int64_t ldc, int mr, int load) {
     float acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < NR; j++) acc[i][j] = load ? c[i * ldc + j] : 0.0f;
@@ -226,6 +327,13 @@ static void ukernel_generic(int64_t kc, const float *restrict a, const float *re
         for (int j = 0; j < NR; j++) c[i * ldc + j] = acc[i][j];
 }
 #endif
+
+static void ukernel_generic(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
+                            int load) {
+#define SL_CALL(cc, ld) ukernel_generic_full(kc, a, b, cc, ld, mr, load)
+    SL_RAGGED_TILE(SL_CALL);
+#undef SL_CALL
+}
 
 #if SL_SGEMM_X86
 /* Inlined with a constant mr, so rows past mr cost nothing. */
@@ -268,8 +376,8 @@ SL_AVX2 static inline __attribute__((always_inline)) void ukernel_avx2_rows(cons
 #undef SL_STORE_ROW
 }
 
-SL_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
-                                 int load) {
+SL_AVX2 static void ukernel_avx2_full(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                                      int load) {
     switch (mr) {
     case 6: ukernel_avx2_rows(6, kc, a, b, c, ldc, load); break;
     case 5: ukernel_avx2_rows(5, kc, a, b, c, ldc, load); break;
@@ -279,70 +387,145 @@ SL_AVX2 static void ukernel_avx2(int64_t kc, const float *a, const float *b, flo
     default: ukernel_avx2_rows(1, kc, a, b, c, ldc, load); break;
     }
 }
+
+static void ukernel_avx2(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr, int nr,
+                         int load) {
+#define SL_CALL(cc, ld) ukernel_avx2_full(kc, a, b, cc, ld, mr, load)
+    SL_RAGGED_TILE(SL_CALL);
+#undef SL_CALL
+}
+
+/* 14×32 in zmm registers, inlined with a constant mr. Columns past nr are masked off on load and
+ * store (masked-off lanes never fault), so a ragged right edge needs no copy. */
+SL_AVX512 static inline __attribute__((always_inline)) void ukernel_avx512_rows(const int mr, int64_t kc,
+                                                                              const float *restrict a,
+                                                                              const float *restrict b,
+                                                                              float *restrict c, int64_t ldc,
+                                                                              __mmask16 m0, __mmask16 m1,
+                                                                              int load) {
+    __m512 c0_0 = _mm512_setzero_ps(), c0_1 = c0_0, c1_0 = c0_0, c1_1 = c0_0, c2_0 = c0_0, c2_1 = c0_0;
+    __m512 c3_0 = c0_0, c3_1 = c0_0, c4_0 = c0_0, c4_1 = c0_0, c5_0 = c0_0, c5_1 = c0_0;
+    __m512 c6_0 = c0_0, c6_1 = c0_0, c7_0 = c0_0, c7_1 = c0_0, c8_0 = c0_0, c8_1 = c0_0;
+    __m512 c9_0 = c0_0, c9_1 = c0_0, c10_0 = c0_0, c10_1 = c0_0, c11_0 = c0_0, c11_1 = c0_0;
+    __m512 c12_0 = c0_0, c12_1 = c0_0, c13_0 = c0_0, c13_1 = c0_0;
+#define SL_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) X(12) X(13)
+#define SL_LOAD_ROW(i)                                                \
+    if (mr > i) {                                                     \
+        c##i##_0 = _mm512_maskz_loadu_ps(m0, c + (i) * ldc);          \
+        c##i##_1 = _mm512_maskz_loadu_ps(m1, c + (i) * ldc + 16);     \
+    }
+    if (load) {
+        SL_ROWS(SL_LOAD_ROW)
+    }
+#undef SL_LOAD_ROW
+#define SL_FMA_ROW(i)                                     \
+    if (mr > i) {                                         \
+        __m512 ai = _mm512_set1_ps(a[i]);                 \
+        c##i##_0 = _mm512_fmadd_ps(ai, b0, c##i##_0);     \
+        c##i##_1 = _mm512_fmadd_ps(ai, b1, c##i##_1);     \
+    }
+#pragma GCC unroll 2
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(b), b1 = _mm512_load_ps(b + 16);
+        SL_ROWS(SL_FMA_ROW)
+        a += MR512;
+        b += NR512;
+    }
+#undef SL_FMA_ROW
+#define SL_STORE_ROW(i)                                           \
+    if (mr > i) {                                                 \
+        _mm512_mask_storeu_ps(c + (i) * ldc, m0, c##i##_0);       \
+        _mm512_mask_storeu_ps(c + (i) * ldc + 16, m1, c##i##_1);  \
+    }
+    SL_ROWS(SL_STORE_ROW)
+#undef SL_STORE_ROW
+#undef SL_ROWS
+}
+
+SL_AVX512 static void ukernel_avx512(int64_t kc, const float *a, const float *b, float *c, int64_t ldc, int mr,
+                                     int nr, int load) {
+    const __mmask16 m0 = (__mmask16)(nr >= 16 ? 0xFFFFu : (1u << nr) - 1u);
+    const __mmask16 m1 = (__mmask16)(nr >= 32 ? 0xFFFFu : nr <= 16 ? 0u : (1u << (nr - 16)) - 1u);
+    switch (mr) {
+#define SL_CASE(n) \
+    case n: ukernel_avx512_rows(n, kc, a, b, c, ldc, m0, m1, load); break;
+        SL_CASE(14) SL_CASE(13) SL_CASE(12) SL_CASE(11) SL_CASE(10) SL_CASE(9) SL_CASE(8)
+        SL_CASE(7) SL_CASE(6) SL_CASE(5) SL_CASE(4) SL_CASE(3) SL_CASE(2)
+#undef SL_CASE
+    default: ukernel_avx512_rows(1, kc, a, b, c, ldc, m0, m1, load); break;
+    }
+}
 #endif
 
 /* ------------------------------------------------------------------------------------------
  * Blocking and threads. */
+
+/* One SIMD level's tile, blocking, kernel and packers. */
+typedef struct {
+    int mr, nr;        /* register tile */
+    int64_t kc, mc, nc; /* target K block, M block, widest N block of a task */
+    ukernel_fn uk;
+    pack_fn pack_a, pack_b;
+} sgemm_level;
+
+static const sgemm_level LEVEL_GENERIC = {MR, NR, KC, MC, NC, ukernel_generic, pack_a_generic, pack_b_generic};
+#if SL_SGEMM_X86
+static const sgemm_level LEVEL_AVX2 = {MR, NR, KC, MC, NC, ukernel_avx2, pack_a_avx2, pack_b_avx2};
+static const sgemm_level LEVEL_AVX512 = {MR512, NR512, KC512, MC512, NC512, ukernel_avx512, pack_a_avx512,
+                                         pack_b_avx512};
+#endif
 
 typedef struct {
     int64_t M, N, K, lda, ldb, ldc, kc;
     const float *A, *B;
     float *C;
     int a_kmajor, b_kmajor; /* A stored (K,M) (trans_a); B stored (K,N) (!trans_b) */
-    int accumulate, avx2;
-    ukernel_fn uk;
+    int accumulate;
+    const sgemm_level *lv;
 } sgemm_job;
 
 /* All register tiles of one C block [mb×nb] for one K block, from packed Ap and Bp. */
 static void macro_kernel(const sgemm_job *g, int64_t mb, int64_t nb, int64_t kb, const float *Ap,
                          const float *Bp, float *C, int load) {
-    for (int64_t j0 = 0; j0 < nb; j0 += NR) {
-        int64_t nr = min64(NR, nb - j0);
+    const int mrl = g->lv->mr, nrl = g->lv->nr;
+    const ukernel_fn uk = g->lv->uk;
+    for (int64_t j0 = 0; j0 < nb; j0 += nrl) {
+        int nr = (int)min64(nrl, nb - j0);
         const float *bp = Bp + j0 * kb;
-        for (int64_t i0 = 0; i0 < mb; i0 += MR) {
-            int mr = (int)min64(MR, mb - i0);
+        for (int64_t i0 = 0; i0 < mb; i0 += mrl) {
+            int mr = (int)min64(mrl, mb - i0);
             const float *ap = Ap + i0 * kb;
             float *c = C + i0 * g->ldc + j0;
             /* Prefetch the next tile of C while this one computes: once C outgrows the caches (tall
              * M, e.g. a batch of cotangents), waiting for its rows at every tile's start and end
              * otherwise costs more than the tile's arithmetic. */
-            int64_t ni = i0 + MR < mb ? i0 + MR : 0, nj = i0 + MR < mb ? j0 : j0 + NR;
+            int64_t ni = i0 + mrl < mb ? i0 + mrl : 0, nj = i0 + mrl < mb ? j0 : j0 + nrl;
             if (nj < nb) {
                 const float *cn = C + ni * g->ldc + nj;
-                int64_t rows = min64(MR, mb - ni), last = min64(NR, nb - nj) - 1;
+                int64_t rows = min64(mrl, mb - ni), last = min64(nrl, nb - nj) - 1;
                 for (int64_t i = 0; i < rows; i++) {
                     __builtin_prefetch(cn + i * g->ldc, 1, 3);
                     __builtin_prefetch(cn + i * g->ldc + last, 1, 3);
                 }
             }
-            if (nr == NR) {
-                g->uk(kb, ap, bp, c, g->ldc, mr, load);
-            } else {
-                /* ragged right edge: run the full tile on a copy, write back nr columns */
-                float tile[MR * NR];
-                memset(tile, 0, sizeof tile);
-                if (load)
-                    for (int i = 0; i < mr; i++) memcpy(tile + i * NR, c + i * g->ldc, (size_t)nr * sizeof(float));
-                g->uk(kb, ap, bp, tile, NR, mr, load);
-                for (int i = 0; i < mr; i++) memcpy(c + i * g->ldc, tile + i * NR, (size_t)nr * sizeof(float));
-            }
+            uk(kb, ap, bp, c, g->ldc, mr, nr, load);
         }
     }
 }
 
-/* C[m0:m1, n0:n1] over all of K. Ap holds an MC×kc block of A, Bp an (n1-n0)×kc block of B. */
+/* C[m0:m1, n0:n1] over all of K. Ap holds an mc×kc block of A, Bp an (n1-n0)×kc block of B. */
 static void run_task(const sgemm_job *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *Ap,
                      float *Bp) {
-    int64_t nb = n1 - n0;
+    int64_t nb = n1 - n0, mc = g->lv->mc;
     for (int64_t k0 = 0; k0 < g->K; k0 += g->kc) {
         int64_t kb = min64(g->kc, g->K - k0);
         int load = g->accumulate || k0 > 0; /* continue each chain from C after the first block */
         const float *b = g->b_kmajor ? g->B + k0 * g->ldb + n0 : g->B + n0 * g->ldb + k0;
-        pack_block(b, g->ldb, g->b_kmajor, nb, NR, kb, Bp, g->avx2);
-        for (int64_t i0 = m0; i0 < m1; i0 += MC) {
-            int64_t mb = min64(MC, m1 - i0);
+        g->lv->pack_b(b, g->ldb, g->b_kmajor, nb, kb, Bp);
+        for (int64_t i0 = m0; i0 < m1; i0 += mc) {
+            int64_t mb = min64(mc, m1 - i0);
             const float *a = g->a_kmajor ? g->A + k0 * g->lda + i0 : g->A + i0 * g->lda + k0;
-            pack_block(a, g->lda, g->a_kmajor, mb, MR, kb, Ap, g->avx2);
+            g->lv->pack_a(a, g->lda, g->a_kmajor, mb, kb, Ap);
             macro_kernel(g, mb, nb, kb, Ap, Bp, g->C + i0 * g->ldc + n0, load);
         }
     }
@@ -371,6 +554,16 @@ static int check_matrix(const char *name, const void *p, int64_t rows, int64_t c
     return SL_OK;
 }
 
+/* The kernels and blocking for the SIMD level in use. */
+static const sgemm_level *current_level(void) {
+#if SL_SGEMM_X86
+    sl_simd_level s = sl_simd();
+    if (s >= SL_SIMD_AVX512) return &LEVEL_AVX512;
+    if (s >= SL_SIMD_AVX2) return &LEVEL_AVX2;
+#endif
+    return &LEVEL_GENERIC;
+}
+
 int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
     if (M < 0 || N < 0 || K < 0)
@@ -390,16 +583,11 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
         return SL_OK;
     }
 
-    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0,
-                   ukernel_generic};
-#if SL_SGEMM_X86
-    if (sl_simd() >= SL_SIMD_AVX2) {
-        g.avx2 = 1;
-        g.uk = ukernel_avx2;
-    }
-#endif
-    /* Equal K blocks near KC (a multiple of 8 for the vector packers); any choice gives the same bits. */
-    g.kc = min64(round_up(ceil_div(K, ceil_div(K, KC)), 8), K);
+    const sgemm_level *lv = current_level();
+    const int64_t mr = lv->mr, nr = lv->nr;
+    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, lv};
+    /* Equal K blocks near kc (a multiple of 8 for the vector packers); any choice gives the same bits. */
+    g.kc = min64(round_up(ceil_div(K, ceil_div(K, lv->kc)), 8), K);
 
     int nthr = 1;
 #if SL_SGEMM_OMP
@@ -412,22 +600,22 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     /* Waking threads costs a few microseconds: not worth it below ~1 MFLOP. */
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1;
 
-    /* Tasks: a grid of N blocks (at most NC wide) × M blocks, balanced over the threads. */
-    int64_t n_panels = ceil_div(N, NR), m_panels = ceil_div(M, MR);
-    int64_t tn = ceil_div(N, NC), tm = 1;
+    /* Tasks: a grid of N blocks (at most nc wide) × M blocks, balanced over the threads. */
+    int64_t n_panels = ceil_div(N, nr), m_panels = ceil_div(M, mr);
+    int64_t tn = ceil_div(N, lv->nc), tm = 1;
     if (nthr > 1) {
         if (tn < 4 * nthr) tn = round_up(tn, nthr); /* few blocks: make their count a multiple */
         if (tn > n_panels) tn = n_panels;
         if (tn < nthr) tm = min64(ceil_div(nthr, tn), m_panels);
     }
-    int64_t wn = round_up(ceil_div(N, tn), NR), hm = round_up(ceil_div(M, tm), MR);
+    int64_t wn = round_up(ceil_div(N, tn), nr), hm = round_up(ceil_div(M, tm), mr);
     tn = ceil_div(N, wn);
     tm = ceil_div(M, hm);
     int64_t ntasks = tn * tm;
     if (nthr > ntasks) nthr = (int)ntasks;
 
     /* Per-thread packing buffers, allocated here so that no allocation fails inside the team. */
-    int64_t ap_size = round_up(min64(hm, MC), MR) * g.kc, bp_size = round_up(min64(wn, N), NR) * g.kc;
+    int64_t ap_size = round_up(min64(hm, lv->mc), mr) * g.kc, bp_size = round_up(min64(wn, N), nr) * g.kc;
     ap_size = round_up(ap_size, 16);
     bp_size = round_up(bp_size, 16);
     int64_t per_thread = ap_size + bp_size, total;

@@ -4,7 +4,8 @@
  *
  * Determinism: every C element is reduced over K in one fixed order that depends neither on the
  * thread count nor on the tiling of M and N, so results are bitwise identical for any number of
- * threads. The AVX2 and generic paths agree to rounding. */
+ * threads. The AVX2 and AVX-512 paths run the same fused multiply-add chains and give the same
+ * bits; the generic path (separate multiply and add) agrees with them to rounding. */
 #ifndef SL_SGEMM_H
 #define SL_SGEMM_H
 

@@ -223,6 +223,7 @@ def test_simd_env_var():
 LAYOUTS = [(False, True), (False, False), (True, False), (True, True)]
 LAYOUT_IDS = ["NT", "NN", "TN", "TT"]
 MR, NR, KC, MC, NC = 6, 16, 256, 96, 512  # the tiling of csrc/sgemm.c: edge sizes sit around these
+MR5, NR5, KC5, MC5 = 14, 32, 256, 112  # the AVX-512 path's tile and blocking
 
 
 def stored(rng, M, N, K, ta, tb):
@@ -239,6 +240,7 @@ LAYOUT_SHAPES = [
     (1, 1, 1), (1, 17, 7), (13, 1, 300), (MR - 1, NR - 1, KC - 1), (MR, NR, KC), (MR + 1, NR + 1, KC + 1),
     (2 * MR + 1, 3 * NR - 1, 2 * KC + 1), (MC - 1, NC + 1, 9), (MC + 1, NC - 1, 33), (1, 600, 5),
     (200, 30, 520), (64, 1030, 70), (37, 20, 1000),
+    (MR5 - 1, NR5 - 1, 40), (MR5 + 1, NR5 + 1, KC5 + 1), (MC5 + 1, 2 * NR5 + 17, 3), (2 * MC5 - 1, 48, 17),
 ]
 
 
@@ -345,6 +347,41 @@ def test_layouts_generic_vs_avx2(ta, tb):
         assert np.abs(g.astype(np.float64) - v).max() <= 1e-6 * ref
 
 
+# Edge sizes around both tilings (6x16 and 14x32 tiles, K blocks of 256, M blocks of 96 and 112),
+# plus the shapes of real layers.
+AVX512_SHAPES = [
+    (1, 1, 1), (1, 31, 7), (13, 33, 255), (MR5, NR5, KC5), (MR5 + 1, NR5 - 1, KC5 + 1), (15, 16, 8),
+    (MC5 - 1, 3 * NR5 + 5, 2 * KC5 + 3), (MC5 + 1, NC + 1, 9), (MC + 5, 17, 700), (128, 128, 896),
+    (128, 576, 576), (300, 192, 130),
+]
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+def test_avx512_bitwise_equals_avx2(ta, tb):
+    """The AVX-512 kernel runs the same fused multiply-add chain per element as the AVX2 kernel, on
+    a different tile and blocking, so both give the same bits: every layout, ragged edges, with and
+    without accumulate, on 1 and 2 threads."""
+    if BEST != "avx512":
+        pytest.skip("CPU has no AVX-512 F/BW/VL/DQ")
+    rng = np.random.default_rng(13)
+    for M, N, K in AVX512_SHAPES:
+        A, B = stored(rng, M, N, K, ta, tb)
+        C0 = rand(rng, M, N)
+        out = {}
+        for level in ("avx2", "avx512"):
+            assert core.set_simd(level) == level
+            for threads in (1, 2):
+                core.set_num_threads(threads)
+                C = C0.copy()
+                core.sgemm(A, B, C, trans_a=ta, trans_b=tb, accumulate=True)
+                out[level, threads] = (core.sgemm(A, B, trans_a=ta, trans_b=tb), C)
+        ref = out["avx2", 1]
+        for key, (plain, acc) in out.items():
+            assert np.array_equal(plain, ref[0]), f"{(M, N, K)} {key}: differs from avx2 on 1 thread"
+            assert np.array_equal(acc, ref[1]), f"{(M, N, K)} {key} accumulate: differs from avx2 on 1 thread"
+        check_close(ref[0], *as_nt(A, B, ta, tb))  # and both are right, not just equal
+
+
 @pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
 def test_layouts_special_values(ta, tb):
     """A NaN in op(A)[3, 4] fills row 3 of C; an inf in op(B)[0, 17] fills column 17 (other rows)."""
@@ -423,7 +460,7 @@ DRIVER = textwrap.dedent(r"""
     }
 
     int main(void) {
-        for (int lvl = 0; lvl < 2; lvl++) {
+        for (int lvl = 0; lvl < 3; lvl++) {
             if (sl_set_simd((sl_simd_level)lvl) != (sl_simd_level)lvl) continue;
             for (int ta = 0; ta < 2; ta++)
                 for (int tb = 0; tb < 2; tb++) {
