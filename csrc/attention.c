@@ -13,22 +13,18 @@
 #include "sgemm.h"
 #include "sl_common.h"
 
-#define SL_ATTN_QBLOCK 64
+#if SL_HAVE_OPENMP
+#include <omp.h>
+#endif
 
-/* Vᵀ per kv head: vt[(g*hd + e)*T + t] = v[t*kv_stride + g*hd + e], so P·V is an NT product. */
-static void transpose_values(float *vt, const float *v, int64_t kv_stride, int64_t T,
-                             int64_t n_kv, int64_t hd) {
-#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
-    for (int64_t ge = 0; ge < n_kv * hd; ge++)
-        for (int64_t t = 0; t < T; t++) vt[ge * T + t] = v[t * kv_stride + ge];
-}
+#define SL_ATTN_QBLOCK 64
 
 /* Per-head view of the interventions and statistics. */
 typedef struct {
     int mask_first, zero_first_value;
     float scale;
-    float *to_first, *entropy; /* NULL or (T) for this head */
-    double *colsum;            /* NULL or (T): running sum over queries of A[i, k] */
+    float *to_first, *entropy; /* NULL or (n) for this head */
+    double *colsum;            /* NULL or (n): running sum over queries of A[i, k] */
 } head_opts;
 
 /* Probabilities of queries [i0, i1) over keys [0, i1) in place in p (row stride ld; columns
@@ -54,22 +50,23 @@ static int causal_probs_block(const sl_attn_shape *s, const head_opts *o, const 
     return SL_OK;
 }
 
-/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero where asked), times the head scale. */
+/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero where asked), times the head
+ * scale. vth is the head's Vᵀ with row stride n (the sequence's length). */
 static int weighted_values_block(const head_opts *o, const float *p, int64_t ld, const float *vth,
-                                 int64_t T, int64_t hd, int64_t i0, int64_t i1, float *out,
+                                 int64_t n, int64_t hd, int64_t i0, int64_t i1, float *out,
                                  int64_t out_stride) {
     /* Leaving key 0 out of the product is exact zeroing of v_0, for every row of the block. */
     const int64_t skip = o->zero_first_value != SL_ZFV_NONE ? 1 : 0;
     float *o0 = out + i0 * out_stride;
     if (i1 - skip > 0) {
-        SL_TRY(sl_sgemm_nt(i1 - i0, hd, i1 - skip, p + skip, ld, vth + skip, T, o0, out_stride, 0, 0));
+        SL_TRY(sl_sgemm_nt(i1 - i0, hd, i1 - skip, p + skip, ld, vth + skip, n, o0, out_stride, 0, 0));
     } else {
         for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
     }
     if (o->zero_first_value == SL_ZFV_OTHERS && i0 == 0) {
         /* Query 0 keeps its own value. Its row of P has p00 and zeros after it, so the plain
          * product sums p00·v0 with exact zeros; p00·v0 alone is therefore bitwise that row. */
-        for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * T];
+        for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * n];
     }
     if (o->scale != 1.0f)
         for (int64_t i = i0; i < i1; i++)
@@ -77,8 +74,9 @@ static int weighted_values_block(const head_opts *o, const float *p, int64_t ld,
     return SL_OK;
 }
 
+/* Head h's options; statistics rows have stride `ld` (the padded length of the capture). */
 static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_stats *st,
-                                  int64_t h, int64_t T, double *colsum) {
+                                  int64_t h, int64_t ld, double *colsum) {
     head_opts o = {0, 0, 1.0f, NULL, NULL, NULL};
     if (iv) {
         o.mask_first = iv->mask_first && iv->mask_first[h];
@@ -86,104 +84,193 @@ static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_
         o.scale = iv->head_scale ? iv->head_scale[h] : 1.0f;
     }
     if (st) {
-        o.to_first = st->to_first ? st->to_first + h * T : NULL;
-        o.entropy = st->entropy ? st->entropy + h * T : NULL;
+        o.to_first = st->to_first ? st->to_first + h * ld : NULL;
+        o.entropy = st->entropy ? st->entropy + h * ld : NULL;
         o.colsum = st->importance ? colsum : NULL;
     }
     return o;
 }
 
-/* One block of one head: probabilities (in the capture buffer or scratch), then outputs. */
-static int attend_block(const sl_attn_shape *s, const head_opts *o, int64_t h, int64_t b,
-                        const float *q, int64_t q_stride, const float *k, int64_t kv_stride,
-                        const float *vt, float *out, float *probs, float *scratch) {
-    const int64_t T = s->T, hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
-    const int64_t i0 = b * SL_ATTN_QBLOCK;
-    const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    float *p = probs ? probs + (h * T + i0) * T : scratch;
-    /* Without capture, rows need only i1 columns; the capture buffer has T. */
-    const int64_t ld = probs ? T : i1;
-    SL_TRY(causal_probs_block(s, o, q + h * hd, q_stride, k + g * hd, kv_stride, i0, i1, p, ld));
-    return weighted_values_block(o, p, ld, vt + g * hd * T, T, hd, i0, i1, out + h * hd,
-                                 s->n_heads * hd);
-}
-
 /* Importance needs, per head, a sum over all query blocks. Each head's blocks are cut into a
- * fixed number of segments (independent of the thread count); every segment sums into its own
- * O(T) partial, and the partials are added in segment order afterwards. */
+ * fixed number of segments (independent of the thread count and of the rest of the batch);
+ * every segment sums into its own O(n) partial, and the partials are added in segment order
+ * afterwards. */
 #define SL_ATTN_SEGMENTS 4
 
-int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
-                         const float *v, int64_t kv_stride, float *out, float *probs,
-                         const sl_attn_intervention *iv, const sl_attn_stats *st) {
-    const int64_t T = s->T, H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim;
-    if (T <= 0 || H <= 0 || G <= 0 || hd <= 0 || H % G != 0)
-        return sl_fail(SL_ERR_VALUE, "attention: bad shape T=%lld heads=%lld kv_heads=%lld",
-                       (long long)T, (long long)H, (long long)G);
+static int64_t n_query_blocks(int64_t T) { return (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK; }
+
+/* Tasks of sequence b: one per (head, segment) with importance, else one per (head, block). */
+static int64_t seq_segments(const sl_attn_batch *bt, int64_t b) {
+    const int64_t nb = n_query_blocks(bt->len[b]);
+    return bt->importance && nb > SL_ATTN_SEGMENTS ? SL_ATTN_SEGMENTS : nb;
+}
+
+int64_t sl_attn_batch_floats(const sl_attn_shape *s, const sl_attn_batch *bt, int n_threads,
+                             int64_t sizes[3]) {
+    int64_t rows = bt->off[bt->B], part = 0;
+    for (int64_t b = 0; b < bt->B && bt->importance; b++) part += s->n_heads * seq_segments(bt, b) * bt->len[b];
+    sizes[0] = rows * s->n_kv_heads * s->head_dim; /* vt */
+    sizes[1] = 2 * part;                            /* partial, doubles */
+    sizes[2] = (int64_t)n_threads * SL_ATTN_QBLOCK * bt->T_pad; /* scores, per thread */
+    return sizes[0] + sizes[1] + sizes[2];
+}
+
+/* Everything one sequence's tasks need, resolved once per task. */
+typedef struct {
+    int64_t n, off, n_seg;
+    float *probs;             /* NULL or (H, T_pad, T_pad) */
+    sl_attn_stats st;         /* (H, T_pad) each or NULL */
+    const float *vt;          /* (G*hd, n) */
+    double *partial;          /* (H*n_seg, n) or NULL */
+} seq_view;
+
+static seq_view seq_at(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t b) {
+    seq_view v;
+    v.n = bt->len[b], v.off = bt->off[b], v.n_seg = seq_segments(bt, b);
+    v.probs = bt->probs ? bt->probs[b] : NULL;
+    v.st.importance = bt->importance ? bt->importance[b] : NULL;
+    v.st.to_first = bt->to_first ? bt->to_first[b] : NULL;
+    v.st.entropy = bt->entropy ? bt->entropy[b] : NULL;
+    v.vt = bt->vt + v.off * s->n_kv_heads * s->head_dim;
+    v.partial = bt->importance ? bt->partial + bt->part_off[b] : NULL;
+    return v;
+}
+
+/* One (sequence, head, segment) task: its query blocks in order, probabilities (in the capture
+ * buffer or the thread's scratch) then outputs. */
+static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t b, int64_t h, int64_t seg,
+                       const float *q, int64_t q_stride, const float *k, int64_t kv_stride, float *out,
+                       const sl_attn_intervention *iv, float *scratch) {
+    const seq_view v = seq_at(s, bt, b);
+    const int64_t T = bt->T_pad, hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
+    const int64_t nb = n_query_blocks(v.n), b0 = seg * nb / v.n_seg, b1 = (seg + 1) * nb / v.n_seg;
+    head_opts o = options_for_head(iv, &v.st, h, T, v.partial ? v.partial + (h * v.n_seg + seg) * v.n : NULL);
+    const float *qs = q + v.off * q_stride + h * hd, *ks = k + v.off * kv_stride + g * hd;
+    float *os = out + v.off * s->n_heads * hd + h * hd;
+    for (int64_t blk = b0; blk < b1; blk++) {
+        const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < v.n ? i0 + SL_ATTN_QBLOCK : v.n;
+        float *p = v.probs ? v.probs + (h * T + i0) * T : scratch;
+        /* Without capture, rows need only i1 columns; the capture buffer has T_pad, and the
+         * columns from i+1 on (padding included) are zeroed by causal_probs_block. */
+        const int64_t ld = v.probs ? T : i1;
+        SL_TRY(causal_probs_block(s, &o, qs, q_stride, ks, kv_stride, i0, i1, p, ld));
+        SL_TRY(weighted_values_block(&o, p, ld, v.vt + g * hd * v.n, v.n, hd, i0, i1, os, s->n_heads * hd));
+    }
+    return SL_OK;
+}
+
+/* Importance of (b, h) from its segment partials, and the zeros of every capture at positions
+ * >= the sequence's length. */
+static void finish_head(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t b, int64_t h) {
+    const seq_view v = seq_at(s, bt, b);
+    const int64_t T = bt->T_pad, n = v.n;
+    if (v.st.importance) {
+        float *imp = v.st.importance + h * T;
+        for (int64_t j = 0; j < n; j++) {
+            double sum = 0.0;
+            for (int64_t g = 0; g < v.n_seg; g++) sum += v.partial[(h * v.n_seg + g) * n + j];
+            imp[j] = (float)(sum / (double)(n - j));
+        }
+        memset(imp + n, 0, (size_t)(T - n) * sizeof(float));
+    }
+    if (v.st.to_first) memset(v.st.to_first + h * T + n, 0, (size_t)(T - n) * sizeof(float));
+    if (v.st.entropy) memset(v.st.entropy + h * T + n, 0, (size_t)(T - n) * sizeof(float));
+    if (v.probs) memset(v.probs + (h * T + n) * T, 0, (size_t)((T - n) * T) * sizeof(float));
+}
+
+/* Index of the sequence whose tasks include `task` (task_off is nondecreasing, B+1 entries). */
+static int64_t find_seq(const int64_t *task_off, int64_t B, int64_t task) {
+    int64_t lo = 0, hi = B - 1;
+    while (lo < hi) {
+        const int64_t mid = (lo + hi + 1) / 2;
+        if (task_off[mid] <= task) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
+int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, const float *q,
+                               int64_t q_stride, const float *k, const float *v, int64_t kv_stride,
+                               float *out, const sl_attn_intervention *iv) {
+    const int64_t H = s->n_heads, G = s->n_kv_heads, hd = s->head_dim, B = bt->B, kvd = G * hd;
+    if (B <= 0 || H <= 0 || G <= 0 || hd <= 0 || H % G != 0)
+        return sl_fail(SL_ERR_VALUE, "attention: bad shape B=%lld heads=%lld kv_heads=%lld",
+                       (long long)B, (long long)H, (long long)G);
     if (iv && iv->zero_first_value)
         for (int64_t h = 0; h < H; h++)
             if (iv->zero_first_value[h] > SL_ZFV_ALL)
                 return sl_fail(SL_ERR_VALUE,
                                "attention: zero_first_value[%lld]=%d, expected 0 (none), 1 (others) or 2 (all)",
                                (long long)h, (int)iv->zero_first_value[h]);
-    const int64_t n_blocks = (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK;
-    const int need_colsum = st && st->importance;
-    const int64_t n_seg = need_colsum ? (n_blocks < SL_ATTN_SEGMENTS ? n_blocks : SL_ATTN_SEGMENTS) : n_blocks;
-    int64_t n_vt, n_part = 0;
-    if (!sl_mul_size(G * hd, T, &n_vt) || (need_colsum && !sl_mul_size(2 * H * n_seg, T, &n_part)))
-        return sl_fail(SL_ERR_MEMORY, "attention: size overflow");
-    float *vt = sl_alloc_floats(n_vt);
-    double *partial = need_colsum ? (double *)sl_alloc_floats(n_part) : NULL;
-    if (!vt || (need_colsum && !partial)) {
-        sl_free(vt);
-        sl_free(partial);
-        return sl_fail(SL_ERR_MEMORY, "attention: cannot allocate buffers for T=%lld", (long long)T);
+    /* task_off: tasks of the sequences before b; part_off: their partials (set here, read by
+     * seq_at; the caller sized both arrays). The partials are summed into, so zeroed first. */
+    int64_t *task_off = bt->task_off, n_part = 0;
+    task_off[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        task_off[b + 1] = task_off[b] + H * seq_segments(bt, b);
+        if (bt->importance) {
+            bt->part_off[b] = n_part;
+            n_part += H * seq_segments(bt, b) * bt->len[b];
+        }
     }
-    transpose_values(vt, v, kv_stride, T, G, hd);
+    if (bt->importance) memset(bt->partial, 0, (size_t)n_part * sizeof(double));
+    const int64_t n_tasks = task_off[B];
 
     int status = SL_OK;
-    /* Workers are other OS threads: each registers the caller's context, so that what fails in
-     * the serial SGEMM under attend_block reports to this call, not to the worker's own. */
+    /* One parallel region per layer for the whole batch (few barriers: a busy core stalls a
+     * team at each one). Workers are other OS threads: each registers the caller's context, so
+     * that what fails in the serial SGEMM under attend_task reports to this call. */
     sl_ctx *ctx = sl_ctx_current();
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         sl_ctx *prev = sl_ctx_enter(ctx);
-        /* Per thread: one block of scores, O(T). */
-        float *scratch = probs ? NULL : sl_alloc_floats(SL_ATTN_QBLOCK * T);
-        int ok = probs != NULL || scratch != NULL;
-        if (!ok) {
-#pragma omp critical(sl_attn_err)
-            status = sl_fail_ctx(ctx, SL_ERR_MEMORY, "attention: cannot allocate scratch for T=%lld", (long long)T);
+#if SL_HAVE_OPENMP
+        float *scratch = bt->scratch + (int64_t)omp_get_thread_num() * SL_ATTN_QBLOCK * bt->T_pad;
+#else
+        float *scratch = bt->scratch;
+#endif
+        /* Vᵀ per sequence and kv head: vt[off*kvd + (g*hd + e)*n + t] = v[(off + t)*kv_stride + g*hd + e],
+         * so P·V is an NT product. */
+#pragma omp for schedule(static)
+        for (int64_t bge = 0; bge < B * kvd; bge++) {
+            const int64_t b = bge / kvd, ge = bge % kvd, n = bt->len[b], off = bt->off[b];
+            float *vt = bt->vt + off * kvd + ge * n;
+            for (int64_t t = 0; t < n; t++) vt[t] = v[(off + t) * kv_stride + ge];
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < H * n_seg; task++) {
-            if (!ok) continue;
-            const int64_t h = task / n_seg, seg = task % n_seg;
-            const int64_t b0 = seg * n_blocks / n_seg, b1 = (seg + 1) * n_blocks / n_seg;
-            head_opts o = options_for_head(iv, st, h, T, need_colsum ? partial + task * T : NULL);
-            int rc = SL_OK;
-            for (int64_t b = b0; b < b1 && rc == SL_OK; b++)
-                rc = attend_block(s, &o, h, b, q, q_stride, k, kv_stride, vt, out, probs, scratch);
+        for (int64_t task = 0; task < n_tasks; task++) {
+            const int64_t b = find_seq(task_off, B, task), r = task - task_off[b], n_seg = seq_segments(bt, b);
+            int rc = attend_task(s, bt, b, r / n_seg, r % n_seg, q, q_stride, k, kv_stride, out, iv, scratch);
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;
             }
         }
-        sl_free(scratch);
-        if (need_colsum && status == SL_OK) {
 #pragma omp for schedule(static)
-            for (int64_t h = 0; h < H; h++)
-                for (int64_t j = 0; j < T; j++) {
-                    double sum = 0.0;
-                    for (int64_t g = 0; g < n_seg; g++) sum += partial[(h * n_seg + g) * T + j];
-                    st->importance[h * T + j] = (float)(sum / (double)(T - j));
-                }
-        }
+        for (int64_t bh = 0; bh < B * H; bh++) finish_head(s, bt, bh / H, bh % H);
         sl_ctx_leave(prev);
     }
-    sl_free(vt);
-    sl_free(partial);
     return status;
+}
+
+int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
+                         const float *v, int64_t kv_stride, float *out, float *probs,
+                         const sl_attn_intervention *iv, const sl_attn_stats *st) {
+    if (s->T <= 0) return sl_fail(SL_ERR_VALUE, "attention: bad shape T=%lld", (long long)s->T);
+    int64_t off[2] = {0, s->T}, len[1] = {s->T}, task_off[2], part_off[1], sizes[3];
+    float *pr[1] = {probs}, *imp[1] = {st ? st->importance : NULL}, *tf[1] = {st ? st->to_first : NULL},
+          *en[1] = {st ? st->entropy : NULL};
+    sl_attn_batch bt = {.B = 1, .T_pad = s->T, .off = off, .len = len, .probs = probs ? pr : NULL,
+                        .importance = imp[0] ? imp : NULL, .to_first = tf[0] ? tf : NULL,
+                        .entropy = en[0] ? en : NULL, .task_off = task_off, .part_off = part_off};
+    const int n_threads = sl_num_threads();
+    const int64_t total = sl_attn_batch_floats(s, &bt, n_threads, sizes);
+    float *buf = sl_alloc_floats_uninit(total);
+    if (!buf) return sl_fail(SL_ERR_MEMORY, "attention: cannot allocate buffers for T=%lld", (long long)s->T);
+    bt.vt = buf, bt.partial = (double *)(buf + sizes[0]), bt.scratch = buf + sizes[0] + sizes[1];
+    int rc = sl_attention_forward_batch(s, &bt, q, q_stride, k, v, kv_stride, out, iv);
+    sl_free(buf);
+    return rc;
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -236,8 +323,6 @@ typedef struct {
     int64_t ld_kv;
     float *probs_out;                     /* sl_attention_probs output */
 } attn_grad_job;
-
-static int64_t n_query_blocks(int64_t T) { return (T + SL_ATTN_QBLOCK - 1) / SL_ATTN_QBLOCK; }
 
 static int probs_task(void *arg, int64_t task, float *scratch) {
     (void)scratch;

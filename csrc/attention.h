@@ -51,6 +51,34 @@ int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_strid
                          const float *v, int64_t kv_stride, float *out, float *probs,
                          const sl_attn_intervention *iv, const sl_attn_stats *st);
 
+/* A batch of B sequences packed row after row in q, k, v and out: sequence b has len[b] rows
+ * starting at packed row off[b] (off has B+1 entries, off[B] the total), positions restart at 0
+ * for each. Captures are per sequence, laid out for T_pad >= max(len) positions: probs[b] NULL or
+ * (H, T_pad, T_pad), importance/to_first/entropy[b] NULL or (H, T_pad); entries at positions
+ * >= len[b] (rows and columns) are written as zeros. Each list may itself be NULL. Every result
+ * is bitwise what sl_attention_forward gives for that sequence alone. */
+typedef struct {
+    int64_t B, T_pad;
+    const int64_t *off, *len;
+    float **probs, **importance, **to_first, **entropy;
+    /* Scratch the caller provides, sized by sl_attn_batch_floats: */
+    float *vt;          /* sizes[0] floats */
+    double *partial;    /* sizes[1] floats (as doubles), only with importance */
+    float *scratch;     /* sizes[2] floats: one block of scores per thread */
+    int64_t *task_off;  /* B+1 entries */
+    int64_t *part_off;  /* B entries */
+} sl_attn_batch;
+
+/* Floats of the three scratch buffers (sizes[0..2]) for n_threads threads; returns their sum.
+ * Reads B, T_pad, off, len and whether importance is asked. */
+int64_t sl_attn_batch_floats(const sl_attn_shape *s, const sl_attn_batch *bt, int n_threads, int64_t sizes[3]);
+
+/* The whole batch in one parallel region: Vᵀ, then (sequence, head, query segment) tasks, then
+ * each (sequence, head)'s importance sums and padding zeros. s->T is not read. */
+int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, const float *q,
+                               int64_t q_stride, const float *k, const float *v, int64_t kv_stride,
+                               float *out, const sl_attn_intervention *iv);
+
 /* Derivatives. q, k, v are the forward's dense tensors after RoPE: (T, H*hd), (T, G*hd),
  * (T, G*hd); cotangents and tangents hold B directions for that one sequence, (B*T, ·) dense.
  * Interventions are differentiated as applied: a masked key has zero probability and zero

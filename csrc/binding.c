@@ -244,12 +244,14 @@ static PyObject *py_dequantize(PyObject *self, PyObject *args) {
 typedef struct {
     sl_model model;
     sl_layer_weights *layers;
-    PyObject *keep; /* list of the arrays */
+    PyObject *keep;     /* list of the arrays */
+    sl_ws_cache cache;  /* the forward's activations, kept between calls (model.h) */
 } model_handle;
 
 static void handle_destroy(PyObject *capsule) {
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return;
+    sl_ws_cache_clear(&h->cache); /* no call can be running: each holds a reference */
     Py_XDECREF(h->keep);
     PyMem_Free(h->layers);
     PyMem_Free(h);
@@ -403,61 +405,139 @@ static int interventions(const sl_model *m, PyObject *mask_o, PyObject *zero_o, 
            intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv->head_scale);
 }
 
+/* Fills ptrs[b*n + l] (B*n entries) for one capture given as None; as a list of n per-layer
+ * entries, None or an array of shape dims (the historical form, one sequence only); or as one
+ * array of shape (B, n_sel) + dims ((n_sel,) + dims when the ids are 1-D) whose slot s is layer
+ * sel[s] (sel NULL: n_sel = n and slot l is layer l). */
+static int capture_arg(PyObject *o, const char *name, npy_intp B, int batched, Py_ssize_t n, const int64_t *sel,
+                       Py_ssize_t n_sel, int ndim, const npy_intp *dims, float **ptrs) {
+    for (npy_intp i = 0; i < B * n; i++) ptrs[i] = NULL;
+    if (o == Py_None) return 1;
+    if (PyList_Check(o)) {
+        if (batched) {
+            PyErr_Format(PyExc_ValueError, "%s: per-layer lists need 1-D ids; pass one (B, L', ...) array", name);
+            return 0;
+        }
+        return capture_list(o, name, n, ndim, dims, ptrs);
+    }
+    npy_intp full[6];
+    int k = 0;
+    if (batched) full[k++] = B;
+    full[k++] = sel ? n_sel : n;
+    npy_intp per_slot = 1;
+    for (int i = 0; i < ndim; i++) full[k++] = dims[i], per_slot *= dims[i];
+    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, k, full, 1);
+    if (!a) return 0;
+    float *data = PyArray_DATA(a);
+    const Py_ssize_t slots = sel ? n_sel : n;
+    for (npy_intp b = 0; b < B; b++)
+        for (Py_ssize_t sl = 0; sl < slots; sl++)
+            ptrs[b * n + (sel ? sel[sl] : sl)] = data + (b * slots + sl) * per_slot;
+    return 1;
+}
+
+/* layers: None, or strictly increasing layer indices in [0, L); *sel stays NULL for None. */
+static int layer_selection(PyObject *o, npy_intp L, int64_t **sel, Py_ssize_t *n_sel) {
+    *sel = NULL, *n_sel = L;
+    if (o == Py_None) return 1;
+    PyObject *seq = PySequence_Fast(o, "layers must be None or a sequence of layer indices");
+    if (!seq) return 0;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *out = PyMem_Calloc((size_t)n + 1, sizeof(int64_t));
+    int ok = out != NULL;
+    if (!ok) PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < n && ok; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) ok = 0;
+        else if (v < 0 || v >= L || (i > 0 && v <= out[i - 1])) {
+            PyErr_Format(PyExc_ValueError, "layers must be increasing indices in [0, %zd), got %lld at %zd",
+                         (Py_ssize_t)L, v, i);
+            ok = 0;
+        } else {
+            out[i] = v;
+        }
+    }
+    Py_DECREF(seq);
+    if (!ok) {
+        PyMem_Free(out);
+        return 0;
+    }
+    *sel = out, *n_sel = n;
+    return 1;
+}
+
 static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
-                             "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", NULL};
+                             "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", NULL};
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
     PyObject *q_o = Py_None, *k_o = Py_None, *v_o = Py_None, *z_o = Py_None, *head_o = Py_None;
-    PyObject *aout_o = Py_None, *mout_o = Py_None;
+    PyObject *aout_o = Py_None, *mout_o = Py_None, *len_o = Py_None, *layers_o = Py_None;
     long long logits_from = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOO", kwlist, &capsule, &ids_o, &attn_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOO", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
-                                     &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o))
+                                     &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
+                                     &len_o, &layers_o))
         return NULL;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return NULL;
     const sl_model *m = &h->model;
-    PyArrayObject *ids = check_array(ids_o, "ids", NPY_INT64, 1, NULL, 0);
+    if (!PyArray_Check(ids_o) || (PyArray_NDIM((PyArrayObject *)ids_o) != 1 && PyArray_NDIM((PyArrayObject *)ids_o) != 2))
+        return PyErr_Format(PyExc_ValueError, "ids must be a numpy array of shape (T,) or (B, T)");
+    const int batched = PyArray_NDIM((PyArrayObject *)ids_o) == 2;
+    PyArrayObject *ids = check_array(ids_o, "ids", NPY_INT64, batched ? 2 : 1, NULL, 0);
     if (!ids) return NULL;
-    const npy_intp T = PyArray_DIM(ids, 0);
-    if (T == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
+    const npy_intp B = batched ? PyArray_DIM(ids, 0) : 1, T = PyArray_DIM(ids, batched ? 1 : 0);
+    if (T == 0 || B == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
     if (logits_from < 0 || logits_from >= T)
         return PyErr_Format(PyExc_ValueError, "logits_from=%lld outside [0, %zd)", logits_from, (Py_ssize_t)T);
+    const int64_t *lengths = NULL;
+    if (len_o != Py_None) {
+        npy_intp ldims[1] = {B};
+        PyArrayObject *la = check_array(len_o, "lengths", NPY_INT64, 1, ldims, 0);
+        if (!la) return NULL;
+        lengths = PyArray_DATA(la);
+    }
     const npy_intp L = m->n_layers;
-    /* One block of pointers: resid has L+1 entries, each of the 11 other per-layer captures L. */
-    float **ptrs = PyMem_Calloc((size_t)(12 * L + 1), sizeof(float *));
-    if (!ptrs) return PyErr_NoMemory();
-    float **next = ptrs + 2 * L + 1; /* after attn (L) and resid (L + 1) */
-#define TAKE() (next += L, next - L)
-    sl_capture cap = {.attn = ptrs, .resid = ptrs + L, .logits = NULL, .logits_from = logits_from};
+    int64_t *sel;
+    Py_ssize_t n_sel;
+    if (!layer_selection(layers_o, L, &sel, &n_sel)) return NULL;
+    /* One block of pointers: resid has B*(L+1) entries, each of the 11 other per-layer captures B*L. */
+    float **ptrs = PyMem_Calloc((size_t)(B * (12 * L + 1)), sizeof(float *));
+    if (!ptrs) {
+        PyMem_Free(sel);
+        return PyErr_NoMemory();
+    }
+    float **next = ptrs + B * (2 * L + 1); /* after attn (B*L) and resid (B*(L + 1)) */
+#define TAKE() (next += B * L, next - B * L)
+    sl_capture cap = {.attn = ptrs, .resid = ptrs + B * L, .logits = NULL, .logits_from = logits_from};
     cap.importance = TAKE(), cap.to_first = TAKE(), cap.entropy = TAKE();
     cap.q = TAKE(), cap.k = TAKE(), cap.v = TAKE(), cap.z = TAKE(), cap.head_out = TAKE();
     cap.attn_out = TAKE(), cap.mlp_out = TAKE();
 #undef TAKE
     sl_intervention iv = {NULL, NULL, NULL};
     const npy_intp H = m->n_heads, G = m->n_kv_heads, hd = m->head_dim, d = m->d_model;
-    npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[2] = {T - logits_from, m->vocab_size},
+    npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[3] = {B, T - logits_from, m->vocab_size},
              stat_dims[2] = {H, T}, q_dims[3] = {H, T, hd}, kv_dims[3] = {G, T, hd},
              head_dims[3] = {H, T, d};
-    int ok = capture_list(attn_o, "attn", L, 3, attn_dims, cap.attn) &&
-             capture_list(resid_o, "resid", L + 1, 2, resid_dims, cap.resid) &&
-             capture_list(imp_o, "importance", L, 2, stat_dims, cap.importance) &&
-             capture_list(first_o, "to_first", L, 2, stat_dims, cap.to_first) &&
-             capture_list(ent_o, "entropy", L, 2, stat_dims, cap.entropy) &&
-             capture_list(q_o, "q", L, 3, q_dims, cap.q) &&
-             capture_list(k_o, "k", L, 3, kv_dims, cap.k) &&
-             capture_list(v_o, "v", L, 3, kv_dims, cap.v) &&
-             capture_list(z_o, "z", L, 3, q_dims, cap.z) &&
-             capture_list(head_o, "head_out", L, 3, head_dims, cap.head_out) &&
-             capture_list(aout_o, "attn_out", L, 2, resid_dims, cap.attn_out) &&
-             capture_list(mout_o, "mlp_out", L, 2, resid_dims, cap.mlp_out) &&
+#define CAPTURE(o, name, field, nd, dims) capture_arg(o, name, B, batched, L, sel, n_sel, nd, dims, cap.field)
+    int ok = CAPTURE(attn_o, "attn", attn, 3, attn_dims) &&
+             capture_arg(resid_o, "resid", B, batched, L + 1, NULL, L + 1, 2, resid_dims, cap.resid) &&
+             CAPTURE(imp_o, "importance", importance, 2, stat_dims) &&
+             CAPTURE(first_o, "to_first", to_first, 2, stat_dims) &&
+             CAPTURE(ent_o, "entropy", entropy, 2, stat_dims) &&
+             CAPTURE(q_o, "q", q, 3, q_dims) && CAPTURE(k_o, "k", k, 3, kv_dims) && CAPTURE(v_o, "v", v, 3, kv_dims) &&
+             CAPTURE(z_o, "z", z, 3, q_dims) && CAPTURE(head_o, "head_out", head_out, 3, head_dims) &&
+             CAPTURE(aout_o, "attn_out", attn_out, 2, resid_dims) &&
+             CAPTURE(mout_o, "mlp_out", mlp_out, 2, resid_dims) &&
              interventions(m, mask_o, zero_o, scale_o, &iv);
+#undef CAPTURE
     if (ok && logits_o != Py_None) {
-        PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, 2, logit_dims, 1);
+        PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
+                                        batched ? logit_dims : logit_dims + 1, 1);
         ok = lg != NULL;
         if (ok) cap.logits = PyArray_DATA(lg);
     }
@@ -466,13 +546,30 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
         Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_forward(m, PyArray_DATA(ids), T, &cap, &iv);
+        rc = sl_model_forward_batch(m, PyArray_DATA(ids), B, T, lengths, &cap, &iv, &h->cache);
         Py_END_ALLOW_THREADS
     }
     sl_ctx_end(prev);
     PyMem_Free(ptrs);
+    PyMem_Free(sel);
     if (!ok) return NULL;
     if (rc != SL_OK) return raise_status(&ctx, rc);
+    Py_RETURN_NONE;
+}
+
+static PyObject *py_model_workspace_bytes(PyObject *self, PyObject *capsule) {
+    (void)self;
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    return PyLong_FromLongLong((long long)sl_ws_cache_bytes(&h->cache));
+}
+
+static PyObject *py_model_release_workspace(PyObject *self, PyObject *capsule) {
+    (void)self;
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    /* Only the cached one: a call running now holds its own and puts it back afterwards. */
+    sl_ws_cache_clear(&h->cache);
     Py_RETURN_NONE;
 }
 
@@ -682,13 +779,24 @@ static PyMethodDef methods[] = {
      "model_loss_grad(handle, ids, targets, grads: dict, mask_first=None, zero_first_value=None, head_scale=None) "
      "-> mean cross-entropy (nats); gradients are added into grads"},
     {"model_forward", (PyCFunction)(void (*)(void))py_model_forward, METH_VARARGS | METH_KEYWORDS,
-     "model_forward(handle, ids int64 (T,), attn=None, resid=None, logits=None, logits_from=0,\n"
+     "model_forward(handle, ids int64 (T,) or (B, T), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
-     "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None):\n"
-     "capture lists hold None or a per-layer array (q, z (H, T, hd); k, v (G, T, hd); head_out\n"
-     "(H, T, d); attn_out, mlp_out (T, d)); interventions are (L, H):\n"
-     "mask_first uint8 (0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every\n"
-     "query including 0; other values raise ValueError), head_scale float32."},
+     "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None,\n"
+     "lengths=None, layers=None):\n"
+     "runs all B sequences in one call (their tokens packed through every weight product).\n"
+     "Each per-layer capture is None or one float32 array (B, L', ...) (no B axis for (T,) ids)\n"
+     "whose slot s is layer layers[s] (layers: increasing indices, default all): attn (H, T, T);\n"
+     "importance, to_first, entropy (H, T); q, z (H, T, hd); k, v (G, T, hd); head_out (H, T, d);\n"
+     "attn_out, mlp_out (T, d); resid is (B, L+1, T, d) and logits (B, T-logits_from, V). With (T,)\n"
+     "ids a capture may also be a list of L per-layer arrays or None. lengths: None or int64 (B,)\n"
+     "in [1, T], sequence b being its first lengths[b] ids (the rest padding, still valid ids);\n"
+     "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"
+     "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0;\n"
+     "other values raise ValueError), head_scale float32."},
+    {"model_workspace_bytes", py_model_workspace_bytes, METH_O,
+     "model_workspace_bytes(handle) -> bytes of the activations workspace the model keeps between forward calls."},
+    {"model_release_workspace", py_model_release_workspace, METH_O,
+     "model_release_workspace(handle): frees the cached activations workspace (the next call allocates anew)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef moduledef = {PyModuleDef_HEAD_INIT, "_core",

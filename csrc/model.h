@@ -2,6 +2,7 @@
 #ifndef SL_MODEL_H
 #define SL_MODEL_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "attention.h"
@@ -25,7 +26,11 @@ typedef struct {
 } sl_model;
 
 /* Where the forward writes what it captures; every pointer may be NULL. Buffers belong to the
- * caller and must hold the documented number of floats. */
+ * caller and must hold the documented number of floats. For a batch of B sequences padded to T
+ * tokens (sl_model_forward_batch), every per-layer list holds B*n_layers entries (resid
+ * B*(n_layers+1)), sequence-major: entry [b*n_layers + l] is sequence b's buffer for layer l;
+ * logits is one (B, T - logits_from, V) block. Each buffer is laid out for the padded T, and its
+ * entries at positions >= the sequence's length are written as zeros. */
 typedef struct {
     float **attn;   /* n_layers entries: NULL or (H, T, T) attention probabilities */
     float **resid;  /* n_layers+1 entries: NULL or (T, d), the stream entering layer l;
@@ -46,6 +51,21 @@ typedef struct {
     float **q, **k, **v, **z, **head_out, **attn_out, **mlp_out;
 } sl_capture;
 
+/* A model's cached activation workspace: the forward takes it (an atomic exchange with NULL),
+ * grows it if the call needs more, and puts it back when the slot is still empty; a concurrent
+ * second caller finds the slot empty and allocates its own, which it frees afterwards unless
+ * the slot is free again by then. So at most one workspace is held between calls, and only one
+ * of at most SL_WS_CACHE_MAX_BYTES: a larger one is freed at the end of its call. Zero-initialise
+ * the struct; sl_ws_cache_clear frees what it holds (when no call can be running). */
+#define SL_WS_CACHE_MAX_BYTES ((int64_t)1 << 30)
+typedef struct sl_workspace sl_workspace;
+typedef struct {
+    _Atomic(sl_workspace *) slot;
+} sl_ws_cache;
+void sl_ws_cache_clear(sl_ws_cache *c);
+/* Bytes held by the cached workspace now (0 when none, or while a call has it). */
+int64_t sl_ws_cache_bytes(sl_ws_cache *c);
+
 /* Interventions over (layer, head), each NULL or n_layers*n_heads entries, layer-major; see
  * sl_attn_intervention (attention.h) for what each entry means. */
 typedef struct {
@@ -61,6 +81,18 @@ void sl_layer_intervention(const sl_model *m, const sl_intervention *iv, int64_t
 /* Runs the model on ids[0..T) (each checked to be in [0, vocab)). cap and iv may be NULL. */
 int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,
                      const sl_intervention *iv);
+
+/* Runs B sequences at once: ids (B, T) row-major, sequence b made of its first lengths[b] tokens
+ * (lengths NULL: all T; else each in [1, T]); every id, padding included, must be in [0, vocab).
+ * The real tokens of all sequences are packed into sum(lengths) rows that go through every
+ * weight product together (and the final norm and output head for the logits rows asked for);
+ * RoPE positions restart at 0 for each sequence and attention never crosses sequences. cap (see
+ * sl_capture for the batch layout) and iv (the same for every sequence) may be NULL; cache
+ * (NULL: allocate per call) supplies the activations workspace. Results are bitwise those of
+ * sl_model_forward on each sequence's own tokens, for any thread count. */
+int sl_model_forward_batch(const sl_model *m, const int64_t *ids, int64_t B, int64_t T,
+                           const int64_t *lengths, const sl_capture *cap, const sl_intervention *iv,
+                           sl_ws_cache *cache);
 
 /* One layer's saved activations (its tape), T rows each, for the backward and the JVP:
  * Q/K rows in the file's layout (as the weights), q and k after RoPE. */
