@@ -25,6 +25,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__unix__) || defined(__APPLE__)
+#include <pthread.h>
+#define SL_SGEMM_CACHE 1
+#else
+#define SL_SGEMM_CACHE 0
+#endif
+
 #include "cpu.h"
 #include "sl_common.h"
 
@@ -554,6 +561,70 @@ static int check_matrix(const char *name, const void *p, int64_t rows, int64_t c
     return SL_OK;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Packing buffers: one per calling OS thread, kept between calls (freed when the thread exits),
+ * so that a stream of small products, e.g. a layer's projections at T = 128, pays neither malloc
+ * nor the page faults of fresh memory on every call. Above CACHE_MAX the buffer is allocated and
+ * freed per call: such products run long enough not to notice. */
+
+enum { CACHE_MAX = 16 << 20 }; /* bytes */
+
+#if SL_SGEMM_CACHE
+typedef struct {
+    float *p;
+    size_t bytes;
+} pack_cache;
+
+static pthread_key_t cache_key;
+static pthread_once_t cache_once = PTHREAD_ONCE_INIT;
+static int cache_ok;
+
+static void cache_release(void *c) {
+    free(((pack_cache *)c)->p);
+    free(c);
+}
+
+static void cache_init(void) { cache_ok = pthread_key_create(&cache_key, cache_release) == 0; }
+
+/* The calling thread's cached buffer grown to `bytes` (64-byte aligned), or NULL. */
+static float *cache_get(size_t bytes) {
+    pthread_once(&cache_once, cache_init);
+    if (!cache_ok) return NULL;
+    pack_cache *c = pthread_getspecific(cache_key);
+    if (!c) {
+        c = calloc(1, sizeof *c);
+        if (!c) return NULL;
+        if (pthread_setspecific(cache_key, c) != 0) {
+            free(c);
+            return NULL;
+        }
+    }
+    if (c->bytes < bytes) {
+        float *p = aligned_alloc(64, bytes);
+        if (!p) return NULL;
+        free(c->p);
+        c->p = p;
+        c->bytes = bytes;
+    }
+    return c->p;
+}
+#endif
+
+/* A packing buffer of `floats` floats, 64-byte aligned; *owned says whether to free it after. */
+static float *pack_buffer(int64_t floats, int *owned) {
+    *owned = 0;
+    if ((uint64_t)floats > (uint64_t)SIZE_MAX / sizeof(float) / 2) return NULL;
+    size_t bytes = round_up(floats, 16) * sizeof(float); /* aligned_alloc: a multiple of 64 bytes */
+#if SL_SGEMM_CACHE
+    if (bytes <= CACHE_MAX) {
+        float *p = cache_get(bytes);
+        if (p) return p;
+    }
+#endif
+    *owned = 1;
+    return aligned_alloc(64, bytes);
+}
+
 /* The kernels and blocking for the SIMD level in use. */
 static const sgemm_level *current_level(void) {
 #if SL_SGEMM_X86
@@ -621,8 +692,8 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     int64_t per_thread = ap_size + bp_size, total;
     if (!sl_mul_size(per_thread, nthr, &total)) return sl_fail(SL_ERR_MEMORY, "sgemm: buffer size overflow");
     /* Not sl_alloc_floats: the packers write every float they later read, so skip the zeroing. */
-    float *buf = NULL;
-    if ((uint64_t)total <= (uint64_t)SIZE_MAX / sizeof(float)) buf = aligned_alloc(64, (size_t)total * sizeof(float));
+    int owned;
+    float *buf = pack_buffer(total, &owned);
     if (!buf) return sl_fail(SL_ERR_MEMORY, "sgemm: cannot allocate %lld floats for packing", (long long)total);
     task_grid grid = {tn, wn, hm};
 
@@ -639,7 +710,7 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
         }
 #endif
     }
-    free(buf);
+    if (owned) free(buf);
     return SL_OK;
 }
 
