@@ -27,6 +27,11 @@ def _activation_shape(name: str, c: ModelConfig, T: int) -> Tuple[int, ...]:
             "head_out": (c.n_heads, T, c.d_model), "attn_out": (T, c.d_model),
             "mlp_out": (T, c.d_model)}[name]
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
+# The most token rows (sequences x padded length) one C forward call takes; a bigger batch runs
+# in chunks of max(1, MAX_ROWS_PER_CALL // T) sequences, so the activations workspace the model
+# keeps between calls stays bounded (about rows x (4d + 3H*hd + 3G*hd + 2F + hd) floats, e.g.
+# ~200 MB for SmolLM2-135M at 8192 rows; one T longer than this is one call of T rows).
+MAX_ROWS_PER_CALL = 8192
 MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
 
 
@@ -193,7 +198,8 @@ class Model:
 
     def run(self, ids: Any, capture: Union[str, Iterable[str]] = ("attn", "resid", "logits"),
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
-            logits_from: int = 0, progress: bool = True) -> Trace:
+            logits_from: int = 0, progress: bool = True, lengths: Any = None,
+            out: Optional[Trace] = None, max_rows: int = MAX_ROWS_PER_CALL) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -240,6 +246,11 @@ class Model:
         ``attn_out`` to float32 rounding (the sum runs in another order), and
         ``resid[l+1] = resid[l] + attn_out[l] + mlp_out[l]`` likewise.
 
+        A (B, T) batch runs in one C call per chunk of up to ``max_rows // T`` sequences: the
+        real tokens of all its sequences go through every weight product together, while RoPE
+        positions restart at 0 and attention stays inside each sequence, so every capture is
+        bitwise what running that sequence alone gives.
+
         Args:
             ids: token ids, (T,) or (B, T), any integer array-like.
             capture: one name or an iterable of names from the table above.
@@ -247,11 +258,23 @@ class Model:
                 ``logits``) are taken (default all); ``Trace.layers``.
             intervene: an :class:`Intervention` on the first token (mask it, zero its value, scale heads).
             logits_from: first position whose logits are computed (negative counts from the end:
-                -1 gives only the last position's, which is all generation needs).
-            progress: show a progress bar over the batch when B > 1.
+                -1 gives only the last position's, which is all generation needs). With
+                ``lengths`` it counts padded positions: row r is position logits_from + r of
+                every sequence, zero where that is padding.
+            progress: show a progress bar over the chunks when there are several.
+            lengths: None, or (B,) ints in [1, T] for a padded (B, T) batch: sequence b is its
+                first ``lengths[b]`` ids and is computed exactly as if run alone; the padding ids
+                after it are never read by the model but must still be valid ids (e.g. 0). Every
+                capture is zero at positions >= lengths[b] (attention rows and columns too).
+            out: a :class:`Trace` from an earlier run with the same capture, layers, ids shape
+                and logits_from: its arrays are refilled in place and it is returned (ids,
+                lengths and meta updated), so repeated runs reuse memory whose pages are
+                already touched instead of allocating new buffers.
+            max_rows: the most B*T token rows per C call (default :data:`MAX_ROWS_PER_CALL`).
 
         Raises:
-            ValueError: an unknown capture name, a layer out of range, bad ids.
+            ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
+                an ``out`` whose captures or shapes do not match (naming the field).
             MemoryError: before allocating anything, when the capture buffers
                 (:meth:`capture_bytes`) exceed the available memory; the message names the size
                 and the cheaper captures.
@@ -264,36 +287,88 @@ class Model:
         if not -T <= logits_from < T:
             raise ValueError(f"logits_from={logits_from} outside [-{T}, {T}) for T={T}")
         logits_from %= T
-        self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B), B, T, len(sel))
+        lens = self._check_lengths(lengths, B, T, arr.ndim)
         c = self.config
         ivs = (intervene or Intervention()).arrays(c.n_layers, c.n_heads)
-
-        def buffer(name, *shape):
-            return np.empty((B,) + shape, np.float32) if name in capture else None
-
-        attn = buffer("attn", len(sel), c.n_heads, T, T)
-        resid = buffer("resid", c.n_layers + 1, T, c.d_model)
-        logits = buffer("logits", T - logits_from, c.vocab_size)
-        stats = {k: buffer("stats", len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")}
-        acts = {k: buffer(k, len(sel), *_activation_shape(k, c, T)) for k in ACTIVATIONS}
-        rows = progress_bar(range(B), progress and B > 1, desc=f"forward ({B} x {T} tokens)", unit="seq")
-        for b in rows:
-            _core.model_forward(self._handle, batch[b], attn=self._per_layer(attn, b, sel),
-                                resid=None if resid is None else list(resid[b]),
-                                logits=None if logits is None else logits[b], logits_from=logits_from,
-                                **{k: self._per_layer(v, b, sel) for k, v in stats.items()},
-                                **{k: self._per_layer(v, b, sel) for k, v in acts.items()}, **ivs)
+        shapes = {"attn": (len(sel), c.n_heads, T, T), "resid": (c.n_layers + 1, T, c.d_model),
+                  "logits": (T - logits_from, c.vocab_size)}
+        shapes.update({k: (len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")})
+        shapes.update({k: (len(sel),) + _activation_shape(k, c, T) for k in ACTIVATIONS})
+        wanted = [k for k in shapes if (("stats" if k in ("importance", "to_first", "entropy") else k) in capture)]
+        if out is not None:
+            bufs = self._out_buffers(out, capture, wanted, shapes, sel, B, arr.ndim)
+        else:
+            self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B), B, T, len(sel))
+            bufs = {k: np.empty((B,) + shapes[k], np.float32) for k in wanted}
+        per_call = max(1, int(max_rows) // T)
+        starts = range(0, B, per_call)
+        bar = progress_bar(starts, progress and len(starts) > 1, desc=f"forward ({B} x {T} tokens)", unit="chunk")
+        for b0 in bar:
+            b1 = min(B, b0 + per_call)
+            _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
+                                lengths=None if lens is None else lens[b0:b1],
+                                **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
-        opt = lambda x: None if x is None else squeeze(x)  # noqa: E731
+        get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
         bos = c.bos_token_id
         meta = {"model": self.name, "source": self.source, "bos_token_id": bos,
                 "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
                 "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()}}
         st = None
         if "stats" in capture:
-            st = AttentionStats(**{k: squeeze(v) for k, v in stats.items()})
-        return Trace(ids=arr, attn=opt(attn), resid=opt(resid), logits=opt(logits), stats=st,
-                     layers=sel, meta=meta, **{k: opt(v) for k, v in acts.items()})
+            st = AttentionStats(**{k: get(k) for k in ("importance", "to_first", "entropy")})
+        fields = dict(ids=arr, attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=st,
+                      layers=sel, meta=meta, lengths=lens, **{k: get(k) for k in ACTIVATIONS})
+        if out is None:
+            return Trace(**fields)
+        # the arrays were refilled in place; only what describes the run changes
+        out.ids, out.layers, out.meta, out.lengths = arr, sel, meta, lens
+        return out
+
+    def _check_lengths(self, lengths: Any, B: int, T: int, ndim: int) -> Optional[np.ndarray]:
+        """``lengths`` as a (B,) int64 array in [1, T], or None when absent or all equal T."""
+        if lengths is None:
+            return None
+        ln = np.asarray(lengths)
+        if ndim == 1 and ln.ndim == 0:
+            ln = ln.reshape(1)
+        if ln.shape != (B,) or not np.issubdtype(ln.dtype, np.integer):
+            raise ValueError(f"lengths must be {B} integers (one per sequence), got {ln.dtype} {ln.shape}")
+        bad = np.flatnonzero((ln < 1) | (ln > T))
+        if bad.size:
+            raise ValueError(f"lengths[{int(bad[0])}]={int(ln[bad[0]])} outside [1, {T}] (T={T})")
+        return None if np.all(ln == T) else np.ascontiguousarray(ln, dtype=np.int64)
+
+    @staticmethod
+    def _out_buffers(out: Trace, capture: Tuple[str, ...], wanted: List[str], shapes: Dict[str, tuple],
+                     sel: List[int], B: int, ndim: int) -> Dict[str, np.ndarray]:
+        """The arrays of ``out`` to refill, each checked against the shape a fresh run would give
+        (with a leading B axis, as the C core writes them); ValueError naming any mismatch."""
+        if not isinstance(out, Trace):
+            raise ValueError(f"out must be a Trace from an earlier run, got {type(out).__name__}")
+        if list(out.layers) != list(sel):
+            raise ValueError(f"out.layers {list(out.layers)} differ from the layers of this run {sel}")
+        stats = ("importance", "to_first", "entropy")
+        have = {k for k in ("attn", "resid", "logits") + ACTIVATIONS if getattr(out, k) is not None}
+        if out.stats is not None:
+            have.add("stats")
+        extra = sorted(have - set(capture))
+        if extra:
+            raise ValueError(f"out holds captures {extra} that this run does not ask for (capture={list(capture)})")
+        bufs = {}
+        for k in wanted:
+            a = getattr(out.stats, k, None) if k in stats else getattr(out, k)
+            name = f"stats.{k}" if k in stats else k
+            want = ((B,) if ndim == 2 else ()) + shapes[k]
+            if a is None:
+                raise ValueError(f"out.{name} is None but this run captures it (shape {want})")
+            if not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.shape != want:
+                got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ValueError(f"out.{name} is {got}, expected float32 {want}")
+            if not (a.flags.c_contiguous and a.flags.writeable):
+                raise ValueError(f"out.{name} must be a C-contiguous writeable array")
+            bufs[k] = a if ndim == 2 else a[None]
+        return bufs
 
     # ------------------------------------------------------------------ derivatives
     def _sequence(self, ids: Any) -> np.ndarray:
@@ -521,15 +596,6 @@ class Model:
         ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
         loss = _core.model_loss_grad(self._handle, arr, tg, bufs, **ivs)
         return float(loss), grads
-
-    def _per_layer(self, buf: Optional[np.ndarray], b: int, sel: List[int]) -> Optional[list]:
-        """The C core's per-layer list: batch row b's slot for each selected layer, None elsewhere."""
-        if buf is None:
-            return None
-        out: List[Optional[np.ndarray]] = [None] * self.config.n_layers
-        for slot, l in enumerate(sel):
-            out[l] = buf[b, slot]
-        return out
 
 
 def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:

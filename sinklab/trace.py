@@ -25,7 +25,7 @@ def _layer_list(layers: List[int]) -> str:
 
 
 # The array attributes of a Trace besides stats, in the order repr and save list them.
-_ARRAYS = ("ids", "attn", "resid", "logits", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
+_ARRAYS = ("ids", "attn", "resid", "logits", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths")
 
 
 @dataclass(repr=False)
@@ -66,6 +66,8 @@ class Trace:
         attn_out: (L', T, d) what the attention block adds to the residual stream, or None.
         mlp_out: (L', T, d) what the MLP adds to the residual stream, or None.
         layers: indices of the layers whose per-layer captures (all but resid and logits) are taken.
+        lengths: (B,) int64 real lengths of a padded (B, T) batch (every capture is zero at
+            positions >= lengths[b]), or None when every sequence has all T tokens.
         meta: model name/config, BOS token used (or None), and anything else a result should carry.
     """
 
@@ -83,6 +85,7 @@ class Trace:
     head_out: Optional[np.ndarray] = None
     attn_out: Optional[np.ndarray] = None
     mlp_out: Optional[np.ndarray] = None
+    lengths: Optional[np.ndarray] = None
 
     def __repr__(self) -> str:
         """One line: what was captured (shape, dtype), the layers, the model and a few meta keys."""
