@@ -703,6 +703,10 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     int64_t tn = ceil_div(N, lv->nc), tm = 1;
     if (nthr > 1) {
         if (tn < 4 * nthr) tn = round_up(tn, nthr); /* few blocks: make their count a multiple */
+        /* With A read in place, narrower N blocks cost nothing more (no A packing to repeat), and
+         * several tasks per thread let the dynamic schedule move work off a thread that another
+         * process slows down. */
+        if (g.a_direct && tn < 4 * nthr) tn = 4 * nthr;
         if (tn > n_panels) tn = n_panels;
         if (tn < nthr) tm = min64(ceil_div(nthr, tn), m_panels);
     }
