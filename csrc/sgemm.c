@@ -153,21 +153,24 @@ SL_AVX2 static void pack_panel6_avx2(const float *src, int64_t ld, int64_t kb, f
 
 /* Any panel (rows <= width) for the AVX-512 path: groups of 8 rows transposed 8×8 at a time, rows
  * past `rows` read as zero, each group's columns stored with a mask (the last group of a 14-wide
- * panel keeps 6 of 8). */
+ * panel keeps 6 of 8). One group walks all of k before the next starts: only its 8 source rows
+ * are live in L1 at a time. Walking k outside the groups would keep all 32 rows of a B panel live,
+ * and when they are 4 KiB apart (K = 1024, 2048) they share one L1 set, more than its ways, so
+ * each line would be fetched twice. */
 SL_AVX512 static void pack_panel_avx512(const float *src, int64_t ld, int64_t rows, const int width, int64_t kb,
                                         float *dst) {
-    int64_t k = 0;
-    for (; k + 8 <= kb; k += 8) {
-        for (int g = 0; g < width; g += 8) {
+    const int64_t k8 = kb & ~(int64_t)7;
+    for (int g = 0; g < width; g += 8) {
+        const __mmask8 keep = (__mmask8)(width - g >= 8 ? 0xFF : (1u << (width - g)) - 1u);
+        for (int64_t k = 0; k < k8; k += 8) {
             __m256 r[8];
             for (int i = 0; i < 8; i++)
                 r[i] = g + i < rows ? _mm256_loadu_ps(src + (g + i) * ld + k) : _mm256_setzero_ps();
             transpose8(r);
-            const __mmask8 keep = (__mmask8)(width - g >= 8 ? 0xFF : (1u << (width - g)) - 1u);
             for (int i = 0; i < 8; i++) _mm256_mask_storeu_ps(dst + (k + i) * width + g, keep, r[i]);
         }
     }
-    for (; k < kb; k++)
+    for (int64_t k = k8; k < kb; k++)
         for (int i = 0; i < width; i++) dst[k * width + i] = i < rows ? src[i * ld + k] : 0.0f;
 }
 #endif
