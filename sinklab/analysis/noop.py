@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..inputs import condition, prepare, text_ids
-from ..progress import progress_bar
+from ..batching import run_each
 from ..results import load_npz, save_npz, to_jsonable
 
 TextLike = Union[str, Sequence[int], np.ndarray]
@@ -279,7 +279,8 @@ def _run(model: Any, ids: np.ndarray, capture: Tuple[str, ...]) -> Any:
 
 
 def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: bool = True,
-                  max_tokens: Optional[int] = None, progress: bool = True) -> NoopResult:
+                  max_tokens: Optional[int] = None, progress: bool = True,
+                  batch_bytes: Optional[int] = None) -> NoopResult:
     """Value norms, head-output norms and attention to position 0 over a set of prompts.
 
     Args:
@@ -289,6 +290,10 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         max_tokens: cut each prompt to ``max_tokens`` tokens, the BOS included
             (:func:`sinklab.inputs.prepare`'s rule).
         progress: tqdm bar over prompts.
+        batch_bytes: cap in bytes on one forward call's captures (attention, residual stream,
+            values, per-head outputs: 40 MB a prompt of 64 tokens on SmolLM2-135M); prompts of
+            equal length run together in batches of as many as fit (default
+            :data:`sinklab.batching.BATCH_BYTES`, 256 MiB). Bitwise the same for any cap.
 
     Returns:
         :class:`NoopResult`: per prompt (L, H, T_p) value norms (per query head, repeated within
@@ -296,17 +301,17 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
         query head (outputs) and per kv head (values) via :meth:`NoopResult.summary`.
     """
     setting = condition(bos)
-    rows: Dict[str, list] = {k: [] for k in ("ids", "value_norm", "out_norm", "to_first", "resid_norm")}
-    for t in progress_bar(_as_list(texts), progress, desc="no-op analysis", unit="prompt"):
-        ids = prepare(model, t, setting, max_tokens)
-        if len(ids) < 2:
-            raise ValueError("each prompt needs at least 2 tokens (queries after position 0)")
-        tr = _run(model, ids, ("attn", "resid", "v", "head_out"))
-        rows["ids"].append(ids)
-        rows["value_norm"].append(value_norms(model, tr.v))
-        rows["out_norm"].append(head_output_norms(model, tr.head_out))
-        rows["to_first"].append(np.asarray(tr.attn[..., :, 0], dtype=np.float64))
-        rows["resid_norm"].append(np.linalg.norm(np.asarray(tr.resid[:-1], dtype=np.float64), axis=-1))
+    seqs = [prepare(model, t, setting, max_tokens) for t in _as_list(texts)]
+    if any(len(ids) < 2 for ids in seqs):
+        raise ValueError("each prompt needs at least 2 tokens (queries after position 0)")
+    rows: Dict[str, list] = {"ids": seqs}
+    rows.update({k: [None] * len(seqs) for k in ("value_norm", "out_norm", "to_first", "resid_norm")})
+    for i, tr in run_each(model, seqs, ("attn", "resid", "v", "head_out"), batch_bytes=batch_bytes,
+                          progress=progress, desc="no-op analysis", unit="prompt"):
+        rows["value_norm"][i] = value_norms(model, tr.v)
+        rows["out_norm"][i] = head_output_norms(model, tr.head_out)
+        rows["to_first"][i] = np.asarray(tr.attn[..., :, 0], dtype=np.float64)
+        rows["resid_norm"][i] = np.linalg.norm(np.asarray(tr.resid[:-1], dtype=np.float64), axis=-1)
     meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id if bos else None,
             "setting": setting, "max_tokens": max_tokens, "n_heads": model.config.n_heads,
             "n_kv_heads": model.config.n_kv_heads}
@@ -404,11 +409,38 @@ def find_subsequence(ids: np.ndarray, sub: Sequence[int]) -> List[int]:
     return out
 
 
+def _conditional_terms(model: Any, tr: Any, kind: str, starts: List[int], n_trig: int, off: int,
+                       window: Optional[int], t: Any) -> Dict[str, np.ndarray]:
+    """One prompt's (L, H) contributions to :class:`ConditionalHeads` from its trace."""
+    onorm = head_output_norms(model, tr.head_out)
+    a = np.asarray(tr.attn, dtype=np.float64)
+    T = a.shape[-1]
+    if kind == "without":
+        i = np.arange(2, T)
+        return {"to_first_without": a[:, :, 1:, 0].mean(axis=-1),
+                "to_prev_without": a[:, :, i, i - 1].mean(axis=-1),
+                "out_norm_without": onorm[:, :, 1:].mean(axis=-1)}
+    to_trig, to_first, on = [], [], []
+    for s0 in starts:
+        p0, p1 = s0 + off, s0 + off + n_trig                # trigger occupies [p0, p1)
+        q1 = T if window is None else min(T, p1 + int(window))
+        if p1 >= q1:
+            continue                                        # no query after this occurrence
+        to_trig.append(a[:, :, p1:q1, p0:p1].sum(axis=-1))  # (L, H, nq)
+        to_first.append(a[:, :, p1:q1, 0])
+        on.append(onorm[:, :, p1:q1])
+    if not to_trig:
+        raise ValueError(f"the trigger is the last token of {t!r}: no query comes after it")
+    return {"to_trigger_with": np.concatenate(to_trig, -1).mean(-1),
+            "to_first_with": np.concatenate(to_first, -1).mean(-1),
+            "out_norm_with": np.concatenate(on, -1).mean(-1)}
+
+
 def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequence[TextLike]],
                            without_trigger_text: Union[TextLike, Sequence[TextLike]],
                            trigger: Union[str, int, Sequence[int]] = "'s", top: int = 10,
                            bos: bool = True, window: Optional[int] = None,
-                           progress: bool = True) -> ConditionalHeads:
+                           progress: bool = True, batch_bytes: Optional[int] = None) -> ConditionalHeads:
     """Ranks heads by (attention to the trigger when present) × (attention to position 0 when absent).
 
     Args:
@@ -423,6 +455,8 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         window: only queries within ``window`` tokens after the trigger's last token count
             (default: every later query).
         progress: tqdm bar over prompts.
+        batch_bytes: cap in bytes on one forward call's captures; prompts of equal length run
+            together (default :data:`sinklab.batching.BATCH_BYTES`). Bitwise the same for any cap.
 
     Attention to the trigger is summed over the trigger's tokens and averaged over the queries
     after it (over every occurrence), then over prompts; attention to position 0 "without" is
@@ -447,7 +481,8 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
                            "to_prev_without", "out_norm_without")}
     withs, withouts = _as_list(with_trigger_text), _as_list(without_trigger_text)
     jobs = [("with", t) for t in withs] + [("without", t) for t in withouts]
-    for kind, t in progress_bar(jobs, progress, desc="conditional heads", unit="prompt"):
+    seqs, occurrences = [], []
+    for kind, t in jobs:                    # check every prompt before running any
         tids = text_ids(model, t)
         starts = find_subsequence(tids, trig)
         if kind == "with" and not starts:
@@ -456,32 +491,17 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         if kind == "without" and starts:
             raise ValueError(f"trigger {name!r} occurs in the trigger-free prompt {t!r}")
         ids = prepare(model, tids, setting)
-        tr = _run(model, ids, ("attn", "head_out"))
-        onorm = head_output_norms(model, tr.head_out)
-        a = np.asarray(tr.attn, dtype=np.float64)
-        T = len(ids)
-        if kind == "without":
-            acc["to_first_without"].append(a[:, :, 1:, 0].mean(axis=-1))
-            if T < 3:
-                raise ValueError(f"the trigger-free prompt {t!r} needs at least 3 tokens")
-            i = np.arange(2, T)
-            acc["to_prev_without"].append(a[:, :, i, i - 1].mean(axis=-1))
-            acc["out_norm_without"].append(onorm[:, :, 1:].mean(axis=-1))
-            continue
-        to_trig, to_first, on = [], [], []
-        for s0 in starts:
-            p0, p1 = s0 + off, s0 + off + len(trig)         # trigger occupies [p0, p1)
-            q1 = T if window is None else min(T, p1 + int(window))
-            if p1 >= q1:
-                continue                                    # no query after this occurrence
-            to_trig.append(a[:, :, p1:q1, p0:p1].sum(axis=-1))   # (L, H, nq)
-            to_first.append(a[:, :, p1:q1, 0])
-            on.append(onorm[:, :, p1:q1])
-        if not to_trig:
-            raise ValueError(f"the trigger is the last token of {t!r}: no query comes after it")
-        acc["to_trigger_with"].append(np.concatenate(to_trig, -1).mean(-1))
-        acc["to_first_with"].append(np.concatenate(to_first, -1).mean(-1))
-        acc["out_norm_with"].append(np.concatenate(on, -1).mean(-1))
+        if kind == "without" and len(ids) < 3:
+            raise ValueError(f"the trigger-free prompt {t!r} needs at least 3 tokens")
+        seqs.append(ids)
+        occurrences.append(starts)
+    per: List[Dict[str, np.ndarray]] = [{} for _ in jobs]   # each prompt's terms, in job order
+    for j, tr in run_each(model, seqs, ("attn", "head_out"), batch_bytes=batch_bytes,
+                          progress=progress, desc="conditional heads", unit="prompt"):
+        per[j] = _conditional_terms(model, tr, jobs[j][0], occurrences[j], len(trig), off, window, jobs[j][1])
+    for terms in per:                       # appended in job order: the means sum in that order
+        for k, v in terms.items():
+            acc[k].append(v)
     mean = {k: np.mean(v, axis=0) for k, v in acc.items()}
     meta = {"model": getattr(model, "name", None), "bos_token_id": c.bos_token_id if bos else None,
             "setting": setting, "window": window, "n_with": len(withs), "n_without": len(withouts)}

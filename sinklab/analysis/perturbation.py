@@ -48,6 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..inputs import CONDITIONS, BosArg, check_length, conditions, prepare, text_ids
+from ..batching import max_batch, run_each
 from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
 
@@ -104,9 +105,18 @@ def run_resid_entropy(model: Any, ids: np.ndarray,
         ``stats`` capture (no T×T buffer) when the core has it, else from the full attention;
         text-key entropy (L, H, T) float64 (NaN at query 0) or None.
     """
-    caps = ("resid",) + (("stats",) if _has_stats(model) else ()) + \
+    tr = model.run(ids, capture=_original_capture(model, text_keys), progress=False)
+    return _resid_entropy(tr, text_keys)
+
+
+def _original_capture(model: Any, text_keys: bool) -> Tuple[str, ...]:
+    """What :func:`run_resid_entropy` captures."""
+    return ("resid",) + (("stats",) if _has_stats(model) else ()) + \
         (("attn",) if text_keys or not _has_stats(model) else ())
-    tr = model.run(ids, capture=caps, progress=False)
+
+
+def _resid_entropy(tr: Any, text_keys: bool) -> Tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+    """:func:`run_resid_entropy`'s outputs from the trace of one sequence."""
     ent = np.asarray(tr.stats.entropy, dtype=np.float64) if tr.stats is not None else row_entropy(tr.attn)
     return tr.resid, ent, (text_key_entropy(tr.attn) if text_keys else None)
 
@@ -384,9 +394,14 @@ def run_original(model: Any, ids: np.ndarray, setting: str, text_entropy: bool =
     ``norm`` (L+1, T) float64 ||v_j^(l)|| at text positions, ``entropy`` (L, H, T) float64 and,
     with BOS and ``text_entropy``, ``entropy_text`` (L, H, T) float64 at text queries.
     """
-    off = 1 if setting == "bos" else 0
     resid, ent, ent_text = run_resid_entropy(model, prepare(model, ids, setting),
                                              text_keys=text_entropy and setting == "bos")
+    return _original(setting, resid, ent, ent_text)
+
+
+def _original(setting: str, resid: np.ndarray, ent: np.ndarray, ent_text: Optional[np.ndarray]) -> Dict[str, Any]:
+    """:func:`run_original`'s dict from the run's residual stream and entropies."""
+    off = 1 if setting == "bos" else 0
     out = {"resid": resid, "entropy": ent[:, :, off:],
            "norm": np.linalg.norm(np.asarray(resid[:, off:, :], dtype=np.float64), axis=-1)}
     if ent_text is not None:
@@ -404,12 +419,21 @@ def compare_runs(model: Any, ids: np.ndarray, ids_p: np.ndarray, orig: Dict[str,
     """A :class:`PerturbationResult` from :func:`run_original` / :func:`run_perturbed` outputs
     keyed by setting (the same settings in both). Arrays of ``orig`` are shared, not copied."""
     settings = [s for s in SETTINGS if s in orig]
-    abs_change = {}
-    for s in settings:
-        off = 1 if s == "bos" else 0
-        v = np.asarray(orig[s]["resid"][:, off:, :], dtype=np.float64)
-        w = np.asarray(pert[s][:, off:, :], dtype=np.float64)
-        abs_change[s] = np.linalg.norm(v - w, axis=-1)
+    abs_change = {s: _abs_change(orig[s]["resid"], pert[s], s) for s in settings}
+    return _result(model, ids, ids_p, orig, abs_change, meta)
+
+
+def _abs_change(resid: np.ndarray, resid_p: np.ndarray, setting: str) -> np.ndarray:
+    """(L+1, T) float64 ||v_j^(l) - ṽ_j^(l)||_2 at the text positions of one setting's runs."""
+    off = 1 if setting == "bos" else 0
+    v = np.asarray(resid[:, off:, :], dtype=np.float64)
+    w = np.asarray(resid_p[:, off:, :], dtype=np.float64)
+    return np.linalg.norm(v - w, axis=-1)
+
+
+def _result(model: Any, ids: np.ndarray, ids_p: np.ndarray, orig: Dict[str, Dict[str, Any]],
+            abs_change: Dict[str, np.ndarray], meta: Dict[str, Any]) -> PerturbationResult:
+    settings = [s for s in SETTINGS if s in orig]
     return PerturbationResult(settings=settings, ids=ids, ids_perturbed=ids_p,
                               changed=np.nonzero(ids != ids_p)[0].astype(np.int64), abs_change=abs_change,
                               norm={s: orig[s]["norm"] for s in settings},
@@ -641,10 +665,38 @@ class PerturbationStudy:
         return cls(results=results, passage=passage, meta=dict(m["meta"]))
 
 
+def _study_originals(model: Any, texts: List[np.ndarray], batch_bytes: Optional[int],
+                     bar: Any) -> List[Dict[str, Dict[str, Any]]]:
+    """Per text, {setting: :func:`run_original`'s dict} (text-key entropy with BOS), batched."""
+    out: List[Dict[str, Dict[str, Any]]] = [{} for _ in texts]
+    for s in SETTINGS:
+        tk = s == "bos"
+        seqs = [prepare(model, ids, s) for ids in texts]
+        for k, tr in run_each(model, seqs, _original_capture(model, tk), batch_bytes=batch_bytes,
+                              progress=False):
+            resid, ent, ent_text = _resid_entropy(tr, tk)
+            # a copy, so that the batch's other captures (the attention) are freed with it
+            out[k][s] = _original(s, np.array(resid), ent, ent_text)
+            bar.update(1)
+    return out
+
+
+def _study_changes(model: Any, perturbed: List[np.ndarray], origs: List[Dict[str, Dict[str, Any]]],
+                   batch_bytes: Optional[int], bar: Any) -> List[Dict[str, np.ndarray]]:
+    """Per perturbed text, {setting: :func:`_abs_change` against its original}, batched."""
+    out: List[Dict[str, np.ndarray]] = [{} for _ in perturbed]
+    for s in SETTINGS:
+        seqs = [prepare(model, ids, s) for ids in perturbed]
+        for k, tr in run_each(model, seqs, ("resid",), batch_bytes=batch_bytes, progress=False):
+            out[k][s] = _abs_change(origs[k][s]["resid"], tr.resid, s)
+            bar.update(1)
+    return out
+
+
 def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequence[int], np.ndarray]]] = None,
                        n_passages: int = 10, swaps_per_passage: int = 3, T: int = 64, seed: int = 0,
                        min_after: int = 16, pairs: Sequence[Tuple[str, str]] = SWAP_PAIRS,
-                       progress: bool = True) -> PerturbationStudy:
+                       progress: bool = True, batch_bytes: Optional[int] = None) -> PerturbationStudy:
     """Spread of one-word swaps with and without BOS over many passages (default 30 swaps on 10).
 
     Protocol: each passage is tokenized without BOS and cut to its first ``T`` text tokens
@@ -671,7 +723,11 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
         seed: seeds the choice of positions.
         min_after: positions after the swap that the perturbation can reach, at least.
         pairs: the word pairs to swap (see :func:`swap_table`).
-        progress: tqdm bar over passages.
+        progress: tqdm bar over the forward runs.
+        batch_bytes: cap in bytes on one forward call's captures; the runs of equal length
+            (all originals with BOS, all without, all perturbed texts with BOS, ...) go
+            together in batches of as many as fit (default :data:`sinklab.batching.BATCH_BYTES`,
+            256 MiB). The results are bitwise those of one run at a time, for any cap.
 
     Returns:
         :class:`PerturbationStudy` with ``n_passages * swaps_per_passage`` swaps.
@@ -689,44 +745,51 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
     else:
         source = "passages argument"
     table = swap_table(model, pairs)
-    used: List[int] = []
     skipped: List[Dict[str, Any]] = []
     results: List[PerturbationResult] = []
     passage_idx: List[int] = []
     swaps: List[Dict[str, Any]] = []
-    bar = progress_bar(None, progress, desc="perturbation study (passages)", total=n_passages,
-                       unit="passage", leave=False)
     base_meta = {"model": getattr(model, "name", None), "source": getattr(model, "source", None),
                  "bos_token_id": model.config.bos_token_id, "mode": "token", "T_text": int(T),
                  "settings": list(SETTINGS)}
+    plan: List[Tuple[int, np.ndarray, List[int]]] = []      # (passage, text ids, swap positions)
+    for i, text in enumerate(passages):                     # choose everything before running
+        if len(plan) == n_passages:
+            break
+        ids = text_ids(model, text)
+        if len(ids) < T:
+            skipped.append({"passage": i, "reason": f"{len(ids)} tokens < T={T}"})
+            continue
+        ids = ids[:T]
+        cand = swap_candidates(model, ids, table, min_after)
+        if len(cand) < swaps_per_passage:
+            skipped.append({"passage": i, "reason": f"{len(cand)} valid swap positions < {swaps_per_passage}"})
+            continue
+        rng = np.random.default_rng([int(seed), i])
+        plan.append((i, ids, sorted(int(j) for j in rng.choice(cand, size=swaps_per_passage, replace=False))))
+    used = [i for i, _, _ in plan]
+    # Passages run in groups, each group's forwards batched; a group holds as many passages as
+    # one batch of their original BOS runs (the largest capture) fits under batch_bytes, so
+    # memory stays bounded however many passages there are.
+    group = max_batch(model, T + 1, _original_capture(model, True), batch_bytes=batch_bytes)
+    bar = progress_bar(None, progress, desc="perturbation study (forward runs)",
+                       total=len(plan) * 2 * (1 + swaps_per_passage), unit="run", leave=False)
     try:
-        for i, text in enumerate(passages):
-            if len(used) == n_passages:
-                break
-            ids = text_ids(model, text)
-            if len(ids) < T:
-                skipped.append({"passage": i, "reason": f"{len(ids)} tokens < T={T}"})
-                continue
-            ids = ids[:T]
-            cand = swap_candidates(model, ids, table, min_after)
-            if len(cand) < swaps_per_passage:
-                skipped.append({"passage": i, "reason": f"{len(cand)} valid swap positions < {swaps_per_passage}"})
-                continue
-            rng = np.random.default_rng([int(seed), i])
-            chosen = sorted(int(j) for j in rng.choice(cand, size=swaps_per_passage, replace=False))
-            orig = {s: run_original(model, ids, s, text_entropy=True) for s in SETTINGS}
-            for j in chosen:
-                ids_p = ids.copy()
-                ids_p[j] = table[int(ids[j])]
-                pert = {s: run_perturbed(model, ids_p, s) for s in SETTINGS}
-                sw = {"passage": i, "position": j, "old_token": int(ids[j]), "new_token": int(ids_p[j]),
-                      "old": model.detokenize([int(ids[j])]), "new": model.detokenize([int(ids_p[j])])}
+        for g in range(0, len(plan), group):
+            part = plan[g:g + group]
+            orig = _study_originals(model, [ids for _, ids, _ in part], batch_bytes, bar)
+            swaps_g = [(k, j) for k, (_, _, chosen) in enumerate(part) for j in chosen]
+            perturbed = [part[k][1].copy() for k, _ in swaps_g]
+            for p_ids, (k, j) in zip(perturbed, swaps_g):
+                p_ids[j] = table[int(part[k][1][j])]
+            change = _study_changes(model, perturbed, [orig[k] for k, _ in swaps_g], batch_bytes, bar)
+            for (k, j), ids_p, ch in zip(swaps_g, perturbed, change):
+                i, ids = part[k][0], part[k][1]
+                swaps.append({"passage": i, "position": j, "old_token": int(ids[j]), "new_token": int(ids_p[j]),
+                              "old": model.detokenize([int(ids[j])]), "new": model.detokenize([int(ids_p[j])])})
                 meta = dict(base_meta, position=j, token=int(ids_p[j]), old_token=int(ids[j]), passage=i)
-                results.append(compare_runs(model, ids, ids_p, orig, pert, meta))
+                results.append(_result(model, ids, ids_p, orig[k], ch, meta))
                 passage_idx.append(i)
-                swaps.append(sw)
-            used.append(i)
-            bar.update(1)
     finally:
         bar.close()
     if len(used) < n_passages:

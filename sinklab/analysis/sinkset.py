@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..inputs import BOS, LABELS, NOBOS, by_condition, prepare, text_budget, text_ids
-from ..progress import progress_bar
+from ..batching import run_each
 from ..results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
 from .sinks import _check_eps, first_token_importance
 
@@ -284,16 +284,14 @@ def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prom
     return prompts, f"{len(prompts)} user prompts"
 
 
-def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str) -> np.ndarray:
-    """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T)."""
+def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str,
+             batch_bytes: Optional[int] = None) -> np.ndarray:
+    """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T), run in batches
+    (:func:`sinklab.batching.run_each`; the same bits as one run per row)."""
     out = np.empty((len(seqs), model.config.n_layers, model.config.n_heads), np.float64)
-    for p in progress_bar(range(len(seqs)), progress, desc=desc, unit="prompt"):
-        if capture == "stats":
-            tr = model.run(seqs[p], capture=("stats",), progress=False)
-            out[p] = tr.stats.importance[..., 0]
-        else:
-            tr = model.run(seqs[p], capture=("attn",), progress=False)
-            out[p] = first_token_importance(tr.attn)
+    for p, tr in run_each(model, seqs, (capture,), batch_bytes=batch_bytes, progress=progress,
+                          desc=desc, unit="prompt"):
+        out[p] = tr.stats.importance[..., 0] if capture == "stats" else first_token_importance(tr.attn)
     return out
 
 
@@ -301,7 +299,7 @@ def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str) -
 def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                eps: Union[float, Sequence[float]] = (0.3, 0.8), bos: bool = True,
                skip_short: bool = False, bos_in_T: bool = True, capture: str = "stats",
-               progress: bool = True) -> SinkStudy:
+               progress: bool = True, batch_bytes: Optional[int] = None) -> SinkStudy:
     """First-token importance and sink rates of ``model`` over a prompt set (Gu et al.'s metric).
 
     Args:
@@ -317,6 +315,10 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
         bos_in_T: the BOS counts among the T tokens (default) or comes on top of them.
         capture: ``"stats"`` (streaming C statistics, default) or ``"attn"`` (full attention).
         progress: show a tqdm bar over prompts.
+        batch_bytes: cap in bytes on the capture buffers of one forward call; the prompts (all
+            of one length) run as batches of as many as fit (default
+            :data:`sinklab.batching.BATCH_BYTES`, 256 MiB: 57 prompts a call with
+            ``capture="attn"`` on SmolLM2-135M at T = 64). Results are bitwise the same for any cap.
 
     Returns:
         A :class:`SinkStudy` with ``importance`` (P, L, H) float64.
@@ -333,7 +335,8 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     need = text_budget(n_seq, bos)
     keep, skipped = _select(prompts, tokens, need, T, skip_short)
     seqs = np.stack([prepare(model, tokens[i], bos, n_seq) for i in keep])
-    imp = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})")
+    imp = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
+                   batch_bytes)
     return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
                      bos_token=None if bos_id is None else model.detokenize([bos_id]),
                      eps=eps_t, model=model.name, first_token_ids=seqs[:, 0].copy(),
@@ -344,12 +347,14 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
 
 def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                 eps: Union[float, Sequence[float]] = (0.3, 0.8), skip_short: bool = False,
-                bos_in_T: bool = True, capture: str = "stats", progress: bool = True) -> BosComparison:
+                bos_in_T: bool = True, capture: str = "stats", progress: bool = True,
+                batch_bytes: Optional[int] = None) -> BosComparison:
     """:func:`sink_study` of the same prompts with and without the BOS token.
 
     Both runs use exactly the same prompts: with ``skip_short`` a prompt is kept only if it is
     long enough for both (T tokens without BOS). Without BOS position 0 is each prompt's own
-    first token. Arguments as for :func:`sink_study`.
+    first token. Arguments as for :func:`sink_study` (each condition runs in batches under
+    ``batch_bytes``).
     """
     eps_t = _check_eps_tuple(eps)
     model.bos_id(True)
@@ -358,7 +363,8 @@ def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     tokens = _token_lists(model, prompts)
     keep, skipped = _select(prompts, tokens, T, T, skip_short)
     chosen = [tokens[i] for i in keep]
-    kw = dict(T=T, eps=eps_t, bos_in_T=bos_in_T, capture=capture, progress=progress)
+    kw = dict(T=T, eps=eps_t, bos_in_T=bos_in_T, capture=capture, progress=progress,
+              batch_bytes=batch_bytes)
     with_b = sink_study(model, chosen, bos=True, **kw)
     without = sink_study(model, chosen, bos=False, **kw)
     for s in (with_b, without):

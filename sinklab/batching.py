@@ -1,0 +1,149 @@
+"""Runs many prompts through :meth:`sinklab.Model.run` in batches, one result per prompt.
+
+Analyses that loop over prompts (sink studies, perplexity, passkey, perturbation, no-op heads)
+call :func:`run_each` instead of ``model.run`` once per prompt. It groups the sequences that
+can share a forward call — the same length T (and the same ``logits_from``) — into (B, T)
+batches, keeping each group in the order its first member appears, and yields
+``(index, trace)`` for every prompt, where ``trace`` holds exactly what ``model.run(seqs[index],
+...)`` would return for that prompt alone: batched rows are bitwise equal to per-sequence runs
+(each output element is computed by the same fixed chain of float32 operations whatever the
+batch), so an analysis gives the same bits batched or not.
+
+**Memory cap.** A batch holds at most as many sequences as fit in ``batch_bytes`` bytes of
+capture buffers, counted with :meth:`sinklab.Model.capture_bytes` (e.g. full attention of
+SmolLM2-135M at T = 64 is 4.4 MB a sequence, so 57 sequences a batch under the default); a
+sequence larger than the cap on its own still runs, alone. The default is
+:data:`BATCH_BYTES` (256 MiB), read at call time, so ``sinklab.batching.BATCH_BYTES = ...``
+changes it for every analysis; each analysis also takes a ``batch_bytes=`` argument.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from .progress import progress_bar
+from .trace import AttentionStats, Trace
+
+#: Default cap, in bytes, on the capture buffers of one batched ``model.run`` call (256 MiB).
+BATCH_BYTES = 256 * 2**20
+
+
+def _cap(batch_bytes: Optional[int]) -> int:
+    cap = BATCH_BYTES if batch_bytes is None else batch_bytes
+    if isinstance(cap, bool) or not isinstance(cap, (int, np.integer)) or cap < 1:
+        raise ValueError(f"batch_bytes must be a positive integer number of bytes, got {batch_bytes!r}")
+    return int(cap)
+
+
+def max_batch(model: Any, T: int, capture: Union[str, Iterable[str]], layers: Optional[Sequence[int]] = None,
+              logits_from: int = 0, batch_bytes: Optional[int] = None) -> int:
+    """The most sequences of ``T`` tokens whose capture buffers fit in ``batch_bytes`` (>= 1).
+
+    Bytes per sequence are ``sum(model.capture_bytes(T, capture, layers, logits_from, B=1))``;
+    ``batch_bytes`` defaults to :data:`BATCH_BYTES`.
+    """
+    per = sum(model.capture_bytes(T, capture, layers, logits_from, B=1).values())
+    return max(1, _cap(batch_bytes) // max(per, 1))
+
+
+def plan(lengths: Sequence[int], limit: Any, keys: Optional[Sequence[Any]] = None) -> List[List[int]]:
+    """Batches of indices: equal ``(lengths[i], keys[i])`` grouped, each group cut into chunks of
+    at most ``limit(T, key)`` indices.
+
+    Groups come in the order of their first member, indices inside a group in increasing order,
+    so a list of equal-length prompts gives ``[[0, 1, ..], [k, k+1, ..], ..]``.
+    """
+    groups: Dict[Tuple[int, Any], List[int]] = {}
+    for i, T in enumerate(lengths):
+        groups.setdefault((int(T), None if keys is None else keys[i]), []).append(i)
+    out = []
+    for (T, key), idx in groups.items():
+        n = max(1, int(limit(T, key)))
+        out.extend(idx[k:k + n] for k in range(0, len(idx), n))
+    return out
+
+
+def _row(tr: Trace, b: int) -> Trace:
+    """Batch row ``b`` of a batched trace, as the (T,)-ids trace of that sequence (views)."""
+    fields = {}
+    for f in dataclasses.fields(Trace):
+        v = getattr(tr, f.name)
+        if f.name == "lengths":          # padding lengths: run_each batches equal lengths only
+            v = None
+        elif isinstance(v, np.ndarray):
+            v = v[b]
+        elif isinstance(v, AttentionStats):
+            v = AttentionStats(v.importance[b], v.to_first[b], v.entropy[b])
+        fields[f.name] = v
+    meta = dict(tr.meta)
+    bos = meta.get("bos_token_id")
+    meta["starts_with_bos"] = bool(bos is not None and int(tr.ids[b, 0]) == bos)
+    fields["meta"], fields["layers"] = meta, list(tr.layers)
+    return Trace(**fields)
+
+
+def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]],
+             layers: Optional[Sequence[int]] = None,
+             logits_from: Union[int, Sequence[int]] = 0, intervene: Any = None,
+             batch_bytes: Optional[int] = None, progress: bool = True, desc: str = "forward",
+             unit: str = "prompt") -> Iterator[Tuple[int, Trace]]:
+    """Yields ``(i, trace_i)`` for every sequence ``seqs[i]``, running equal-length sequences
+    together as (B, T) batches under the memory cap.
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        seqs: token-id sequences (each (T_i,) integers, as ``model.run`` takes them; the BOS,
+            if wanted, already in place).
+        capture, layers, intervene: as for :meth:`sinklab.Model.run`, the same for every sequence.
+        logits_from: one value for all, or one per sequence (negative counts from that
+            sequence's end); sequences are batched only with others of the same length and the
+            same resolved ``logits_from``.
+        batch_bytes: cap on one call's capture buffers in bytes (default :data:`BATCH_BYTES`).
+        progress: one tqdm bar over the sequences, advanced per batch.
+        desc, unit: the bar's label and unit.
+
+    Yields:
+        ``(i, trace)`` in batch order (not necessarily increasing ``i``): ``trace`` is what
+        ``model.run(seqs[i], capture=capture, ...)`` returns, shapes without a batch axis, its
+        arrays views into the batch's buffers (bitwise equal to that run's).
+    """
+    arrs = [np.asarray(s) for s in seqs]
+    for i, a in enumerate(arrs):
+        if a.ndim != 1 or a.size == 0:
+            raise ValueError(f"sequence {i} must be a non-empty 1-D array of token ids, got shape {a.shape}")
+    n = len(arrs)
+    lf = [int(logits_from)] * n if np.ndim(logits_from) == 0 else [int(x) for x in logits_from]
+    if len(lf) != n:
+        raise ValueError(f"logits_from has {len(lf)} entries for {n} sequences")
+    for i, (a, x) in enumerate(zip(arrs, lf)):
+        if not -len(a) <= x < len(a):
+            raise ValueError(f"logits_from={x} outside [-{len(a)}, {len(a)}) for sequence {i} of {len(a)} tokens")
+    lf = [x % len(a) for a, x in zip(arrs, lf)]
+    cap = _cap(batch_bytes)
+    batches = plan([len(a) for a in arrs],
+                   lambda T, key: max_batch(model, T, capture, layers, key, cap), keys=lf)
+    bar = progress_bar(None, progress and n > 0, desc=desc, total=n, unit=unit)
+    try:
+        for idx in batches:
+            ids = np.stack([arrs[i] for i in idx])
+            tr = model.run(ids, capture=capture, layers=layers, intervene=intervene,
+                           logits_from=lf[idx[0]], progress=False)
+            for b, i in enumerate(idx):
+                yield i, _row(tr, b)
+            bar.update(len(idx))
+    finally:
+        bar.close()
+
+
+def run_all(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]], **kw: Any) -> List[Trace]:
+    """:func:`run_each`, collected: the list of per-sequence traces in the order of ``seqs``.
+
+    Every trace keeps its batch's buffers alive; prefer :func:`run_each` and keep only what is
+    needed when the captures are large.
+    """
+    out: List[Optional[Trace]] = [None] * len(seqs)
+    for i, tr in run_each(model, seqs, capture, **kw):
+        out[i] = tr
+    return out  # type: ignore[return-value]
