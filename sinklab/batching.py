@@ -15,10 +15,16 @@ SmolLM2-135M at T = 64 is 4.4 MB a sequence, so 57 sequences a batch under the d
 sequence larger than the cap on its own still runs, alone. The default is
 :data:`BATCH_BYTES` (256 MiB), read at call time, so ``sinklab.batching.BATCH_BYTES = ...``
 changes it for every analysis; each analysis also takes a ``batch_bytes=`` argument.
+
+**Unequal lengths** (``ragged=True``, when ``Model.run`` takes ``lengths=``): sequences of any
+length share a call as a zero-padded (B, T_max) batch with explicit lengths, longest first, and
+each row is cut back to its own length (and copied, so it is contiguous like a single run's).
+Used where prompt lengths vary (perplexity over texts, no-op heads); results are the same bits.
 """
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -65,6 +71,51 @@ def plan(lengths: Sequence[int], limit: Any, keys: Optional[Sequence[Any]] = Non
     return out
 
 
+def _ragged_plan(lengths: Sequence[int], per_seq: Any, cap: int) -> List[List[int]]:
+    """Indices sorted longest first (ties in index order), cut into batches whose padded capture
+    buffers, ``len(batch) * per_seq(T_max of the batch)`` bytes, stay under ``cap`` (>= 1 each)."""
+    order = sorted(range(len(lengths)), key=lambda i: (-int(lengths[i]), i))
+    out: List[List[int]] = []
+    for i in order:
+        if out and (len(out[-1]) + 1) * per_seq(int(lengths[out[-1][0]])) <= cap:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+# The token axes of each capture (per sequence, without the batch axis), to cut a padded row to n.
+_TIME_AXES = {"ids": (0,), "attn": (2, 3), "resid": (1,), "logits": (0,), "q": (2,), "k": (2,),
+              "v": (2,), "z": (2,), "head_out": (2,), "attn_out": (1,), "mlp_out": (1,),
+              "importance": (2,), "to_first": (2,), "entropy": (2,)}
+
+
+def _cut(a: np.ndarray, axes: Tuple[int, ...], n: int) -> np.ndarray:
+    idx = tuple(slice(0, n) if ax in axes else slice(None) for ax in range(a.ndim))
+    return np.ascontiguousarray(a[idx])
+
+
+def _cut_row(tr: Trace, n: int, logits_from: int) -> Trace:
+    """A (T_max,)-padded row trace cut to its real length ``n`` (contiguous copies)."""
+    for name, axes in _TIME_AXES.items():
+        if name in ("importance", "to_first", "entropy"):
+            continue
+        v = getattr(tr, name)
+        if v is not None:
+            setattr(tr, name, _cut(v, axes, n - logits_from if name == "logits" else n))
+    if tr.stats is not None:
+        tr.stats = AttentionStats(*(_cut(getattr(tr.stats, k), _TIME_AXES[k], n)
+                                    for k in ("importance", "to_first", "entropy")))
+    return tr
+
+
+def _takes_lengths(model: Any) -> bool:
+    try:
+        return "lengths" in inspect.signature(model.run).parameters
+    except (TypeError, ValueError):
+        return False
+
+
 def _row(tr: Trace, b: int) -> Trace:
     """Batch row ``b`` of a batched trace, as the (T,)-ids trace of that sequence (views)."""
     fields = {}
@@ -88,7 +139,7 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
              layers: Optional[Sequence[int]] = None,
              logits_from: Union[int, Sequence[int]] = 0, intervene: Any = None,
              batch_bytes: Optional[int] = None, progress: bool = True, desc: str = "forward",
-             unit: str = "prompt") -> Iterator[Tuple[int, Trace]]:
+             unit: str = "prompt", ragged: bool = False) -> Iterator[Tuple[int, Trace]]:
     """Yields ``(i, trace_i)`` for every sequence ``seqs[i]``, running equal-length sequences
     together as (B, T) batches under the memory cap.
 
@@ -103,6 +154,9 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
         batch_bytes: cap on one call's capture buffers in bytes (default :data:`BATCH_BYTES`).
         progress: one tqdm bar over the sequences, advanced per batch.
         desc, unit: the bar's label and unit.
+        ragged: let sequences of different lengths share a call, zero-padded with explicit
+            ``lengths=`` (see the module docstring); needs one ``logits_from`` >= 0 for all
+            and a ``Model.run`` that takes ``lengths=`` (else equal lengths only, as without).
 
     Yields:
         ``(i, trace)`` in batch order (not necessarily increasing ``i``): ``trace`` is what
@@ -122,16 +176,32 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
             raise ValueError(f"logits_from={x} outside [-{len(a)}, {len(a)}) for sequence {i} of {len(a)} tokens")
     lf = [x % len(a) for a, x in zip(arrs, lf)]
     cap = _cap(batch_bytes)
-    batches = plan([len(a) for a in arrs],
-                   lambda T, key: max_batch(model, T, capture, layers, key, cap), keys=lf)
+    # padding needs every row's logits to start at the same position, counted from the start
+    pad = ragged and np.ndim(logits_from) == 0 and int(logits_from) >= 0 and _takes_lengths(model)
+    if pad:
+        lf0 = int(logits_from)
+        batches = _ragged_plan([len(a) for a in arrs], lambda T: sum(
+            model.capture_bytes(T, capture, layers, lf0, B=1).values()), cap)
+    else:
+        batches = plan([len(a) for a in arrs],
+                       lambda T, key: max_batch(model, T, capture, layers, key, cap), keys=lf)
     bar = progress_bar(None, progress and n > 0, desc=desc, total=n, unit=unit)
     try:
         for idx in batches:
-            ids = np.stack([arrs[i] for i in idx])
+            lens = [len(arrs[i]) for i in idx]
+            kw = {}
+            if pad and min(lens) < max(lens):
+                ids = np.zeros((len(idx), max(lens)), np.int64)   # padding ids are never read
+                for b, i in enumerate(idx):
+                    ids[b, :lens[b]] = arrs[i]
+                kw["lengths"] = np.asarray(lens, np.int64)
+            else:
+                ids = np.stack([arrs[i] for i in idx])
             tr = model.run(ids, capture=capture, layers=layers, intervene=intervene,
-                           logits_from=lf[idx[0]], progress=False)
+                           logits_from=lf[idx[0]], progress=False, **kw)
             for b, i in enumerate(idx):
-                yield i, _row(tr, b)
+                row = _row(tr, b)
+                yield i, (_cut_row(row, lens[b], lf[i]) if kw else row)
             bar.update(len(idx))
     finally:
         bar.close()

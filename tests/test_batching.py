@@ -8,6 +8,8 @@ the wrong batch slot, results put back in the wrong order, a ``logits_from`` app
 group. Run on a tiny random model (mixed lengths, so several groups form) and, for the sink
 study and the perturbation study, on the real SmolLM2-135M-Instruct.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -50,6 +52,7 @@ class CountRuns:
         self.shapes = []
         orig = model.run
 
+        @functools.wraps(orig)          # keeps run's signature (run_each looks for lengths=)
         def run(ids, *a, **kw):
             self.shapes.append(np.shape(ids))
             return orig(ids, *a, **kw)
@@ -107,6 +110,28 @@ def test_run_each_rows_equal_single_runs(tiny, monkeypatch, batch_bytes, sizes):
     assert sorted(s[0] for s in counter.shapes) == sizes, f"batch shapes {counter.shapes}"
 
 
+@pytest.mark.parametrize("batch_bytes,sizes", [(None, [7]), ("two", [1, 2, 2, 2])])
+def test_run_each_ragged_rows_equal_single_runs(tiny, monkeypatch, batch_bytes, sizes):
+    """ragged=True: unequal lengths share zero-padded calls (longest first); every row, cut back
+    to its length, equals the (T,) run of that sequence in every capture."""
+    seqs = _seqs(tiny, seed=50)
+    if batch_bytes == "two":     # two sequences of the longest length per call
+        batch_bytes = 2 * sum(tiny.capture_bytes(12, CAPTURES, logits_from=2, B=1).values())
+    single = [tiny.run(s, capture=CAPTURES, logits_from=2, progress=False) for s in seqs]
+    counter = CountRuns(tiny, monkeypatch)
+    seen = []
+    for i, tr in batching.run_each(tiny, seqs, CAPTURES, logits_from=2, batch_bytes=batch_bytes,
+                                   progress=False, ragged=True):
+        seen.append(i)
+        for k in ("ids", "attn", "resid", "logits", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out"):
+            _assert_same(getattr(tr, k), getattr(single[i], k), f"row {i} {k}")
+        for k in ("importance", "to_first", "entropy"):
+            _assert_same(getattr(tr.stats, k), getattr(single[i].stats, k), f"row {i} stats.{k}")
+        assert tr.meta == single[i].meta
+    assert sorted(seen) == list(range(len(seqs)))
+    assert sorted(s[0] for s in counter.shapes) == sizes, f"batch shapes {counter.shapes}"
+
+
 # ------------------------------------------------------------------ sink study
 def _sink_loop(model, seqs, capture):
     if capture == "attn":
@@ -152,7 +177,8 @@ def test_perplexity_batched_equals_loop(tiny, monkeypatch):
         counter = CountRuns(tiny, monkeypatch)
         got = quality.perplexity(tiny, texts, bos=bos, progress=False)
         monkeypatch.undo()
-        assert sorted(s[0] for s in counter.shapes) == [1, 2, 3]
+        n = 1 if bos else 0
+        assert counter.shapes == [(6, 30 + n)], "one zero-padded call of all six texts"
         _assert_same(got.nll, np.asarray(ref), f"perplexity nll (bos={bos})")
         assert got.n_predicted.tolist() == [len(x) - 1 for x in texts]
 
@@ -190,7 +216,7 @@ def test_noop_analysis_batched_equals_loop(tiny, monkeypatch):
     counter = CountRuns(tiny, monkeypatch)
     res = noop.noop_analysis(tiny, texts, bos=True, progress=False)
     monkeypatch.undo()
-    assert sorted(s[0] for s in counter.shapes) == [1, 2, 2]
+    assert counter.shapes == [(5, 15)], "one zero-padded call of all five prompts"
     for k, x in enumerate(texts):
         ids = sl.inputs.prepare(tiny, x, True)
         tr = tiny.run(ids, capture=("attn", "resid", "v", "head_out"), progress=False)

@@ -32,7 +32,7 @@ query head (each query head has its own attention row and its own W_O^h slice).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -273,11 +273,6 @@ def _as_list(texts: Union[TextLike, Sequence[TextLike]]) -> List[TextLike]:
     return out
 
 
-def _run(model: Any, ids: np.ndarray, capture: Tuple[str, ...]) -> Any:
-    """The :class:`Trace` of one prompt with ``capture`` of every layer."""
-    return model.run(ids, capture=capture, progress=False)
-
-
 def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: bool = True,
                   max_tokens: Optional[int] = None, progress: bool = True,
                   batch_bytes: Optional[int] = None) -> NoopResult:
@@ -291,8 +286,8 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
             (:func:`sinklab.inputs.prepare`'s rule).
         progress: tqdm bar over prompts.
         batch_bytes: cap in bytes on one forward call's captures (attention, residual stream,
-            values, per-head outputs: 40 MB a prompt of 64 tokens on SmolLM2-135M); prompts of
-            equal length run together in batches of as many as fit (default
+            values, per-head outputs: 40 MB a prompt of 64 tokens on SmolLM2-135M); prompts run
+            together (zero-padded to the longest, with explicit lengths) as many as fit (default
             :data:`sinklab.batching.BATCH_BYTES`, 256 MiB). Bitwise the same for any cap.
 
     Returns:
@@ -307,7 +302,7 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
     rows: Dict[str, list] = {"ids": seqs}
     rows.update({k: [None] * len(seqs) for k in ("value_norm", "out_norm", "to_first", "resid_norm")})
     for i, tr in run_each(model, seqs, ("attn", "resid", "v", "head_out"), batch_bytes=batch_bytes,
-                          progress=progress, desc="no-op analysis", unit="prompt"):
+                          progress=progress, desc="no-op analysis", unit="prompt", ragged=True):
         rows["value_norm"][i] = value_norms(model, tr.v)
         rows["out_norm"][i] = head_output_norms(model, tr.head_out)
         rows["to_first"][i] = np.asarray(tr.attn[..., :, 0], dtype=np.float64)
@@ -455,8 +450,9 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         window: only queries within ``window`` tokens after the trigger's last token count
             (default: every later query).
         progress: tqdm bar over prompts.
-        batch_bytes: cap in bytes on one forward call's captures; prompts of equal length run
-            together (default :data:`sinklab.batching.BATCH_BYTES`). Bitwise the same for any cap.
+        batch_bytes: cap in bytes on one forward call's captures; prompts run together, zero-padded
+            to the longest with explicit lengths (default :data:`sinklab.batching.BATCH_BYTES`).
+            Bitwise the same for any cap.
 
     Attention to the trigger is summed over the trigger's tokens and averaged over the queries
     after it (over every occurrence), then over prompts; attention to position 0 "without" is
@@ -497,7 +493,7 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
         occurrences.append(starts)
     per: List[Dict[str, np.ndarray]] = [{} for _ in jobs]   # each prompt's terms, in job order
     for j, tr in run_each(model, seqs, ("attn", "head_out"), batch_bytes=batch_bytes,
-                          progress=progress, desc="conditional heads", unit="prompt"):
+                          progress=progress, desc="conditional heads", unit="prompt", ragged=True):
         per[j] = _conditional_terms(model, tr, jobs[j][0], occurrences[j], len(trig), off, window, jobs[j][1])
     for terms in per:                       # appended in job order: the means sum in that order
         for k, v in terms.items():

@@ -127,8 +127,9 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
         progress: show a tqdm bar over texts.
         desc: the progress bar's label (default: "perplexity (BOS)" or "perplexity (no BOS)");
             name the condition when several runs differ only by ``intervene``.
-        batch_bytes: cap in bytes on the logits of one forward call: texts of equal token count
-            run together in batches of as many as fit (default
+        batch_bytes: cap in bytes on the logits of one forward call: texts run together,
+            longest first, as zero-padded batches with explicit lengths (texts of equal token
+            count alone where ``Model.run`` has no ``lengths=``), as many as fit (default
             :data:`sinklab.batching.BATCH_BYTES`, 256 MiB: 1 text of 1024 tokens or 5 of 220 on
             a 49k vocabulary). The numbers are bitwise the same for any cap.
 
@@ -159,7 +160,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     start = 1 if bos else 0                      # with BOS, skip the row predicting x_0
     nll, counts = [0.0] * len(xs), [0] * len(xs)
     for i, tr in run_each(model, seqs, ("logits",), logits_from=start, intervene=intervene,
-                          batch_bytes=batch_bytes, progress=progress, unit="text",
+                          batch_bytes=batch_bytes, progress=progress, unit="text", ragged=True,
                           desc=desc or f"perplexity ({'BOS' if bos else 'no BOS'})"):
         v = _nll_rows(tr.logits[: len(xs[i]) - 1], xs[i][1:])    # predict x_1 .. x_{n-1}
         nll[i], counts[i] = float(v.mean()), len(v)
