@@ -7,6 +7,8 @@
  * both with unit stride. The layout only changes the packers: an operand stored with K along its
  * rows ((M,K) A, (N,K) B) is transposed while packing, one stored with K down its columns ((K,M) A,
  * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts.
+ * The AVX-512 kernel can also broadcast A straight from its (M,K) storage (NT, NN), which saves
+ * packing A: that costs most at T = 128 with narrow N, where few B panels share each A panel.
  *
  * Each SIMD level has its own tile and blocking (sgemm_level below):
  *   generic  6×16, vector extension (SSE2 / NEON), separate multiply and add;
@@ -720,7 +722,8 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     if (nthr > ntasks) nthr = (int)ntasks;
 
     /* Per-thread packing buffers, allocated here so that no allocation fails inside the team. */
-    int64_t ap_size = round_up(min64(hm, lv->mc), mr) * g.kc, bp_size = round_up(min64(wn, N), nr) * g.kc;
+    int64_t ap_size = g.a_direct ? 0 : round_up(min64(hm, lv->mc), mr) * g.kc;
+    int64_t bp_size = round_up(min64(wn, N), nr) * g.kc;
     ap_size = round_up(ap_size, 16);
     bp_size = round_up(bp_size, 16);
     int64_t per_thread = ap_size + bp_size, total;
