@@ -29,8 +29,10 @@ def _activation_shape(name: str, c: ModelConfig, T: int) -> Tuple[int, ...]:
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 # The most token rows (sequences x padded length) one C forward call takes; a bigger batch runs
 # in chunks of max(1, MAX_ROWS_PER_CALL // T) sequences, so the activations workspace the model
-# keeps between calls stays bounded (about rows x (4d + 3H*hd + 3G*hd + 2F + hd) floats, e.g.
-# ~200 MB for SmolLM2-135M at 8192 rows; one T longer than this is one call of T rows).
+# keeps between calls stays bounded: rows x (2d + 2H*hd + 3G*hd + 2F + hd + 8H) floats plus
+# 64*T per thread, ~200 MB for SmolLM2-135M at 8192 rows (a single sequence longer than this is
+# one call of T rows). The C core keeps at most one workspace per model, and none over 1 GiB
+# (freed after its call); _core.model_release_workspace(model._handle) frees it now.
 MAX_ROWS_PER_CALL = 8192
 MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
 
