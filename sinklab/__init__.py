@@ -1,6 +1,6 @@
 """sinklab: attention sinks in transformer language models.
 
-A C core (OpenMP, AVX2 with a portable fallback) runs LLaMA-family models from GGUF files or
+A C core (OpenMP, AVX-512 or AVX2 chosen at run time, with a portable fallback) runs LLaMA-family models from GGUF files or
 Hugging Face folders and captures every attention probability and residual stream; the Python
 package computes the metrics and analyses of "Why do LLMs attend to the first token?" (Barbero
 et al., COLM 2025) that run on a trained model.
@@ -15,7 +15,15 @@ from __future__ import annotations
 import os
 import warnings
 
-from . import _core
+# Threads that spin while they wait take a shared core from other processes, and a team whose
+# thread shares a core with another process stalls at every join. Measured with one of two cores
+# busy (benchmarks/RESULTS.md, "Under contention"): 2 threads took 1.41x their 1-thread time on
+# T=512 with libgomp's default spin-then-sleep, 1.01x waiting passively, at the same idle speed.
+# libgomp reads this when it is loaded, i.e. at the import of _core below; a value the user set
+# is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from . import _core  # noqa: E402
 from .families.config import ModelConfig
 from .interventions import Intervention
 from .model import Model, load

@@ -7,9 +7,13 @@
   call from any other Python thread uses (it used to set only the calling OS thread's OpenMP
   value, so a ``threading.Thread`` ran with the default). Being process-wide, it cannot differ
   between threads running at the same time; that is by design and not tested for.
+- libgomp waits passively unless the user chose otherwise (OMP_WAIT_POLICY).
 - Eight threads running forwards on one shared model give bitwise the results of running the
   same inputs one after the other.
 """
+import os
+import subprocess
+import sys
 import threading
 
 import numpy as np
@@ -160,3 +164,24 @@ def test_eight_threads_share_a_model(models, threads_restored):
         for rep, g in enumerate(got):
             for c in capture:
                 assert np.array_equal(g[c], want[c]), f"thread {k}, run {rep}: {c} differs from the serial run"
+
+
+@pytest.mark.parametrize("user_value, want", [(None, "GOMP_SPINCOUNT = '0'"),
+                                               ("active", "OMP_WAIT_POLICY = 'ACTIVE'")])
+def test_openmp_waits_passively_unless_the_user_chose(user_value, want):
+    """libgomp, as loaded by `import sinklab`, waits passively (so a team sharing a core with
+    another process does not spin it away), unless OMP_WAIT_POLICY was set by the user. Read
+    back from libgomp itself (OMP_DISPLAY_ENV=VERBOSE prints what it parsed), not from
+    os.environ. libgomp shows its default (spin 300000 times, then sleep) as policy 'PASSIVE'
+    too, so the spin count is what tells a passive wait apart."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+    env["OMP_DISPLAY_ENV"] = "VERBOSE"
+    if user_value is not None:
+        env["OMP_WAIT_POLICY"] = user_value
+    out = subprocess.run([sys.executable, "-c", "import sinklab"], env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    if "OPENMP DISPLAY ENVIRONMENT" not in out.stderr:
+        if not core.has_openmp:
+            pytest.skip("built without OpenMP")
+        pytest.skip("the OpenMP runtime is not libgomp (no OMP_DISPLAY_ENV output)")
+    assert want in out.stderr, out.stderr
