@@ -15,13 +15,17 @@ from __future__ import annotations
 import os
 import warnings
 
-# Threads that spin while they wait take a shared core from other processes, and a team whose
-# thread shares a core with another process stalls at every join. Measured with one of two cores
-# busy (benchmarks/RESULTS.md, "Under contention"): 2 threads took 1.41x their 1-thread time on
-# T=512 with libgomp's default spin-then-sleep, 1.01x waiting passively, at the same idle speed.
-# libgomp reads this when it is loaded, i.e. at the import of _core below; a value the user set
-# is kept.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# How long an OpenMP thread spins before it sleeps while waiting for work. Spinning long takes a
+# shared core from other processes, and a team whose thread shares a core with another process
+# then stalls at every join; not spinning at all leaves the worker asleep when the next product
+# starts, and waking a virtual CPU can take longer than a whole small product. Measured with one
+# of two cores busy (benchmarks/RESULTS.md, "Under contention"), 2 threads over 1 thread at
+# T = 512: libgomp's default 300000 spins 1.41x, 30000 1.53x, 3000 1.04x, 0 (passive) 0.97x but
+# then often no 2-thread speed-up even on an idle machine (1.18 s against 1.25 s on one thread).
+# libgomp reads this when it is loaded, i.e. at the import of _core below; a choice the user made
+# (GOMP_SPINCOUNT or OMP_WAIT_POLICY) is kept.
+if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = "3000"
 
 from . import _core  # noqa: E402
 from .families.config import ModelConfig
