@@ -146,25 +146,23 @@ def test_level_parity_vs_transformers(tail_model, level):
     rm.ErrorLog(level).compare_trace(f"{level} simd_tail T={TAIL_T}", got, ref)
 
 
-@pytest.mark.parametrize("level", LEVELS)
-def test_threads_bitwise_tiny(tail_model, threads_restored, level):
-    model = tail_model["sl"]
-    ids = rm.random_ids(TAIL_SPEC.vocab_size, TAIL_T, seed=24)
+def _assert_threads_bitwise(model, ids, level, what):
+    """The forward at ``level`` on 1 and on 2 threads: bitwise the same captures."""
     sl.set_num_threads(1)
     one = _at(level, lambda: _run(model, ids))
     sl.set_num_threads(2)
     two = _at(level, lambda: _run(model, ids))
-    _assert_all_bitwise(one, two, f"{level}: 1 vs 2 threads")
+    _assert_all_bitwise(one, two, f"{what}{level}: 1 vs 2 threads")
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_threads_bitwise_tiny(tail_model, threads_restored, level):
+    _assert_threads_bitwise(tail_model["sl"], rm.random_ids(TAIL_SPEC.vocab_size, TAIL_T, seed=24), level, "")
 
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_threads_bitwise_smollm2(smol, threads_restored, level):
-    ids = rm.random_ids(49152, SMOL_T, seed=25)
-    sl.set_num_threads(1)
-    one = _at(level, lambda: _run(smol, ids))
-    sl.set_num_threads(2)
-    two = _at(level, lambda: _run(smol, ids))
-    _assert_all_bitwise(one, two, f"SmolLM2 {level}: 1 vs 2 threads")
+    _assert_threads_bitwise(smol, rm.random_ids(49152, SMOL_T, seed=25), level, "SmolLM2 ")
 
 
 @pytest.mark.parametrize("level", LEVELS)
