@@ -26,6 +26,15 @@ def _activation_shape(name: str, c: ModelConfig, T: int) -> Tuple[int, ...]:
             "v": (c.n_kv_heads, T, c.head_dim), "z": (c.n_heads, T, c.head_dim),
             "head_out": (c.n_heads, T, c.d_model), "attn_out": (T, c.d_model),
             "mlp_out": (T, c.d_model)}[name]
+# The three arrays of the "stats" capture (AttentionStats' fields).
+STATS = ("importance", "to_first", "entropy")
+
+
+def _capture_of(buffer: str) -> str:
+    """The capture name that fills a buffer of Model.run (the stats arrays belong to "stats")."""
+    return "stats" if buffer in STATS else buffer
+
+
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 # The most token rows (sequences x padded length) one C forward call takes; a bigger batch runs
 # in chunks of max(1, MAX_ROWS_PER_CALL // T) sequences, so the activations workspace the model
@@ -168,12 +177,21 @@ class Model:
         ``"head_out"`` B*L'*H*T*d*4, ``"stats"`` 3*B*L'*H*T*4.
         """
         names = normalize_capture(capture)
-        c, n_sel = self.config, len(self._check_layers(layers))
-        logits_from %= max(T, 1)
-        per = {"attn": n_sel * c.n_heads * T * T, "resid": (c.n_layers + 1) * T * c.d_model,
-               "logits": (T - logits_from) * c.vocab_size, "stats": 3 * n_sel * c.n_heads * T}
-        per.update({k: n_sel * int(np.prod(_activation_shape(k, c, T))) for k in ACTIVATIONS})
+        shapes = self._buffer_shapes(T, len(self._check_layers(layers)), logits_from % max(T, 1))
+        per = {_capture_of(k): 0 for k in shapes}
+        for k, shape in shapes.items():
+            per[_capture_of(k)] += int(np.prod(shape))
         return {k: 4 * B * per[k] for k in CAPTURES if k in names}
+
+    def _buffer_shapes(self, T: int, n_sel: int, logits_from: int) -> Dict[str, Tuple[int, ...]]:
+        """Per-sequence shape of every buffer :meth:`run` can fill (``"stats"`` is three:
+        importance, to_first, entropy), for n_sel captured layers."""
+        c = self.config
+        shapes = {"attn": (n_sel, c.n_heads, T, T), "resid": (c.n_layers + 1, T, c.d_model),
+                  "logits": (T - logits_from, c.vocab_size)}
+        shapes.update({k: (n_sel, c.n_heads, T) for k in STATS})
+        shapes.update({k: (n_sel,) + _activation_shape(k, c, T) for k in ACTIVATIONS})
+        return shapes
 
     def _check_memory(self, need: Dict[str, int], B: int, T: int, n_sel: int) -> None:
         """MemoryError before allocating when the capture buffers exceed the available memory."""
@@ -292,11 +310,8 @@ class Model:
         lens = self._check_lengths(lengths, B, T, arr.ndim)
         c = self.config
         ivs = (intervene or Intervention()).arrays(c.n_layers, c.n_heads)
-        shapes = {"attn": (len(sel), c.n_heads, T, T), "resid": (c.n_layers + 1, T, c.d_model),
-                  "logits": (T - logits_from, c.vocab_size)}
-        shapes.update({k: (len(sel), c.n_heads, T) for k in ("importance", "to_first", "entropy")})
-        shapes.update({k: (len(sel),) + _activation_shape(k, c, T) for k in ACTIVATIONS})
-        wanted = [k for k in shapes if (("stats" if k in ("importance", "to_first", "entropy") else k) in capture)]
+        shapes = self._buffer_shapes(T, len(sel), logits_from)
+        wanted = [k for k in shapes if _capture_of(k) in capture]
         if out is not None:
             bufs = self._out_buffers(out, capture, wanted, shapes, sel, B, arr.ndim)
         else:
@@ -318,7 +333,7 @@ class Model:
                 "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()}}
         st = None
         if "stats" in capture:
-            st = AttentionStats(**{k: get(k) for k in ("importance", "to_first", "entropy")})
+            st = AttentionStats(**{k: get(k) for k in STATS})
         fields = dict(ids=arr, attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=st,
                       layers=sel, meta=meta, lengths=lens, **{k: get(k) for k in ACTIVATIONS})
         if out is None:
@@ -350,7 +365,6 @@ class Model:
             raise ValueError(f"out must be a Trace from an earlier run, got {type(out).__name__}")
         if list(out.layers) != list(sel):
             raise ValueError(f"out.layers {list(out.layers)} differ from the layers of this run {sel}")
-        stats = ("importance", "to_first", "entropy")
         have = {k for k in ("attn", "resid", "logits") + ACTIVATIONS if getattr(out, k) is not None}
         if out.stats is not None:
             have.add("stats")
@@ -359,8 +373,8 @@ class Model:
             raise ValueError(f"out holds captures {extra} that this run does not ask for (capture={list(capture)})")
         bufs = {}
         for k in wanted:
-            a = getattr(out.stats, k, None) if k in stats else getattr(out, k)
-            name = f"stats.{k}" if k in stats else k
+            a = getattr(out.stats, k, None) if k in STATS else getattr(out, k)
+            name = f"stats.{k}" if k in STATS else k
             want = ((B,) if ndim == 2 else ()) + shapes[k]
             if a is None:
                 raise ValueError(f"out.{name} is None but this run captures it (shape {want})")
