@@ -8,6 +8,16 @@
 typedef struct {
     int64_t T, n_heads, n_kv_heads, head_dim;
     float scale; /* applied to q·k before softmax; 1/sqrt(head_dim) for LLaMA */
+    /* Which keys query i sees, and how scores are shaped; zero-initialised means LLaMA's causal
+     * attention without capping:
+     *   bidirectional != 0: every key 0..T-1 (encoders such as BERT); window is then ignored;
+     *   window > 0: causal keys j with i - window < j <= i only (sliding-window attention as
+     *     Hugging Face's Mistral/Gemma masks define it: `window` keys including i itself);
+     *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the
+     *     softmax (Gemma 2's attention-logit soft-capping). */
+    int bidirectional;
+    int64_t window;
+    float softcap;
 } sl_attn_shape;
 
 /* Values of a zero_first_value entry. */
@@ -38,7 +48,8 @@ typedef struct {
 /* Streaming statistics, each NULL or (n_heads, T); computed from each block of probabilities
  * as it is produced, so no (T, T) buffer is needed. */
 typedef struct {
-    float *importance; /* a_k = mean over queries i >= k of A[i, k] (Gu et al.) */
+    float *importance; /* a_k = mean over queries i >= k of A[i, k] (Gu et al.); with
+                          bidirectional attention, the mean over every query i (all see k) */
     float *to_first;   /* A[i, 0] for every query i */
     float *entropy;    /* -sum_k A[i, k] log A[i, k] in nats, for every query i */
 } sl_attn_stats;

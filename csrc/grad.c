@@ -101,7 +101,8 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
 }
 
 static sl_attn_shape attn_shape(const sl_model *m, int64_t T) {
-    sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, m->head_dim, (float)(1.0 / sqrt((double)m->head_dim))};
+    sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim,
+                       .scale = (float)(1.0 / sqrt((double)m->head_dim))};
     return s;
 }
 

@@ -116,7 +116,7 @@ static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int
     a->ab.task_off = idx + 2 * B + 1, a->ab.part_off = idx + 3 * B + 2;
     a->lists = (float **)(idx + 4 * B + 2);
     a->ab.importance = need_importance ? a->lists : NULL; /* only read for its NULL-ness below */
-    const sl_attn_shape s = {T, m->n_heads, m->n_kv_heads, m->head_dim, 1.0f};
+    const sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim, .scale = 1.0f};
     int64_t att[3], per_row[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half};
     sl_attn_batch_floats(&s, &a->ab, sl_num_threads(), att);
     a->ab.importance = NULL;
@@ -257,7 +257,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
         capture_heads(cap->v, L, l, w, w->v, kvd, G, hd, 0); /* V rows are never permuted */
     }
     layer_lists(w, m, cap, l);
-    sl_attn_shape s = {w->ab.T_pad, H, G, hd, (float)(1.0 / sqrt((double)hd))};
+    sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd, .scale = (float)(1.0 / sqrt((double)hd))};
     SL_TRY(sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv));
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     /* Head h's share of the W_O product, from its hd columns of W_O, for all rows at once into

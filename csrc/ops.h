@@ -23,6 +23,31 @@ void sl_rmsnorm_backward(float *dx, int accumulate, float *dw, const float *dy, 
 void sl_rmsnorm_jvp(float *dy, const float *dx, const float *x, const float *w, const float *rstd,
                     int64_t rows, int64_t T, int64_t d);
 
+/* LayerNorm: out[t] = (x[t] - mean) * rstd * w + b (b NULL: no bias), T rows of width d, out may
+ * alias x; mean, rstd (each NULL or T) receive the row's mean and 1/sqrt(var + eps) (biased
+ * variance, as torch.nn.LayerNorm) for the backward. */
+void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                  int64_t T, int64_t d, float eps);
+/* dx (+)= J^T dy for each of `rows` rows (row r reads primal row r % T); dw, db (each NULL or d)
+ * += the weight and bias gradients summed over rows. */
+void sl_layernorm_backward(float *dx, int accumulate, float *dw, float *db, const float *dy, const float *x,
+                           const float *w, const float *mean, const float *rstd, int64_t rows, int64_t T,
+                           int64_t d);
+/* dy = J dx for each of `rows` rows (the bias does not enter the tangent). */
+void sl_layernorm_jvp(float *dy, const float *dx, const float *x, const float *w, const float *mean,
+                      const float *rstd, int64_t rows, int64_t T, int64_t d);
+
+/* x[t] += b for T rows of width d, row stride ld (a linear layer's bias). */
+void sl_bias_add(float *x, const float *b, int64_t T, int64_t d, int64_t ld);
+/* db[j] += sum over rows of dy[r, j] (row stride ld), summed in double in row order. */
+void sl_bias_backward(float *db, const float *dy, int64_t rows, int64_t d, int64_t ld);
+
+/* x = cap * tanh(x / cap) in place over n elements (Gemma 2's final-logit soft-capping). */
+void sl_softcap(float *x, int64_t n, float cap);
+/* dx = dy * (1 - (y / cap)^2) from the capped output y: the backward and (with dy a tangent) the
+ * JVP; dx may alias dy. */
+void sl_softcap_backward(float *dx, const float *dy, const float *y, int64_t n, float cap);
+
 /* Rotary tables for positions 0..T-1: cos/sin[t*half + i] of angle t * inv_freq[i].
  * The angle is rounded to fp32 first, as the reference implementations do. */
 void sl_rope_tables(float *cosv, float *sinv, const float *inv_freq, int64_t T, int64_t half);
@@ -39,13 +64,24 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
 void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                       const float *cosv, const float *sinv, int layout);
 
+/* MLP activations. Gated ones compute h = act(g) * u from the gate and up projections; plain
+ * ones compute h = act(u) from the up projection alone (g, dh_dg, dg are then unused and may be
+ * NULL). GELU-tanh is Hugging Face's gelu_pytorch_tanh / gelu_new, GELU-erf its exact "gelu". */
+enum { SL_ACT_SWIGLU = 0, SL_ACT_GEGLU_TANH = 1, SL_ACT_GELU_TANH = 2, SL_ACT_GELU_ERF = 3 };
+/* h = act(g, u) for n elements; h may alias g or u. */
+void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n);
+/* The partials of h: dh_dg = u act'(g), dh_du = act(g) (gated); dh_du = act'(u) (plain). Feed
+ * them to sl_swiglu_backward / sl_swiglu_jvp, which are activation-agnostic products. */
+void sl_mlp_act_partials(int act, float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);
+
 /* h = silu(g) * u elementwise (SwiGLU); h may alias g. The SIMD levels use a vector exp (Cephes
  * polynomial, <= 2 ulp) where the portable path uses expf, so silu(g) differs by a few ulp. */
 void sl_swiglu(float *h, const float *g, const float *u, int64_t n);
 /* The partials of h = silu(g) u: dh_dg = u silu'(g), dh_du = silu(g), for n elements. */
 void sl_swiglu_partials(float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);
 /* Backward: dg = dh * dh_dg, du = dh * dh_du; JVP: dh = dg * dh_dg + du * dh_du. n is a multiple
- * of period, the partials' length (one sequence). */
+ * of period, the partials' length (one sequence). Any activation: with a plain (ungated) one,
+ * dg and dh_dg are NULL and only du / the du term is computed. */
 void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *dh_dg, const float *dh_du,
                         int64_t n, int64_t period);
 void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_dg, const float *dh_du,

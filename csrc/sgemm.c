@@ -760,3 +760,90 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
                 float *C, int64_t ldc, int accumulate, int parallel) {
     return sl_sgemm(0, 1, M, N, K, A, lda, B, ldb, C, ldc, accumulate, parallel);
 }
+
+/* ------------------------------------------------------------------------------------------
+ * Weights in their file's format. PROVISIONAL: decodes the whole matrix into a temporary and
+ * multiplies; to be replaced by decoding inside the packing of the weight panel. */
+#include "quant.h"
+
+int sl_weight_init(sl_weight *w, int type, const void *data, int64_t nbytes, int64_t rows, int64_t cols) {
+    const int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
+    if (be <= 0) return sl_fail(SL_ERR_VALUE, "weight: unsupported tensor type %d", type);
+    if (rows <= 0 || cols <= 0 || cols % be)
+        return sl_fail(SL_ERR_VALUE, "weight: %lld x %lld is not a whole number of %lld-element blocks per row",
+                       (long long)rows, (long long)cols, (long long)be);
+    int64_t total;
+    const int64_t row_bytes = cols / be * bb;
+    if (!sl_mul_size(rows, row_bytes, &total) || total != nbytes)
+        return sl_fail(SL_ERR_VALUE, "weight: %lld bytes given, a %lld x %lld matrix of type %d needs %lld",
+                       (long long)nbytes, (long long)rows, (long long)cols, type, (long long)total);
+    w->type = type, w->data = data, w->rows = rows, w->cols = cols, w->row_bytes = row_bytes;
+    return SL_OK;
+}
+
+sl_weight sl_weight_f32(const float *data, int64_t rows, int64_t cols) {
+    sl_weight w = {SL_GGML_F32, data, rows, cols, cols * (int64_t)sizeof(float)};
+    return w;
+}
+
+static float *weight_decoded(const sl_weight *W, int *owned) {
+    *owned = 0;
+    if (W->type == SL_GGML_F32) return (float *)W->data;
+    float *f = sl_alloc_floats_uninit(W->rows * W->cols);
+    if (!f) return NULL;
+    if (sl_dequantize(W->type, W->data, W->rows * W->row_bytes, f, W->rows * W->cols, 0) != SL_OK) {
+        sl_free(f);
+        return NULL;
+    }
+    *owned = 1;
+    return f;
+}
+
+int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                 int parallel) {
+    int owned;
+    float *B = weight_decoded(W, &owned);
+    if (!B) return sl_fail(SL_ERR_MEMORY, "linear: cannot decode a %lld x %lld weight", (long long)W->rows,
+                           (long long)W->cols);
+    int rc = sl_sgemm(0, 1, M, W->rows, W->cols, A, lda, B, W->cols, C, ldc, accumulate, parallel);
+    if (owned) sl_free(B);
+    return rc;
+}
+
+int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                 int parallel) {
+    int owned;
+    float *B = weight_decoded(W, &owned);
+    if (!B) return sl_fail(SL_ERR_MEMORY, "linear: cannot decode a %lld x %lld weight", (long long)W->rows,
+                           (long long)W->cols);
+    int rc = sl_sgemm(0, 0, M, W->cols, W->rows, A, lda, B, W->cols, C, ldc, accumulate, parallel);
+    if (owned) sl_free(B);
+    return rc;
+}
+
+int sl_weight_rows(const sl_weight *W, const int64_t *ids, int64_t n, float *dst) {
+    for (int64_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= W->rows)
+            return sl_fail(SL_ERR_VALUE, "weight: row %lld outside [0, %lld)", (long long)ids[i], (long long)W->rows);
+        const uint8_t *src = (const uint8_t *)W->data + ids[i] * W->row_bytes;
+        SL_TRY(sl_dequantize(W->type, src, W->row_bytes, dst + i * W->cols, W->cols, 0));
+    }
+    return SL_OK;
+}
+
+int sl_weight_cols(const sl_weight *W, int64_t c0, int64_t n, float *dst) {
+    if (c0 < 0 || n < 0 || c0 + n > W->cols) return sl_fail(SL_ERR_VALUE, "weight: columns out of range");
+    float *row = sl_alloc_floats_uninit(W->cols);
+    if (!row) return sl_fail(SL_ERR_MEMORY, "weight: cannot allocate a row");
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *src = (const uint8_t *)W->data + r * W->row_bytes;
+        int rc = sl_dequantize(W->type, src, W->row_bytes, row, W->cols, 0);
+        if (rc != SL_OK) {
+            sl_free(row);
+            return rc;
+        }
+        memcpy(dst + r * n, row + c0, (size_t)n * sizeof(float));
+    }
+    sl_free(row);
+    return SL_OK;
+}

@@ -28,4 +28,41 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
 int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B,
                 int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel);
 
+/* A weight matrix (rows = outputs, cols = inputs) held in its file's format: float32, F16, BF16
+ * or a GGUF block-quantized type (quant.h), row after row, each row a whole number of blocks
+ * (row_bytes = cols / block_elems * block_bytes). Quantized weights stay in this form in memory
+ * (memory-mapped from the file); the products below decode them block by block while packing
+ * the weight panel, into exactly the floats sl_dequantize gives, then run the same kernel on
+ * them: results are bitwise those of dequantize-then-sl_sgemm. */
+typedef struct {
+    int type;         /* SL_GGML_* */
+    const void *data; /* rows * row_bytes bytes */
+    int64_t rows, cols, row_bytes;
+} sl_weight;
+
+/* Fills w after checking the type, that cols is a whole number of blocks and that nbytes is
+ * exactly rows * row_bytes. */
+int sl_weight_init(sl_weight *w, int type, const void *data, int64_t nbytes, int64_t rows, int64_t cols);
+
+/* A float32 matrix (rows, cols), row stride cols, as an sl_weight. */
+sl_weight sl_weight_f32(const float *data, int64_t rows, int64_t cols);
+
+/* The forward of a linear layer: C[M×rows] = A[M×cols] · Wᵀ (+ C). Bitwise sl_sgemm_nt on the
+ * dequantized W, for any thread count. */
+int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                 int parallel);
+
+/* The input gradient of a linear layer: C[M×cols] = A[M×rows] · W (+ C). Bitwise sl_sgemm(0, 0,
+ * ...) on the dequantized W. */
+int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                 int parallel);
+
+/* dst[i, :] = row ids[i] of W dequantized (cols floats each), for n rows (embedding lookups);
+ * every id must be in [0, rows) (checked). */
+int sl_weight_rows(const sl_weight *W, const int64_t *ids, int64_t n, float *dst);
+
+/* Columns [c0, c0 + n) of W as float32 (rows, n) into dst (row stride n): a slice of W_O for
+ * one head's output. */
+int sl_weight_cols(const sl_weight *W, int64_t c0, int64_t n, float *dst);
+
 #endif

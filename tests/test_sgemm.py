@@ -544,7 +544,7 @@ def test_c_api(tmp_path, defines):
     csrc = ROOT / "csrc"
     if not (csrc / "sgemm.c").exists():
         pytest.skip("C sources not available")
-    files = [str(src)] + [str(csrc / f) for f in ("sgemm.c", "cpu.c", "common.c")]
+    files = [str(src)] + [str(csrc / f) for f in ("sgemm.c", "quant.c", "cpu.c", "common.c")]
     base = [cc, "-std=c11", "-O2", "-Wall", "-Wextra", f"-I{csrc}", "-o", str(exe)] + defines
     build = subprocess.run(base + ["-fopenmp", "-DSL_HAVE_OPENMP=1"] + files + ["-lm"], capture_output=True, text=True)
     if build.returncode != 0:  # compiler without OpenMP: the pragmas are ignored
