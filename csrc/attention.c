@@ -1,9 +1,17 @@
-/* Causal attention, one (head, block of queries) per task: scores = q kᵀ·scale via the serial
- * SGEMM, causal softmax per row, then out = P·V with Vᵀ packed once per call. Each output row is
- * produced by one task in a fixed order, so results are the same for any thread count.
+/* Multi-head attention (causal, sliding-window or bidirectional, optionally soft-capped), one
+ * (head, block of queries) per task: scores = q kᵀ·scale via the serial SGEMM over the keys the
+ * block can see, masked softmax per row, then out = P·V with Vᵀ packed once per call. Each output
+ * row is produced by one task in a fixed order, so results are the same for any thread count.
  *
  * Statistics are computed from each block as it is produced, so a long context needs O(T)
- * memory per thread, never a (T, T) buffer. */
+ * memory per thread, never a (T, T) buffer.
+ *
+ * Key ranges. Query i sees keys [lo(i), hi(i)]; a block of queries [i0, i1) sees the union
+ * [ka, kb): [0, i1) causal, [max(0, i0 - window + 1), i1) with a window, [0, n) bidirectional.
+ * Products run over [ka, kb) only, so a window skips every key block no query of the block can
+ * see (its cost is O(T·window), not O(T²)); keys inside [ka, kb) but outside a row's own range
+ * get probability exactly zero. With no window (or window >= T) [ka, kb) is what the causal
+ * kernel always used, so those results are bitwise unchanged. */
 #include "attention.h"
 
 #include <math.h>
@@ -27,46 +35,99 @@ typedef struct {
     double *colsum;            /* NULL or (n): running sum over queries of A[i, k] */
 } head_opts;
 
-/* Probabilities of queries [i0, i1) over keys [0, i1) in place in p (row stride ld; columns
- * past the query's own position are zero), with the per-row statistics. */
-static int causal_probs_block(const sl_attn_shape *s, const head_opts *o, const float *qh,
-                              int64_t q_stride, const float *kh, int64_t kv_stride, int64_t i0,
-                              int64_t i1, float *p, int64_t ld) {
-    SL_TRY(sl_sgemm_nt(i1 - i0, i1, s->head_dim, qh + i0 * q_stride, q_stride, kh, kv_stride, p,
-                       ld, 0, 0));
+/* Keys [*lo, *hi] of query i in a sequence of n. mask_first removes key 0 from every query
+ * i >= 1 that would see it; query 0 keeps it: causally it has no other key to renormalise onto,
+ * and with bidirectional attention it is left as is too, so that in every mode the intervention
+ * means the same ("positions after the first cannot read it") and row 0 is unchanged. */
+static inline void query_keys(const sl_attn_shape *s, const head_opts *o, int64_t i, int64_t n, int64_t *lo,
+                              int64_t *hi) {
+    int64_t a = 0, b = i;
+    if (s->bidirectional) b = n - 1;
+    else if (s->window > 0 && i - s->window + 1 > 0) a = i - s->window + 1;
+    if (o->mask_first && i > 0 && a == 0) a = 1;
+    *lo = a, *hi = b;
+}
+
+/* Keys [*ka, *kb) that some query of the block [i0, i1) sees (before mask_first). */
+static inline void block_keys(const sl_attn_shape *s, int64_t i0, int64_t i1, int64_t n, int64_t *ka, int64_t *kb) {
+    if (s->bidirectional) {
+        *ka = 0, *kb = n;
+        return;
+    }
+    *ka = s->window > 0 && i0 - s->window + 1 > 0 ? i0 - s->window + 1 : 0;
+    *kb = i1;
+}
+
+static int check_mask(const sl_attn_shape *s) {
+    if (!s->bidirectional && s->window < 0)
+        return sl_fail(SL_ERR_VALUE, "attention: window=%lld, expected >= 0 (0: no window)", (long long)s->window);
+    if (!(s->softcap >= 0.0f) || isinf(s->softcap))
+        return sl_fail(SL_ERR_VALUE, "attention: softcap=%g, expected a finite value >= 0 (0: none)",
+                       (double)s->softcap);
+    return SL_OK;
+}
+
+/* Gemma 2's soft-capped score of a raw product x = q·k, in Hugging Face's order of operations
+ * (scale, divide, tanh, multiply) so that the rounding matches its eager attention. */
+static inline float capped_score(float x, float scale, float cap) { return tanhf(x * scale / cap) * cap; }
+
+/* Probabilities of queries [i0, i1) over the block's keys [ka, kb) in place in p (p points at
+ * key ka of query i0, row stride ld; keys outside a query's range are zero), with the per-row
+ * statistics. When p lies in a capture buffer of `width` columns (capture != 0), the columns
+ * [0, ka) and [kb, width) of its rows are zeroed too. */
+static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *qh, int64_t q_stride,
+                       const float *kh, int64_t kv_stride, int64_t n, int64_t i0, int64_t i1, int64_t ka,
+                       int64_t kb, float *p, int64_t ld, int capture, int64_t width) {
+    SL_TRY(sl_sgemm_nt(i1 - i0, kb - ka, s->head_dim, qh + i0 * q_stride, q_stride, kh + ka * kv_stride, kv_stride,
+                       p, ld, 0, 0));
+    const float cap = s->softcap;
     for (int64_t i = i0; i < i1; i++) {
-        float *row = p + (i - i0) * ld;
-        for (int64_t j = 0; j <= i; j++) row[j] *= s->scale;
-        /* Masking key 0 leaves query 0 alone: it has no other key to renormalise onto. */
-        const int64_t first = o->mask_first && i > 0 ? 1 : 0;
-        float h = sl_softmax_entropy(row + first, i + 1 - first);
-        if (first) row[0] = 0.0f;
-        for (int64_t j = i + 1; j < ld; j++) row[j] = 0.0f;
+        float *row = p + (i - i0) * ld; /* row[j - ka] is key j */
+        int64_t lo, hi;
+        query_keys(s, o, i, n, &lo, &hi);
+        if (cap > 0.0f)
+            for (int64_t j = lo; j <= hi; j++) row[j - ka] = capped_score(row[j - ka], s->scale, cap);
+        else
+            for (int64_t j = lo; j <= hi; j++) row[j - ka] *= s->scale;
+        float h = sl_softmax_entropy(row + (lo - ka), hi + 1 - lo);
+        for (int64_t j = ka; j < lo; j++) row[j - ka] = 0.0f;
+        for (int64_t j = hi + 1; j < kb; j++) row[j - ka] = 0.0f;
+        if (capture) {
+            if (ka > 0) memset(row - ka, 0, (size_t)ka * sizeof(float));
+            if (width > kb) memset(row + (kb - ka), 0, (size_t)(width - kb) * sizeof(float));
+        }
         if (o->entropy) o->entropy[i] = h;
-        if (o->to_first) o->to_first[i] = row[0];
+        if (o->to_first) o->to_first[i] = ka == 0 ? row[0] : 0.0f;
         if (o->colsum)
-            for (int64_t j = 0; j <= i; j++) o->colsum[j] += row[j];
+            for (int64_t j = lo; j <= hi; j++) o->colsum[j] += row[j - ka];
     }
     return SL_OK;
 }
 
-/* out rows [i0, i1) of one head = P·V (with v_0 taken as zero where asked), times the head
- * scale. vth is the head's Vᵀ with row stride n (the sequence's length). */
-static int weighted_values_block(const head_opts *o, const float *p, int64_t ld, const float *vth,
-                                 int64_t n, int64_t hd, int64_t i0, int64_t i1, float *out,
-                                 int64_t out_stride) {
+/* out rows [i0, i1) of one head = P·V over the block's keys [ka, kb) (p at key ka, v_0 taken
+ * as zero where asked), times the head scale. vth is the head's Vᵀ with row stride n (the
+ * sequence's length). */
+static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, const float *p, int64_t ld,
+                                 const float *vth, int64_t n, int64_t hd, int64_t i0, int64_t i1, int64_t ka,
+                                 int64_t kb, float *out, int64_t out_stride) {
     /* Leaving key 0 out of the product is exact zeroing of v_0, for every row of the block. */
-    const int64_t skip = o->zero_first_value != SL_ZFV_NONE ? 1 : 0;
+    const int64_t skip = o->zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
     float *o0 = out + i0 * out_stride;
-    if (i1 - skip > 0) {
-        SL_TRY(sl_sgemm_nt(i1 - i0, hd, i1 - skip, p + skip, ld, vth + skip, n, o0, out_stride, 0, 0));
+    if (kb - ka - skip > 0) {
+        SL_TRY(sl_sgemm_nt(i1 - i0, hd, kb - ka - skip, p + skip, ld, vth + ka + skip, n, o0, out_stride, 0, 0));
     } else {
         for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
     }
     if (o->zero_first_value == SL_ZFV_OTHERS && i0 == 0) {
-        /* Query 0 keeps its own value. Its row of P has p00 and zeros after it, so the plain
-         * product sums p00·v0 with exact zeros; p00·v0 alone is therefore bitwise that row. */
-        for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * n];
+        if (s->bidirectional) {
+            /* Query 0 keeps its own value and sees every key: its row over all keys, which the
+             * SGEMM's per-element chains make bitwise the un-intervened row. */
+            SL_TRY(sl_sgemm_nt(1, hd, kb, p, ld, vth, n, out, out_stride, 0, 0));
+        } else {
+            /* Query 0 sees key 0 only: its row of P has p00 and zeros after it, so the plain
+             * product sums p00·v0 with exact zeros; p00·v0 alone is therefore bitwise that row. */
+            for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * n];
+        }
     }
     if (o->scale != 1.0f)
         for (int64_t i = i0; i < i1; i++)
@@ -149,12 +210,15 @@ static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
     float *os = out + v.off * s->n_heads * hd + h * hd;
     for (int64_t blk = b0; blk < b1; blk++) {
         const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < v.n ? i0 + SL_ATTN_QBLOCK : v.n;
-        float *p = v.probs ? v.probs + (h * T + i0) * T : scratch;
-        /* Without capture, rows need only i1 columns; the capture buffer has T_pad, and the
-         * columns from i+1 on (padding included) are zeroed by causal_probs_block. */
-        const int64_t ld = v.probs ? T : i1;
-        SL_TRY(causal_probs_block(s, &o, qs, q_stride, ks, kv_stride, i0, i1, p, ld));
-        SL_TRY(weighted_values_block(&o, p, ld, v.vt + g * hd * v.n, v.n, hd, i0, i1, os, s->n_heads * hd));
+        int64_t ka, kb;
+        block_keys(s, i0, i1, v.n, &ka, &kb);
+        /* Without capture, rows need only the block's kb - ka keys; the capture buffer has T_pad
+         * columns, and those outside [ka, kb) (padding included) are zeroed by probs_block. */
+        float *p = v.probs ? v.probs + (h * T + i0) * T + ka : scratch;
+        const int64_t ld = v.probs ? T : kb - ka;
+        SL_TRY(probs_block(s, &o, qs, q_stride, ks, kv_stride, v.n, i0, i1, ka, kb, p, ld, v.probs != NULL, T));
+        SL_TRY(weighted_values_block(s, &o, p, ld, v.vt + g * hd * v.n, v.n, hd, i0, i1, ka, kb, os,
+                                     s->n_heads * hd));
     }
     return SL_OK;
 }
@@ -169,7 +233,9 @@ static void finish_head(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t
         for (int64_t j = 0; j < n; j++) {
             double sum = 0.0;
             for (int64_t g = 0; g < v.n_seg; g++) sum += v.partial[(h * v.n_seg + g) * n + j];
-            imp[j] = (float)(sum / (double)(n - j));
+            /* Causal: the queries i >= j (with a window, those that cannot see j add 0);
+             * bidirectional: every query sees j. */
+            imp[j] = (float)(sum / (double)(s->bidirectional ? n : n - j));
         }
         memset(imp + n, 0, (size_t)(T - n) * sizeof(float));
     }
@@ -196,6 +262,7 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
     if (B <= 0 || H <= 0 || G <= 0 || hd <= 0 || H % G != 0)
         return sl_fail(SL_ERR_VALUE, "attention: bad shape B=%lld heads=%lld kv_heads=%lld",
                        (long long)B, (long long)H, (long long)G);
+    SL_TRY(check_mask(s));
     if (iv && iv->zero_first_value)
         for (int64_t h = 0; h < H; h++)
             if (iv->zero_first_value[h] > SL_ZFV_ALL)
@@ -331,13 +398,16 @@ static int probs_task(void *arg, int64_t task, float *scratch) {
     const int64_t T = s->T, hd = s->head_dim, nb = n_query_blocks(T);
     const int64_t h = task / nb, b = task % nb, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t i0 = b * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
+    int64_t ka, kb;
+    block_keys(s, i0, i1, T, &ka, &kb);
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
-    return causal_probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, i0,
-                              i1, j->probs_out + (h * T + i0) * T, T);
+    return probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, T, i0, i1, ka, kb,
+                       j->probs_out + (h * T + i0) * T + ka, T, 1, T);
 }
 
 int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, float *probs,
                        const sl_attn_intervention *iv) {
+    SL_TRY(check_mask(s));
     attn_grad_job j = {.s = s, .iv = iv, .q = q, .k = k, .probs_out = probs};
     return run_tasks(s->n_heads * n_query_blocks(s->T), 0, probs_task, &j);
 }
@@ -347,13 +417,30 @@ static int zeroes_first_value(const head_opts *o, int64_t i) {
     return o->zero_first_value == SL_ZFV_ALL || (o->zero_first_value == SL_ZFV_OTHERS && i > 0);
 }
 
-/* One (cotangent b, query head h), query blocks in order:
- *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') / sqrt(hd)
+/* With soft-capping, the derivative of the capped score c = cap·tanh(x·scale/cap) with respect
+ * to the raw product x = q·k is scale·(1 - tanh²): dcap (nb, nk) receives that factor for the
+ * block's queries [i0, i1) and keys [ka, kb), from the products recomputed exactly as the forward
+ * computed them (the probabilities alone do not give back the scores). */
+static int softcap_factors(const sl_attn_shape *s, const float *qh, int64_t q_stride, const float *kh,
+                           int64_t kv_stride, int64_t i0, int64_t i1, int64_t ka, int64_t kb, float *dcap) {
+    const int64_t nb = i1 - i0, nk = kb - ka;
+    SL_TRY(sl_sgemm_nt(nb, nk, s->head_dim, qh + i0 * q_stride, q_stride, kh + ka * kv_stride, kv_stride, dcap, nk,
+                       0, 0));
+    for (int64_t c = 0; c < nb * nk; c++) {
+        const float t = tanhf(dcap[c] * s->scale / s->softcap);
+        dcap[c] = (1.0f - t * t) * s->scale;
+    }
+    return SL_OK;
+}
+
+/* One (cotangent b, query head h), query blocks in order, each over its keys [ka, kb):
+ *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') c'_ij
  *   dq_i = sum_j dS_ij k_j,  dk_j += sum_i dS_ij q_i,  dv_j += sum_i P_ij do_i
+ * where c'_ij is the derivative of the (capped) score by q_i·k_j (scale, or scale·(1 - tanh²)),
  * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. The head's dk, dv go
  * to its own rows of pk, pv (row stride ld_kv): the kv head's gradient when it has one query head,
- * per-head partials summed in head order afterwards when several share it. Scratch: a block of dS
- * and of do. */
+ * per-head partials summed in head order afterwards when several share it. Scratch: a block of
+ * dS, of do and, with a softcap, of c'. */
 static int backward_task(void *arg, int64_t task, float *scratch) {
     const attn_grad_job *j = arg;
     const sl_attn_shape *s = j->s;
@@ -367,28 +454,39 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
         memset(dk + t * ld, 0, (size_t)hd * sizeof(float));
         memset(dv + t * ld, 0, (size_t)hd * sizeof(float));
     }
-    float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T;
+    float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T, *dcap = dob + SL_ATTN_QBLOCK * hd;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
     for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
-        const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0, nk = i1;
-        const float *p = j->probs + (h * T + i0) * T;
+        const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0;
+        int64_t ka, kb;
+        block_keys(s, i0, i1, T, &ka, &kb);
+        const int64_t nk = kb - ka;
+        const float *p = j->probs + (h * T + i0) * T + ka;
         for (int64_t i = 0; i < nb; i++)
             for (int64_t e = 0; e < hd; e++) dob[i * hd + e] = o.scale * j->dout[(b * T + i0 + i) * qd + h * hd + e];
-        SL_TRY(sl_sgemm(0, 1, nb, nk, hd, dob, hd, j->v + g * hd, kvd, ds, nk, 0, 0));
+        SL_TRY(sl_sgemm(0, 1, nb, nk, hd, dob, hd, j->v + g * hd + ka * kvd, kvd, ds, nk, 0, 0));
+        if (s->softcap > 0.0f)
+            SL_TRY(softcap_factors(s, j->q + h * hd, qd, j->k + g * hd, kvd, i0, i1, ka, kb, dcap));
         for (int64_t i = 0; i < nb; i++) {
             float *row = ds + i * nk;
             const float *pr = p + i * T;
-            if (zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
+            if (ka == 0 && zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
             double dot = 0.0;
             for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
-            for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * s->scale;
+            if (s->softcap > 0.0f) {
+                const float *f = dcap + i * nk;
+                for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * f[c];
+            } else {
+                for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * s->scale;
+            }
         }
-        SL_TRY(sl_sgemm(0, 0, nb, hd, nk, ds, nk, j->k + g * hd, kvd, j->dq + (b * T + i0) * qd + h * hd, qd, 0, 0));
-        SL_TRY(sl_sgemm(1, 0, nk, hd, nb, ds, nk, j->q + i0 * qd + h * hd, qd, dk, ld, 1, 0));
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk, ds, nk, j->k + g * hd + ka * kvd, kvd, j->dq + (b * T + i0) * qd + h * hd,
+                        qd, 0, 0));
+        SL_TRY(sl_sgemm(1, 0, nk, hd, nb, ds, nk, j->q + i0 * qd + h * hd, qd, dk + ka * ld, ld, 1, 0));
         /* dv: key 0 takes nothing from the rows that read it as zero. */
-        const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
-        SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + skip * ld, ld, 1, 0));
-        if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0)
+        const int64_t skip = o.zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
+        SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + (ka + skip) * ld, ld, 1, 0));
+        if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) /* query 0 reads v_0 (ka == 0 here) */
             for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
     }
     return SL_OK;
@@ -415,20 +513,23 @@ static void sum_group_partials(const sl_attn_shape *s, int64_t B, const float *p
 int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
                           const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
                           float *pv, const sl_attn_intervention *iv) {
+    SL_TRY(check_mask(s));
     const int shared = s->n_heads != s->n_kv_heads;
     if (shared && (!pk || !pv)) return sl_fail(SL_ERR_VALUE, "attention backward: grouped heads need partial buffers");
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
                        .dq = dq, .dk = dk, .dv = dv, .pk = shared ? pk : dk, .pv = shared ? pv : dv,
                        .ld_kv = (shared ? s->n_heads : s->n_kv_heads) * s->head_dim};
-    SL_TRY(run_tasks(B * s->n_heads, SL_ATTN_QBLOCK * (s->T + s->head_dim), backward_task, &j));
+    const int64_t scratch = SL_ATTN_QBLOCK * (s->T + s->head_dim + (s->softcap > 0.0f ? s->T : 0));
+    SL_TRY(run_tasks(B * s->n_heads, scratch, backward_task, &j));
     if (shared) sum_group_partials(s, B, pk, pv, dk, dv);
     return SL_OK;
 }
 
-/* One (tangent b, query head h, query block):
- *   dS_ij = (tq_i . k_j + q_i . tk_j) / sqrt(hd),  dP_ij = P_ij (dS_ij - sum_j' P_ij' dS_ij')
+/* One (tangent b, query head h, query block), over the block's keys [ka, kb):
+ *   dS_ij = c'_ij (tq_i . k_j + q_i . tk_j),  dP_ij = P_ij (dS_ij - sum_j' P_ij' dS_ij')
  *   tout_i = scale_h (sum_j dP_ij v'_j + P_ij tv'_j)
- * with v'_0 = tv'_0 = 0 where zero_first_value applies. Scratch: a block of dS. */
+ * with c'_ij as in backward_task and v'_0 = tv'_0 = 0 where zero_first_value applies. Scratch: a
+ * block of dS and, with a softcap, of c'. */
 static int jvp_task(void *arg, int64_t task, float *scratch) {
     const attn_grad_job *j = arg;
     const sl_attn_shape *s = j->s;
@@ -436,31 +537,53 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     const int64_t qd = H * hd, kvd = G * hd, nblk = n_query_blocks(T);
     const int64_t b = task / (H * nblk), h = (task / nblk) % H, blk = task % nblk, g = h / (H / G);
     const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    const int64_t nb = i1 - i0, nk = i1;
+    int64_t ka, kb;
+    block_keys(s, i0, i1, T, &ka, &kb);
+    const int64_t nb = i1 - i0, nk = kb - ka;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
-    const float *p = j->probs + (h * T + i0) * T;
+    const float *p = j->probs + (h * T + i0) * T + ka;
     const float *tq = j->dq + (b * T + i0) * qd + h * hd, *tk = j->dk + b * T * kvd + g * hd;
-    const float *tv = j->dv + b * T * kvd + g * hd;
-    float *ds = scratch, *out = j->tout + (b * T + i0) * qd + h * hd;
-    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, tq, qd, j->k + g * hd, kvd, ds, nk, 0, 0));
-    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, j->q + i0 * qd + h * hd, qd, tk, kvd, ds, nk, 1, 0));
-    for (int64_t i = 0; i < nb; i++) {
-        float *row = ds + i * nk;
-        const float *pr = p + i * T;
-        double dot = 0.0;
-        for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
-        const float mean = (float)(dot * (double)s->scale);
-        for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] * s->scale - mean);
+    const float *tv = j->dv + b * T * kvd + g * hd, *vh = j->v + g * hd;
+    float *ds = scratch, *dcap = scratch + SL_ATTN_QBLOCK * T, *out = j->tout + (b * T + i0) * qd + h * hd;
+    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, tq, qd, j->k + g * hd + ka * kvd, kvd, ds, nk, 0, 0));
+    SL_TRY(sl_sgemm(0, 1, nb, nk, hd, j->q + i0 * qd + h * hd, qd, tk + ka * kvd, kvd, ds, nk, 1, 0));
+    if (s->softcap > 0.0f) {
+        SL_TRY(softcap_factors(s, j->q + h * hd, qd, j->k + g * hd, kvd, i0, i1, ka, kb, dcap));
+        for (int64_t i = 0; i < nb; i++) {
+            float *row = ds + i * nk;
+            const float *pr = p + i * T, *f = dcap + i * nk;
+            double dot = 0.0;
+            for (int64_t c = 0; c < nk; c++) {
+                row[c] *= f[c];
+                dot += (double)pr[c] * row[c];
+            }
+            for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot);
+        }
+    } else {
+        for (int64_t i = 0; i < nb; i++) {
+            float *row = ds + i * nk;
+            const float *pr = p + i * T;
+            double dot = 0.0;
+            for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
+            const float mean = (float)(dot * (double)s->scale);
+            for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] * s->scale - mean);
+        }
     }
-    const int64_t skip = o.zero_first_value != SL_ZFV_NONE ? 1 : 0;
+    const int64_t skip = o.zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
     if (nk - skip > 0) {
-        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, ds + skip, nk, j->v + g * hd + skip * kvd, kvd, out, qd, 0, 0));
-        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, p + skip, T, tv + skip * kvd, kvd, out, qd, 1, 0));
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, ds + skip, nk, vh + (ka + skip) * kvd, kvd, out, qd, 0, 0));
+        SL_TRY(sl_sgemm(0, 0, nb, hd, nk - skip, p + skip, T, tv + (ka + skip) * kvd, kvd, out, qd, 1, 0));
     } else {
         for (int64_t i = 0; i < nb; i++) memset(out + i * qd, 0, (size_t)hd * sizeof(float));
     }
-    if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) /* query 0 keeps its own value */
-        for (int64_t e = 0; e < hd; e++) out[e] = ds[0] * j->v[g * hd + e] + p[0] * tv[e];
+    if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) { /* query 0 keeps its own value (ka == 0 here) */
+        if (s->bidirectional) { /* and sees every key: its whole row */
+            SL_TRY(sl_sgemm(0, 0, 1, hd, nk, ds, nk, vh, kvd, out, qd, 0, 0));
+            SL_TRY(sl_sgemm(0, 0, 1, hd, nk, p, T, tv, kvd, out, qd, 1, 0));
+        } else {
+            for (int64_t e = 0; e < hd; e++) out[e] = ds[0] * vh[e] + p[0] * tv[e];
+        }
+    }
     if (o.scale != 1.0f)
         for (int64_t i = 0; i < nb; i++)
             for (int64_t e = 0; e < hd; e++) out[i * qd + e] *= o.scale;
@@ -470,7 +593,9 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
 int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
                      const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
                      const sl_attn_intervention *iv) {
+    SL_TRY(check_mask(s));
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs,
                        .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout};
-    return run_tasks(B * s->n_heads * n_query_blocks(s->T), SL_ATTN_QBLOCK * s->T, jvp_task, &j);
+    const int64_t scratch = SL_ATTN_QBLOCK * s->T * (s->softcap > 0.0f ? 2 : 1);
+    return run_tasks(B * s->n_heads * n_query_blocks(s->T), scratch, jvp_task, &j);
 }
