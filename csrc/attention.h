@@ -1,5 +1,6 @@
-/* Causal multi-head attention with grouped-query heads, optional capture of probabilities,
- * per-head streaming statistics, and the paper's interventions on the first token. */
+/* Multi-head attention with grouped-query heads (causal, sliding-window or bidirectional, with
+ * optional soft-capping of the scores), optional capture of probabilities, per-head streaming
+ * statistics, and the paper's interventions on the first token. */
 #ifndef SL_ATTENTION_H
 #define SL_ATTENTION_H
 
@@ -14,7 +15,10 @@ typedef struct {
      *   window > 0: causal keys j with i - window < j <= i only (sliding-window attention as
      *     Hugging Face's Mistral/Gemma masks define it: `window` keys including i itself);
      *   softcap > 0: each scaled score s becomes softcap * tanh(s / softcap) before the
-     *     softmax (Gemma 2's attention-logit soft-capping). */
+     *     softmax (Gemma 2's attention-logit soft-capping).
+     * A window < 0 (when not bidirectional) or a softcap < 0 or not finite is an error
+     * (SL_ERR_VALUE). Keys a query does not see get probability exactly 0. A window skips the
+     * key blocks no query of a block can see, so it costs O(T·window) rather than O(T²). */
     int bidirectional;
     int64_t window;
     float softcap;
@@ -38,8 +42,12 @@ enum {
 /* Interventions, each an array over the n_heads query heads or NULL for none. */
 typedef struct {
     const uint8_t *mask_first;       /* nonzero: queries i >= 1 may not attend to key 0
-                                        (renormalised over keys 1..i); query 0 has no other key
-                                        and is left as is */
+                                        (renormalised over their other keys); query 0 is left as
+                                        is in every mode: causally it has no other key, and with
+                                        bidirectional attention keeping it makes the intervention
+                                        mean the same ("later positions cannot read position 0")
+                                        and leaves row 0 unchanged. With a window, a query whose
+                                        window already excludes key 0 is unaffected. */
     const uint8_t *zero_first_value; /* SL_ZFV_NONE, SL_ZFV_OTHERS or SL_ZFV_ALL; any other value
                                         is an error (SL_ERR_VALUE) */
     const float *head_scale;         /* multiplies the head's output (before W_O) */
@@ -48,15 +56,17 @@ typedef struct {
 /* Streaming statistics, each NULL or (n_heads, T); computed from each block of probabilities
  * as it is produced, so no (T, T) buffer is needed. */
 typedef struct {
-    float *importance; /* a_k = mean over queries i >= k of A[i, k] (Gu et al.); with
+    float *importance; /* a_k = mean over queries i >= k of A[i, k] (Gu et al.); with a window
+                          the same mean, queries that cannot see k counting as 0; with
                           bidirectional attention, the mean over every query i (all see k) */
-    float *to_first;   /* A[i, 0] for every query i */
+    float *to_first;   /* A[i, 0] for every query i (0 where i cannot see key 0) */
     float *entropy;    /* -sum_k A[i, k] log A[i, k] in nats, for every query i */
 } sl_attn_stats;
 
 /* q: (T, n_heads*head_dim) row stride q_stride; k, v: (T, n_kv_heads*head_dim) row stride
  * kv_stride. out: (T, n_heads*head_dim) dense. probs: NULL or (n_heads, T, T), filled with the
- * full causal probability matrix (zeros above the diagonal). Query head h reads kv head
+ * whole probability matrix (zeros where a query does not see a key: above the diagonal when
+ * causal, outside the window; bidirectional rows are full). Query head h reads kv head
  * h / (n_heads / n_kv_heads), as in Hugging Face's repeat_kv. iv and st may be NULL. */
 int sl_attention_forward(const sl_attn_shape *s, const float *q, int64_t q_stride, const float *k,
                          const float *v, int64_t kv_stride, float *out, float *probs,
@@ -96,10 +106,13 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
  * gradient, a zeroed value contributes nothing and receives no gradient from the rows that read
  * it as zero, head_scale multiplies the head's derivative. */
 
-/* probs (H, T, T): every head's probabilities (zeros above the diagonal), bitwise as the forward
- * computes them. */
+/* probs (H, T, T): every head's probabilities (zeros for keys a query does not see), bitwise as
+ * the forward computes them. */
 int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, float *probs,
                        const sl_attn_intervention *iv);
+
+/* With a softcap, the score's derivative by q·k is scale·(1 - tanh²(s/softcap)) (s the scaled
+ * score); both derivatives recompute those products per block, exactly as the forward did. */
 
 /* Reverse mode: from dout, the gradient of the attention output (what W_O reads), the gradients
  * dq (B*T, H*hd), dk, dv (B*T, G*hd), all overwritten. Tasks are (b, query head), each summing
