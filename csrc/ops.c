@@ -423,11 +423,10 @@ void sl_swiglu_backward(float *dg, float *du, const float *dh, const float *dh_d
 #pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
     for (int64_t r = 0; r < n / period; r++) {
         const float *h = dh + r * period;
-        float *og = dg + r * period, *ou = du + r * period;
-        for (int64_t i = 0; i < period; i++) {
-            og[i] = h[i] * dh_dg[i];
-            ou[i] = h[i] * dh_du[i];
-        }
+        float *og = dg ? dg + r * period : NULL, *ou = du + r * period;
+        if (og)
+            for (int64_t i = 0; i < period; i++) og[i] = h[i] * dh_dg[i];
+        for (int64_t i = 0; i < period; i++) ou[i] = h[i] * dh_du[i];
     }
 }
 
@@ -435,9 +434,14 @@ void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_
                    int64_t n, int64_t period) {
 #pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
     for (int64_t r = 0; r < n / period; r++) {
-        const float *g = dg + r * period, *u = du + r * period;
+        const float *u = du + r * period;
         float *o = dh + r * period;
-        for (int64_t i = 0; i < period; i++) o[i] = g[i] * dh_dg[i] + u[i] * dh_du[i];
+        if (dg && dh_dg) {
+            const float *g = dg + r * period;
+            for (int64_t i = 0; i < period; i++) o[i] = g[i] * dh_dg[i] + u[i] * dh_du[i];
+        } else { /* plain activation: h depends on u alone */
+            for (int64_t i = 0; i < period; i++) o[i] = u[i] * dh_du[i];
+        }
     }
 }
 
@@ -481,5 +485,264 @@ void sl_embed_backward(float *dtable, const float *dout, const int64_t *ids, int
         float *row = dtable + ids[t] * d;
         const float *g = dout + t * d;
         for (int64_t i = 0; i < d; i++) row[i] += g[i];
+    }
+}
+
+/* ------------------------------------------------------------------------------------------
+ * LayerNorm, biases, soft-capping and the GELU family (model families beyond LLaMA). */
+
+/* The row's mean and 1/sqrt(var + eps), sums in double (two passes: the shifted squares do not
+ * cancel the way E[x^2] - E[x]^2 would). */
+static void layernorm_stats_generic(float *mean, float *rstd, const float *xr, int64_t d, float eps) {
+    double s = 0.0;
+    for (int64_t i = 0; i < d; i++) s += xr[i];
+    const double mu = s / (double)d;
+    double ss = 0.0;
+    for (int64_t i = 0; i < d; i++) {
+        const double c = (double)xr[i] - mu;
+        ss += c * c;
+    }
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+}
+
+/* out = ((x - mean) * rstd) * w (+ b), one rounding per operation, no FMA: every path computes
+ * these bits from the same mean and rstd. */
+static void layernorm_apply_generic(float *o, const float *xr, const float *w, const float *b, int64_t d,
+                                    float m, float r) {
+    if (b)
+        for (int64_t i = 0; i < d; i++) o[i] = (xr[i] - m) * r * w[i] + b[i];
+    else
+        for (int64_t i = 0; i < d; i++) o[i] = (xr[i] - m) * r * w[i];
+}
+
+void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                  int64_t T, int64_t d, float eps) {
+#pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++) {
+        float m, r;
+        layernorm_stats_generic(&m, &r, x + t * d, d, eps);
+        layernorm_apply_generic(out + t * d, x + t * d, w, b, d, m, r);
+        if (mean) mean[t] = m;
+        if (rstd) rstd[t] = r;
+    }
+}
+
+/* One LayerNorm Jacobian product for a row. With xh = (x - mean) r and v = w_in * vin,
+ *   o = w_out * r (v - mean(v) - xh mean(v xh)).
+ * The normalisation's Jacobian r (I - 1 1^T / d - xh xh^T / d) is symmetric, so the backward
+ * (w_in = w, w_out = NULL: J^T dy) and the JVP (w_in = NULL, w_out = w: J dx) share it. The two
+ * dot products are summed in double over the row in order. */
+static void layernorm_jac_row(float *o, int accumulate, const float *vin, const float *w_in, const float *w_out,
+                              const float *xr, int64_t d, float m, float r) {
+    double sv = 0.0, svx = 0.0;
+    for (int64_t i = 0; i < d; i++) {
+        const float v = w_in ? w_in[i] * vin[i] : vin[i], xh = (xr[i] - m) * r;
+        sv += v;
+        svx += (double)v * xh;
+    }
+    const float a = (float)(sv / (double)d), c = (float)(svx / (double)d);
+    for (int64_t i = 0; i < d; i++) {
+        const float v = w_in ? w_in[i] * vin[i] : vin[i], xh = (xr[i] - m) * r;
+        float val = r * (v - a - xh * c);
+        if (w_out) val *= w_out[i];
+        o[i] = accumulate ? o[i] + val : val;
+    }
+}
+
+/* Column blocks for the weight/bias gradient sums: each column's sum runs over the rows in
+ * order in one thread (any thread count gives the same bits), and a block's rows are read
+ * contiguously. */
+#define SL_COLBLOCK 256
+
+void sl_layernorm_backward(float *dx, int accumulate, float *dw, float *db, const float *dy, const float *x,
+                           const float *w, const float *mean, const float *rstd, int64_t rows, int64_t T,
+                           int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r % T;
+        layernorm_jac_row(dx + r * d, accumulate, dy + r * d, w, NULL, x + t * d, d, mean[t], rstd[t]);
+    }
+    if (!dw && !db) return;
+    const int64_t blocks = (d + SL_COLBLOCK - 1) / SL_COLBLOCK;
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        const int64_t i0 = bk * SL_COLBLOCK, n = d - i0 < SL_COLBLOCK ? d - i0 : SL_COLBLOCK;
+        double aw[SL_COLBLOCK], ab[SL_COLBLOCK];
+        for (int64_t i = 0; i < n; i++) {
+            aw[i] = dw ? dw[i0 + i] : 0.0;
+            ab[i] = db ? db[i0 + i] : 0.0;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t t = r % T;
+            const float *g = dy + r * d + i0, *xr = x + t * d + i0;
+            const float m = mean[t], rs = rstd[t];
+            for (int64_t i = 0; i < n; i++) {
+                aw[i] += (double)g[i] * ((xr[i] - m) * rs);
+                ab[i] += g[i];
+            }
+        }
+        for (int64_t i = 0; i < n; i++) {
+            if (dw) dw[i0 + i] = (float)aw[i];
+            if (db) db[i0 + i] = (float)ab[i];
+        }
+    }
+}
+
+void sl_layernorm_jvp(float *dy, const float *dx, const float *x, const float *w, const float *mean,
+                      const float *rstd, int64_t rows, int64_t T, int64_t d) {
+#pragma omp parallel for schedule(static) if (rows * d > 32768) num_threads(sl_num_threads())
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t t = r % T;
+        layernorm_jac_row(dy + r * d, 0, dx + r * d, NULL, w, x + t * d, d, mean[t], rstd[t]);
+    }
+}
+
+void sl_bias_add(float *x, const float *b, int64_t T, int64_t d, int64_t ld) {
+    const elementwise2_fn add = add_for(sl_simd());
+#pragma omp parallel for schedule(static) if (T * d > 65536) num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++) add(x + t * ld, x + t * ld, b, d);
+}
+
+void sl_bias_backward(float *db, const float *dy, int64_t rows, int64_t d, int64_t ld) {
+    const int64_t blocks = (d + SL_COLBLOCK - 1) / SL_COLBLOCK;
+#pragma omp parallel for schedule(static) if (rows * d > 65536) num_threads(sl_num_threads())
+    for (int64_t bk = 0; bk < blocks; bk++) {
+        const int64_t i0 = bk * SL_COLBLOCK, n = d - i0 < SL_COLBLOCK ? d - i0 : SL_COLBLOCK;
+        double acc[SL_COLBLOCK];
+        for (int64_t i = 0; i < n; i++) acc[i] = db[i0 + i];
+        for (int64_t r = 0; r < rows; r++) {
+            const float *g = dy + r * ld + i0;
+            for (int64_t i = 0; i < n; i++) acc[i] += g[i];
+        }
+        for (int64_t i = 0; i < n; i++) db[i0 + i] = (float)acc[i];
+    }
+}
+
+/* Soft-capping and its derivative, 1 - tanh^2 = 1 - (y / cap)^2 from the output. cap <= 0 (the
+ * configuration's "none") leaves x as it is. */
+void sl_softcap(float *x, int64_t n, float cap) {
+    if (!(cap > 0.0f)) return;
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
+void sl_softcap_backward(float *dx, const float *dy, const float *y, int64_t n, float cap) {
+    if (!(cap > 0.0f)) {
+        if (dx != dy) memcpy(dx, dy, (size_t)n * sizeof(float));
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) {
+        const float t = y[i] / cap;
+        dx[i] = dy[i] * (1.0f - t * t);
+    }
+}
+
+/* GELU with the tanh approximation, 0.5 x (1 + tanh(z)) with z = sqrt(2/pi) (x + 0.044715 x^3),
+ * computed as x sigmoid(2z) = x / (1 + exp(-2z)) (the same function: 1 + tanh(z) = 2 sigmoid(2z)),
+ * which has no cancellation for negative x and needs only exp on the vector paths. z is
+ * computed as torch does, in float. */
+#define SL_GELU_BETA 0.7978845608028654f /* sqrt(2 / pi) */
+#define SL_GELU_KAPPA 0.044715f
+#define SL_INV_SQRT2 0.7071067811865476f
+#define SL_INV_SQRT_2PI 0.3989422804014327f
+
+static inline float gelu_tanh_arg(float x) { return SL_GELU_BETA * (x + SL_GELU_KAPPA * (x * x * x)); }
+
+static void gelu_tanh_generic(float *h, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = u[i];
+        h[i] = x / (1.0f + expf(-2.0f * gelu_tanh_arg(x)));
+    }
+}
+
+static void geglu_tanh_generic(float *h, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = g[i];
+        h[i] = (x / (1.0f + expf(-2.0f * gelu_tanh_arg(x)))) * u[i];
+    }
+}
+
+/* Exact GELU as torch writes it: x * 0.5 * (1 + erf(x / sqrt(2))). */
+static void gelu_erf_generic(float *h, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        const float x = u[i];
+        h[i] = x * 0.5f * (1.0f + erff(x * SL_INV_SQRT2));
+    }
+}
+
+typedef void (*elementwise1_fn)(float *, const float *, int64_t);
+
+static elementwise1_fn gelu_tanh_for(sl_simd_level level) {
+    (void)level;
+    return gelu_tanh_generic;
+}
+
+static elementwise2_fn geglu_tanh_for(sl_simd_level level) {
+    (void)level;
+    return geglu_tanh_generic;
+}
+
+static elementwise1_fn gelu_erf_for(sl_simd_level level) {
+    (void)level;
+    return gelu_erf_generic;
+}
+
+static void unary_chunks(elementwise1_fn f, float *out, const float *a, int64_t n) {
+    const int64_t chunks = (n + SL_CHUNK - 1) / SL_CHUNK;
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t i0 = c * SL_CHUNK, len = n - i0 < SL_CHUNK ? n - i0 : SL_CHUNK;
+        f(out + i0, a + i0, len);
+    }
+}
+
+void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n) {
+    switch (act) {
+    case SL_ACT_SWIGLU: sl_swiglu(h, g, u, n); break;
+    case SL_ACT_GEGLU_TANH: elementwise_chunks(geglu_tanh_for(sl_simd()), h, g, u, n); break;
+    case SL_ACT_GELU_TANH: unary_chunks(gelu_tanh_for(sl_simd()), h, u, n); break;
+    case SL_ACT_GELU_ERF: unary_chunks(gelu_erf_for(sl_simd()), h, u, n); break;
+    default: break; /* the model validates act when it is built */
+    }
+}
+
+/* gelu_tanh'(x) = s + 2 x s (1 - s) z'(x) with s = sigmoid(2z), z' = sqrt(2/pi) (1 + 3 0.044715 x^2)
+ * (from 1 + tanh = 2s and 1 - tanh^2 = 4 s (1 - s)); gelu_erf'(x) = Phi(x) + x phi(x). The value
+ * returned in *val is the forward's portable expression, bit for bit. */
+static inline float gelu_tanh_deriv(float x, float *val) {
+    const float e = expf(-2.0f * gelu_tanh_arg(x));
+    const float s = 1.0f / (1.0f + e);
+    *val = x / (1.0f + e);
+    const float dz = SL_GELU_BETA * (1.0f + 3.0f * SL_GELU_KAPPA * (x * x));
+    return s + 2.0f * x * (s * (1.0f - s)) * dz;
+}
+
+static inline float gelu_erf_deriv(float x) {
+    const float cdf = 0.5f * (1.0f + erff(x * SL_INV_SQRT2));
+    const float pdf = expf(-0.5f * x * x) * SL_INV_SQRT_2PI;
+    return cdf + x * pdf;
+}
+
+void sl_mlp_act_partials(int act, float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n) {
+    if (act == SL_ACT_SWIGLU) {
+        sl_swiglu_partials(dh_dg, dh_du, g, u, n);
+        return;
+    }
+#pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) {
+        float val;
+        switch (act) {
+        case SL_ACT_GEGLU_TANH: {
+            const float d = gelu_tanh_deriv(g[i], &val);
+            dh_dg[i] = u[i] * d;
+            dh_du[i] = val;
+            break;
+        }
+        case SL_ACT_GELU_TANH: dh_du[i] = gelu_tanh_deriv(u[i], &val); break;
+        case SL_ACT_GELU_ERF: dh_du[i] = gelu_erf_deriv(u[i]); break;
+        default: break;
+        }
     }
 }
