@@ -26,6 +26,7 @@
 
 #include <string.h>
 
+#include "cpu.h"
 #include "sl_common.h"
 
 #if defined(_OPENMP)
@@ -94,8 +95,6 @@ static inline void get_scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t
 
 /* ------------------------------------------------------------------------------------------ */
 /* per-type decoders: nb blocks from src into dst                                             */
-
-typedef void (*sl_dequant_fn)(const uint8_t *restrict src, float *restrict dst, int64_t nb);
 
 static void deq_f32(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
 #if defined(__BYTE_ORDER__) && defined(__ORDER_LITTLE_ENDIAN__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
@@ -279,6 +278,255 @@ static void deq_q6_k(const uint8_t *restrict src, float *restrict dst, int64_t n
     }
 }
 
+
+/* ------------------------------------------------------------------------------------------ */
+/* vector decoders (AVX2; F16 and BF16 also AVX-512), used by the weight products' packing     */
+/*                                                                                            */
+/* Each one computes exactly the scalar decoder's float operations on the same operands, lane  */
+/* by lane: integer quants widen exactly to int32 and convert exactly to float, per-block       */
+/* scales are the scalar code's own float products, and a*b+c stays a multiply then an add:    */
+/* the targets below leave out "fma", so the compiler cannot fuse them whatever -ffp-contract   */
+/* says. Hence bit-identical results, which tests/test_quant.py checks at every level.          */
+
+#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__) && !defined(SL_SGEMM_PORTABLE_ONLY)
+#include <immintrin.h>
+#define SL_QUANT_X86 1
+#define SL_QAVX2 __attribute__((target("avx2")))
+#define SL_QAVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx2")))
+#else
+#define SL_QUANT_X86 0
+#endif
+
+#if SL_QUANT_X86
+/* Low 8 bytes of b as unsigned / signed int32 lanes, to float (exact). */
+SL_QAVX2 static inline __m256 u8x8_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+SL_QAVX2 static inline __m256 i8x8_ps(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+/* 32 signed byte quants q (as 32 lanes of a ymm) to y[0..31] = q * d. */
+SL_QAVX2 static inline void put32_mul(float *y, __m256i q, __m256 d) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y + 0, _mm256_mul_ps(i8x8_ps(lo), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8x8_ps(_mm_srli_si128(lo, 8)), d));
+    _mm256_storeu_ps(y + 16, _mm256_mul_ps(i8x8_ps(hi), d));
+    _mm256_storeu_ps(y + 24, _mm256_mul_ps(i8x8_ps(_mm_srli_si128(hi, 8)), d));
+}
+
+/* 16 signed byte quants to y[0..15] = q * d. */
+SL_QAVX2 static inline void put16_mul(float *y, __m128i q, __m256 d) {
+    _mm256_storeu_ps(y + 0, _mm256_mul_ps(i8x8_ps(q), d));
+    _mm256_storeu_ps(y + 8, _mm256_mul_ps(i8x8_ps(_mm_srli_si128(q, 8)), d));
+}
+
+/* 16 unsigned byte quants to y[0..15] = q * d + m (Q4_1, Q5_1). */
+SL_QAVX2 static inline void put16_mul_add(float *y, __m128i q, __m256 d, __m256 m) {
+    _mm256_storeu_ps(y + 0, _mm256_add_ps(_mm256_mul_ps(u8x8_ps(q), d), m));
+    _mm256_storeu_ps(y + 8, _mm256_add_ps(_mm256_mul_ps(u8x8_ps(_mm_srli_si128(q, 8)), d), m));
+}
+
+/* 32 unsigned byte quants to y[0..31] = d * q - m (Q4_K, Q5_K). */
+SL_QAVX2 static inline void put32_mul_sub(float *y, __m256i q, __m256 d, __m256 m) {
+    const __m128i lo = _mm256_castsi256_si128(q), hi = _mm256_extracti128_si256(q, 1);
+    _mm256_storeu_ps(y + 0, _mm256_sub_ps(_mm256_mul_ps(d, u8x8_ps(lo)), m));
+    _mm256_storeu_ps(y + 8, _mm256_sub_ps(_mm256_mul_ps(d, u8x8_ps(_mm_srli_si128(lo, 8))), m));
+    _mm256_storeu_ps(y + 16, _mm256_sub_ps(_mm256_mul_ps(d, u8x8_ps(hi)), m));
+    _mm256_storeu_ps(y + 24, _mm256_sub_ps(_mm256_mul_ps(d, u8x8_ps(_mm_srli_si128(hi, 8))), m));
+}
+
+/* The 32 fifth bits of a Q5_0/Q5_1 block as bytes 0 or 16: element j takes bit j of qh. */
+SL_QAVX2 static inline __m256i q5_high_bits(uint32_t qh) {
+    /* byte j of the result tests bit j: spread byte j/8 of qh to 8 lanes, mask by 1 << (j%8) */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)qh),
+                                               _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                                                2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    return _mm256_and_si256(set, _mm256_set1_epi8(16));
+}
+
+/* A 32-element block's 16 bytes of nibbles as 32 bytes: low nibbles (elements 0..15), then high. */
+SL_QAVX2 static inline __m256i nibbles32(const uint8_t *qs) {
+    const __m128i q = _mm_loadu_si128((const __m128i *)(const void *)qs);
+    const __m128i m4 = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(q, 4), m4), _mm_and_si128(q, m4));
+}
+
+SL_QAVX2 static void deq_q4_0_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 18 * i;
+        const __m256i q = _mm256_sub_epi8(nibbles32(b + 2), _mm256_set1_epi8(8));
+        put32_mul(dst + 32 * i, q, _mm256_set1_ps(rd_f16(b)));
+    }
+}
+
+SL_QAVX2 static void deq_q4_1_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 20 * i;
+        const __m256 d = _mm256_set1_ps(rd_f16(b)), m = _mm256_set1_ps(rd_f16(b + 2));
+        const __m256i q = nibbles32(b + 4);
+        put16_mul_add(dst + 32 * i, _mm256_castsi256_si128(q), d, m);
+        put16_mul_add(dst + 32 * i + 16, _mm256_extracti128_si256(q, 1), d, m);
+    }
+}
+
+SL_QAVX2 static void deq_q5_0_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 22 * i;
+        const __m256i q = _mm256_sub_epi8(_mm256_or_si256(nibbles32(b + 6), q5_high_bits(rd_u32(b + 2))),
+                                          _mm256_set1_epi8(16));
+        put32_mul(dst + 32 * i, q, _mm256_set1_ps(rd_f16(b)));
+    }
+}
+
+SL_QAVX2 static void deq_q5_1_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 24 * i;
+        const __m256 d = _mm256_set1_ps(rd_f16(b)), m = _mm256_set1_ps(rd_f16(b + 2));
+        const __m256i q = _mm256_or_si256(nibbles32(b + 8), q5_high_bits(rd_u32(b + 4)));
+        put16_mul_add(dst + 32 * i, _mm256_castsi256_si128(q), d, m);
+        put16_mul_add(dst + 32 * i + 16, _mm256_extracti128_si256(q, 1), d, m);
+    }
+}
+
+SL_QAVX2 static void deq_q8_0_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 34 * i;
+        put32_mul(dst + 32 * i, _mm256_loadu_si256((const __m256i *)(const void *)(b + 2)), _mm256_set1_ps(rd_f16(b)));
+    }
+}
+
+SL_QAVX2 static void deq_q4_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 144 * i;
+        float *y = dst + QK_K * i;
+        const float d = rd_f16(b), min = rd_f16(b + 2);
+        const uint8_t *scales = b + 4, *q = b + 16;
+        for (int j = 0; j < 4; ++j) {
+            uint8_t sc1, m1, sc2, m2;
+            get_scale_min_k4(2 * j, scales, &sc1, &m1);
+            get_scale_min_k4(2 * j + 1, scales, &sc2, &m2);
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(q + 32 * j));
+            put32_mul_sub(y + 64 * j, _mm256_and_si256(qv, m4), _mm256_set1_ps(d * (float)sc1),
+                          _mm256_set1_ps(min * (float)m1));
+            put32_mul_sub(y + 64 * j + 32, _mm256_and_si256(_mm256_srli_epi16(qv, 4), m4),
+                          _mm256_set1_ps(d * (float)sc2), _mm256_set1_ps(min * (float)m2));
+        }
+    }
+}
+
+SL_QAVX2 static void deq_q5_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), one = _mm256_set1_epi8(1);
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 176 * i;
+        float *y = dst + QK_K * i;
+        const float d = rd_f16(b), min = rd_f16(b + 2);
+        const uint8_t *scales = b + 4, *ql = b + 48;
+        const __m256i qh = _mm256_loadu_si256((const __m256i *)(const void *)(b + 16));
+        for (int j = 0; j < 4; ++j) {
+            uint8_t sc1, m1, sc2, m2;
+            get_scale_min_k4(2 * j, scales, &sc1, &m1);
+            get_scale_min_k4(2 * j + 1, scales, &sc2, &m2);
+            const __m256i qv = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32 * j));
+            /* fifth bits 2j and 2j+1 of each qh byte, moved to bit 4 (16) */
+            const __m256i h1 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j), one), 4);
+            const __m256i h2 = _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(qh, 2 * j + 1), one), 4);
+            put32_mul_sub(y + 64 * j, _mm256_or_si256(_mm256_and_si256(qv, m4), h1), _mm256_set1_ps(d * (float)sc1),
+                          _mm256_set1_ps(min * (float)m1));
+            put32_mul_sub(y + 64 * j + 32, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(qv, 4), m4), h2),
+                          _mm256_set1_ps(d * (float)sc2), _mm256_set1_ps(min * (float)m2));
+        }
+    }
+}
+
+SL_QAVX2 static void deq_q6_k_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+    for (int64_t i = 0; i < nb; ++i) {
+        const uint8_t *b = src + 210 * i;
+        float *y = dst + QK_K * i;
+        const float d = rd_f16(b + 208);
+        const int8_t *sc = (const int8_t *)(const void *)(b + 192);
+        for (int n = 0; n < 2; ++n) {
+            const uint8_t *ql = b + 64 * n, *qhp = b + 128 + 32 * n;
+            const int8_t *s = sc + 8 * n;
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)(const void *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(const void *)(ql + 32));
+            const __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)qhp);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(h, m2), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), m2), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), m2), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), m2), 4));
+            for (int t = 0; t < 4; ++t) {
+                const __m256i qs = _mm256_sub_epi8(q[t], c32);
+                /* ggml: (d * sc) * q; elements l < 16 of the 32 take scale 2t, the rest 2t + 1 */
+                put16_mul(y + 128 * n + 32 * t, _mm256_castsi256_si128(qs), _mm256_set1_ps(d * (float)s[2 * t]));
+                put16_mul(y + 128 * n + 32 * t + 16, _mm256_extracti128_si256(qs, 1),
+                          _mm256_set1_ps(d * (float)s[2 * t + 1]));
+            }
+        }
+    }
+}
+
+/* sl_fp16_to_fp32_bits on 8 lanes of int32 holding halves: the same three cases, selected. */
+SL_QAVX2 static inline __m256 f16x8_ps(__m256i x) {
+    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x8000)), 16);
+    const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7fff));
+    const __m256i normal = _mm256_add_epi32(_mm256_slli_epi32(em, 13), _mm256_set1_epi32((127 - 15) << 23));
+    const __m256i infnan = _mm256_add_epi32(normal, _mm256_set1_epi32((127 - 15) << 23));
+    const __m256i sub = _mm256_castps_si256(_mm256_mul_ps(_mm256_cvtepi32_ps(em), _mm256_set1_ps(0x1p-24f)));
+    __m256i r = _mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x03ff)));
+    r = _mm256_blendv_epi8(r, infnan, _mm256_cmpgt_epi32(em, _mm256_set1_epi32(0x7bff)));
+    return _mm256_castsi256_ps(_mm256_or_si256(r, sign));
+}
+
+/* Not F16C's vcvtph2ps: it sets the quiet bit of signalling NaNs, which the scalar path keeps. */
+SL_QAVX2 static void deq_f16_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8)
+        _mm256_storeu_ps(dst + i, f16x8_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i)))));
+    for (; i < nb; ++i) dst[i] = rd_f16(src + 2 * i);
+}
+
+SL_QAVX2 static void deq_bf16_avx2(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    int64_t i = 0;
+    for (; i + 8 <= nb; i += 8) {
+        const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)(src + 2 * i)));
+        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)));
+    }
+    for (; i < nb; ++i) dst[i] = f32_from_bits((uint32_t)rd_u16(src + 2 * i) << 16);
+}
+
+SL_QAVX512 static void deq_f16_avx512(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    const __m512i m_sign = _mm512_set1_epi32(0x8000), m_em = _mm512_set1_epi32(0x7fff);
+    const __m512i rebias = _mm512_set1_epi32((127 - 15) << 23);
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i)));
+        const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, m_sign), 16);
+        const __m512i em = _mm512_and_si512(x, m_em);
+        const __m512i normal = _mm512_add_epi32(_mm512_slli_epi32(em, 13), rebias);
+        const __m512i infnan = _mm512_add_epi32(normal, rebias);
+        __m512i r = _mm512_castps_si512(_mm512_mul_ps(_mm512_cvtepi32_ps(em), _mm512_set1_ps(0x1p-24f)));
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(em, _mm512_set1_epi32(0x03ff)), normal);
+        r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(em, _mm512_set1_epi32(0x7bff)), infnan);
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_or_si512(r, sign)));
+    }
+    deq_f16_avx2(src + 2 * i, dst + i, nb - i);
+}
+
+SL_QAVX512 static void deq_bf16_avx512(const uint8_t *restrict src, float *restrict dst, int64_t nb) {
+    int64_t i = 0;
+    for (; i + 16 <= nb; i += 16) {
+        const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(const void *)(src + 2 * i)));
+        _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(x, 16)));
+    }
+    deq_bf16_avx2(src + 2 * i, dst + i, nb - i);
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------ */
 /* type table                                                                                 */
 
@@ -316,6 +564,34 @@ static const char *sl_ggml_type_name(int type) {
     };
     if (type < 0 || type >= (int)(sizeof names / sizeof names[0])) return NULL;
     return names[type];
+}
+
+sl_dequant_fn sl_dequant_kernel(int type) {
+    sl_qtype t;
+    if (!sl_qtype_get(type, &t)) return NULL;
+#if SL_QUANT_X86
+    const sl_simd_level level = sl_simd();
+    if (level >= SL_SIMD_AVX512) {
+        if (type == SL_GGML_F16) return deq_f16_avx512;
+        if (type == SL_GGML_BF16) return deq_bf16_avx512;
+    }
+    if (level >= SL_SIMD_AVX2) {
+        switch (type) {
+        case SL_GGML_F16: return deq_f16_avx2;
+        case SL_GGML_BF16: return deq_bf16_avx2;
+        case SL_GGML_Q4_0: return deq_q4_0_avx2;
+        case SL_GGML_Q4_1: return deq_q4_1_avx2;
+        case SL_GGML_Q5_0: return deq_q5_0_avx2;
+        case SL_GGML_Q5_1: return deq_q5_1_avx2;
+        case SL_GGML_Q8_0: return deq_q8_0_avx2;
+        case SL_GGML_Q4_K: return deq_q4_k_avx2;
+        case SL_GGML_Q5_K: return deq_q5_k_avx2;
+        case SL_GGML_Q6_K: return deq_q6_k_avx2;
+        default: break;
+        }
+    }
+#endif
+    return t.fn;
 }
 
 int64_t sl_quant_block_elems(int type) {
@@ -381,7 +657,7 @@ int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int6
 
     const int64_t chunk = sl_chunk_blocks(t.elems);
     const int64_t n_chunks = (nb + chunk - 1) / chunk;
-    const sl_dequant_fn fn = t.fn;
+    const sl_dequant_fn fn = sl_dequant_kernel(type);
     const int64_t be = t.elems, bb = t.bytes;
 #if defined(_OPENMP)
     const int use_omp = parallel != 0 && n_chunks > 1 && !omp_in_parallel();

@@ -25,4 +25,12 @@ int sl_dequantize_check(int type, int64_t nbytes, int64_t n_elements);
 int sl_dequantize(int type, const uint8_t *src, int64_t nbytes, float *dst, int64_t n_elements,
                   int parallel);
 
+/* A decoder of nb whole blocks of one type: src (nb * block bytes, any alignment) into dst
+ * (nb * block elems floats). Every level's decoder gives the same floats, bit for bit. */
+typedef void (*sl_dequant_fn)(const uint8_t *restrict src, float *restrict dst, int64_t nb);
+
+/* The decoder of `type` for the SIMD level in use (cpu.h), or NULL for an unsupported type.
+ * sl_dequantize and the weight products (sgemm.h) decode through it. */
+sl_dequant_fn sl_dequant_kernel(int type);
+
 #endif

@@ -35,6 +35,7 @@
 #endif
 
 #include "cpu.h"
+#include "quant.h"
 #include "sl_common.h"
 
 #if defined(_OPENMP) && (!defined(SL_HAVE_OPENMP) || SL_HAVE_OPENMP)
@@ -283,6 +284,30 @@ static void pack_b_avx512(const float *src, int64_t ld, int kmajor, int64_t rows
 }
 #endif
 
+/* Columns [0, 8) of a panel `width` wide from 8 decoded weight rows (row i at src + i*ld, k along
+ * the row; rows from nv on read as zero): dst[k*width + i] = src[i*ld + k] for k < kb. The weight
+ * packer (below) decodes 8 rows of a K block into a small buffer and transposes them with this. */
+typedef void (*pack8_fn)(const float *src, int64_t ld, int nv, int64_t kb, float *dst, int64_t width);
+
+static void pack8_generic(const float *src, int64_t ld, int nv, int64_t kb, float *dst, int64_t width) {
+    for (int64_t k = 0; k < kb; k++)
+        for (int i = 0; i < 8; i++) dst[k * width + i] = i < nv ? src[i * ld + k] : 0.0f;
+}
+
+#if SL_SGEMM_X86
+SL_AVX2 static void pack8_avx2(const float *src, int64_t ld, int nv, int64_t kb, float *dst, int64_t width) {
+    const int64_t k8 = kb & ~(int64_t)7;
+    for (int64_t k = 0; k < k8; k += 8) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++) r[i] = i < nv ? _mm256_loadu_ps(src + i * ld + k) : _mm256_setzero_ps();
+        transpose8(r);
+        for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + (k + i) * width, r[i]);
+    }
+    for (int64_t k = k8; k < kb; k++)
+        for (int i = 0; i < 8; i++) dst[k * width + i] = i < nv ? src[i * ld + k] : 0.0f;
+}
+#endif
+
 /* ------------------------------------------------------------------------------------------
  * Micro-kernels: c[i][j] for i < mr, j < nr continues its chain over kc packed steps:
  * c = (load ? c : 0) + a[k*MRl+i]·b[k*NRl+j] for k = 0..kc-1 in order (MRl, NRl: the level's
@@ -502,14 +527,17 @@ typedef struct {
     int64_t kc, mc, nc; /* target K block, M block, widest N block of a task */
     ukernel_fn uk;
     pack_fn pack_a, pack_b;
-    int direct_a; /* the kernel can read an (M, K) A in place (a_ld > 0) */
+    int direct_a;  /* the kernel can read an (M, K) A in place (a_ld > 0) */
+    pack8_fn pack8; /* transposes decoded weight rows into B panels */
 } sgemm_level;
 
-static const sgemm_level LEVEL_GENERIC = {MR, NR, KC, MC, NC, ukernel_generic, pack_a_generic, pack_b_generic, 0};
+static const sgemm_level LEVEL_GENERIC = {MR, NR, KC, MC, NC, ukernel_generic, pack_a_generic, pack_b_generic, 0,
+                                          pack8_generic};
 #if SL_SGEMM_X86
-static const sgemm_level LEVEL_AVX2 = {MR, NR, KC, MC, NC, ukernel_avx2, pack_a_avx2, pack_b_avx2, 0};
+static const sgemm_level LEVEL_AVX2 = {MR, NR, KC, MC, NC, ukernel_avx2, pack_a_avx2, pack_b_avx2, 0,
+                                       pack8_avx2};
 static const sgemm_level LEVEL_AVX512 = {MR512, NR512, KC512, MC512, NC512, ukernel_avx512, pack_a_avx512,
-                                         pack_b_avx512, 1};
+                                         pack_b_avx512, 1, pack8_avx2};
 #endif
 
 typedef struct {
@@ -520,7 +548,51 @@ typedef struct {
     int accumulate;
     int a_direct; /* A (M, K) is read in place, not packed */
     const sgemm_level *lv;
+    /* B as a weight in its file's format (B == NULL), decoded while packing: */
+    const uint8_t *wdata;  /* row r of W at wdata + r * wrow_bytes */
+    int64_t wrow_bytes, wbe, wbb; /* bytes per row, elements and bytes per block */
+    sl_dequant_fn wdec;
 } sgemm_job;
+
+/* ------------------------------------------------------------------------------------------
+ * Packing B from a weight W (rows, cols) kept in its file's format. Each decoded float is the one
+ * sl_dequantize gives (the same decoder), put where the float packer would put it, so the kernel
+ * runs the same chains on the same operands: the products are bitwise dequantize-then-multiply. */
+
+/* NT (B = W, N = rows, K = cols): rows [n0, n0+nb), K block [k0, k0+kb) of whole quant blocks
+ * (kc is a multiple of the block length), decoded 8 rows at a time into tmp (8 × kb floats, stays
+ * in L1) and transposed into the panels. */
+static void pack_weight_nt(const sgemm_job *g, int64_t n0, int64_t nb, int64_t k0, int64_t kb, float *dst,
+                           float *tmp) {
+    const int64_t width = g->lv->nr, nblocks = kb / g->wbe;
+    const uint8_t *base = g->wdata + n0 * g->wrow_bytes + k0 / g->wbe * g->wbb;
+    for (int64_t p0 = 0; p0 < nb; p0 += width) {
+        const int64_t r = min64(width, nb - p0);
+        for (int64_t i0 = 0; i0 < width; i0 += 8) {
+            const int nv = r <= i0 ? 0 : (int)min64(8, r - i0);
+            for (int i = 0; i < nv; i++) g->wdec(base + (p0 + i0 + i) * g->wrow_bytes, tmp + i * kb, nblocks);
+            g->lv->pack8(tmp, kb, nv, kb, dst + p0 * kb + i0, width);
+        }
+    }
+}
+
+/* NN (B = W, K = rows, N = cols): for each row k0..k0+kb-1, the blocks covering columns
+ * [n0, n0+nb) decoded into tmp (at most nb + 2 blocks), then copied into the panels' rows. */
+static void pack_weight_nn(const sgemm_job *g, int64_t n0, int64_t nb, int64_t k0, int64_t kb, float *dst,
+                           float *tmp) {
+    const int64_t width = g->lv->nr, be = g->wbe;
+    const int64_t b0 = n0 / be, nblocks = ceil_div(n0 + nb, be) - b0;
+    const float *run = tmp + (n0 - b0 * be);
+    for (int64_t k = 0; k < kb; k++) {
+        g->wdec(g->wdata + (k0 + k) * g->wrow_bytes + b0 * g->wbb, tmp, nblocks);
+        for (int64_t p0 = 0; p0 < nb; p0 += width) {
+            const int64_t r = min64(width, nb - p0);
+            float *d = dst + p0 * kb + k * width;
+            memcpy(d, run + p0, (size_t)r * sizeof(float));
+            if (r < width) memset(d + r, 0, (size_t)(width - r) * sizeof(float));
+        }
+    }
+}
 
 /* All register tiles of one C block [mb×nb] for one K block, from packed Bp and packed Ap (or,
  * when g->a_direct, Ap pointing at the block's first element in A itself). */
@@ -554,15 +626,23 @@ static void macro_kernel(const sgemm_job *g, int64_t mb, int64_t nb, int64_t kb,
     }
 }
 
-/* C[m0:m1, n0:n1] over all of K. Ap holds an mc×kc block of A, Bp an (n1-n0)×kc block of B. */
+/* C[m0:m1, n0:n1] over all of K. Ap holds an mc×kc block of A, Bp an (n1-n0)×kc block of B, Wp
+ * the weight decoder's scratch. */
 static void run_task(const sgemm_job *g, int64_t m0, int64_t m1, int64_t n0, int64_t n1, float *Ap,
-                     float *Bp) {
+                     float *Bp, float *Wp) {
     int64_t nb = n1 - n0, mc = g->lv->mc;
     for (int64_t k0 = 0; k0 < g->K; k0 += g->kc) {
         int64_t kb = min64(g->kc, g->K - k0);
         int load = g->accumulate || k0 > 0; /* continue each chain from C after the first block */
-        const float *b = g->b_kmajor ? g->B + k0 * g->ldb + n0 : g->B + n0 * g->ldb + k0;
-        g->lv->pack_b(b, g->ldb, g->b_kmajor, nb, kb, Bp);
+        if (!g->B) {
+            if (g->b_kmajor)
+                pack_weight_nn(g, n0, nb, k0, kb, Bp, Wp);
+            else
+                pack_weight_nt(g, n0, nb, k0, kb, Bp, Wp);
+        } else {
+            const float *b = g->b_kmajor ? g->B + k0 * g->ldb + n0 : g->B + n0 * g->ldb + k0;
+            g->lv->pack_b(b, g->ldb, g->b_kmajor, nb, kb, Bp);
+        }
         for (int64_t i0 = m0; i0 < m1; i0 += mc) {
             int64_t mb = min64(mc, m1 - i0);
             const float *a = g->a_kmajor ? g->A + k0 * g->lda + i0 : g->A + i0 * g->lda + k0;
@@ -577,9 +657,9 @@ typedef struct {
 } task_grid;
 
 /* Task i of the grid (row-major over M blocks × N blocks). */
-static void run_grid_task(const sgemm_job *g, const task_grid *t, int64_t i, float *Ap, float *Bp) {
+static void run_grid_task(const sgemm_job *g, const task_grid *t, int64_t i, float *Ap, float *Bp, float *Wp) {
     int64_t m0 = (i / t->tn) * t->hm, n0 = (i % t->tn) * t->wn;
-    run_task(g, m0, min64(m0 + t->hm, g->M), n0, min64(n0 + t->wn, g->N), Ap, Bp);
+    run_task(g, m0, min64(m0 + t->hm, g->M), n0, min64(n0 + t->wn, g->N), Ap, Bp, Wp);
 }
 
 /* Checks that rows × ld (with the last row only `cols` long) is addressable without overflow. */
@@ -669,8 +749,11 @@ static const sgemm_level *current_level(void) {
     return &LEVEL_GENERIC;
 }
 
-int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-             const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
+/* sl_sgemm, with B either float32 (B, ldb) or, when B == NULL, the weight W decoded while packing
+ * (trans_b != 0: op(B) = Wᵀ, N = W->rows, K = W->cols; trans_b == 0: op(B) = W). */
+static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                     const float *B, int64_t ldb, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                     int parallel) {
     if (M < 0 || N < 0 || K < 0)
         return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
@@ -679,7 +762,7 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
         return sl_fail(SL_ERR_VALUE, "sgemm: size too large M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
     SL_TRY(trans_a ? check_matrix("A", A, K, M, lda) : check_matrix("A", A, M, K, lda));
-    SL_TRY(trans_b ? check_matrix("B", B, N, K, ldb) : check_matrix("B", B, K, N, ldb));
+    if (!W) SL_TRY(trans_b ? check_matrix("B", B, N, K, ldb) : check_matrix("B", B, K, N, ldb));
     SL_TRY(check_matrix("C", C, M, N, ldc));
     if (M == 0 || N == 0) return SL_OK;
     if (K == 0) {
@@ -690,12 +773,22 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
 
     const sgemm_level *lv = current_level();
     const int64_t mr = lv->mr, nr = lv->nr;
-    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0, lv};
+    sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0, lv,
+                   NULL, 0, 1, 0, NULL};
+    if (W) {
+        g.B = NULL;
+        g.wdata = W->data, g.wrow_bytes = W->row_bytes;
+        g.wbe = sl_quant_block_elems(W->type), g.wbb = sl_quant_block_bytes(W->type);
+        g.wdec = sl_dequant_kernel(W->type);
+        if (!g.wdec) return sl_fail(SL_ERR_INTERNAL, "linear: no decoder for type %d", W->type);
+    }
     /* Reading A in place skips its packing (measured 2-5% faster at T = 128), except when its rows
      * are a multiple of 4 KiB apart: all MR512 rows then map to one L1 set, more than its ways. */
     g.a_direct = lv->direct_a && !g.a_kmajor && lda % 1024 != 0;
     /* Equal K blocks near kc (a multiple of 8 for the vector packers); any choice gives the same bits. */
     g.kc = min64(round_up(ceil_div(K, ceil_div(K, lv->kc)), 8), K);
+    /* NT weight: K blocks of whole quant blocks (K itself is), so each row's part decodes alone. */
+    if (W && !g.b_kmajor && g.wbe > 1) g.kc = min64(round_up(g.kc, g.wbe), K);
 
     int nthr = 1;
 #if SL_SGEMM_OMP
@@ -721,6 +814,10 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
         if (tn < nthr) tm = min64(ceil_div(nthr, tn), m_panels);
     }
     int64_t wn = round_up(ceil_div(N, tn), nr), hm = round_up(ceil_div(M, tm), mr);
+    /* NN weight: N blocks that start on quant block boundaries decode no block twice, when that
+     * still leaves a block for every thread. */
+    if (W && g.b_kmajor && g.wbe > nr && ceil_div(N, round_up(wn, g.wbe)) >= min64(nthr, tn))
+        wn = round_up(wn, g.wbe);
     tn = ceil_div(N, wn);
     tm = ceil_div(M, hm);
     int64_t ntasks = tn * tm;
@@ -729,9 +826,12 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     /* Per-thread packing buffers, allocated here so that no allocation fails inside the team. */
     int64_t ap_size = g.a_direct ? 0 : round_up(min64(hm, lv->mc), mr) * g.kc;
     int64_t bp_size = round_up(min64(wn, N), nr) * g.kc;
+    /* the weight decoder's scratch: 8 rows of a K block (NT) or one row's run of blocks (NN) */
+    int64_t wp_size = !W ? 0 : g.b_kmajor ? round_up(min64(wn, N), g.wbe) + 2 * g.wbe : 8 * g.kc;
     ap_size = round_up(ap_size, 16);
     bp_size = round_up(bp_size, 16);
-    int64_t per_thread = ap_size + bp_size, total;
+    wp_size = round_up(wp_size, 16);
+    int64_t per_thread = ap_size + bp_size + wp_size, total;
     if (!sl_mul_size(per_thread, nthr, &total)) return sl_fail(SL_ERR_MEMORY, "sgemm: buffer size overflow");
     /* Not sl_alloc_floats: the packers write every float they later read, so skip the zeroing. */
     int owned;
@@ -740,7 +840,7 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
     task_grid grid = {tn, wn, hm};
 
     if (nthr == 1) {
-        for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, buf, buf + ap_size);
+        for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, buf, buf + ap_size, buf + ap_size + bp_size);
     } else {
 #if SL_SGEMM_OMP
 #pragma omp parallel num_threads(nthr)
@@ -748,12 +848,18 @@ int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const fl
             float *Ap = buf + omp_get_thread_num() * per_thread;
             /* dynamic: a thread slowed by another process on its core takes fewer tiles */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, Ap, Ap + ap_size);
+            for (int64_t i = 0; i < ntasks; i++)
+                run_grid_task(&g, &grid, i, Ap, Ap + ap_size, Ap + ap_size + bp_size);
         }
 #endif
     }
     if (owned) free(buf);
     return SL_OK;
+}
+
+int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+             const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
+    return sgemm_run(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, C, ldc, accumulate, parallel);
 }
 
 int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
@@ -762,21 +868,23 @@ int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, co
 }
 
 /* ------------------------------------------------------------------------------------------
- * Weights in their file's format. PROVISIONAL: decodes the whole matrix into a temporary and
- * multiplies; to be replaced by decoding inside the packing of the weight panel. */
-#include "quant.h"
+ * Weights in their file's format. */
 
 int sl_weight_init(sl_weight *w, int type, const void *data, int64_t nbytes, int64_t rows, int64_t cols) {
     const int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
+    if (!w) return sl_fail(SL_ERR_VALUE, "weight: NULL sl_weight");
     if (be <= 0) return sl_fail(SL_ERR_VALUE, "weight: unsupported tensor type %d", type);
     if (rows <= 0 || cols <= 0 || cols % be)
         return sl_fail(SL_ERR_VALUE, "weight: %lld x %lld is not a whole number of %lld-element blocks per row",
                        (long long)rows, (long long)cols, (long long)be);
+    if (rows > (INT64_MAX >> 8) || cols > (INT64_MAX >> 8))
+        return sl_fail(SL_ERR_VALUE, "weight: %lld x %lld is too large", (long long)rows, (long long)cols);
     int64_t total;
     const int64_t row_bytes = cols / be * bb;
     if (!sl_mul_size(rows, row_bytes, &total) || total != nbytes)
         return sl_fail(SL_ERR_VALUE, "weight: %lld bytes given, a %lld x %lld matrix of type %d needs %lld",
                        (long long)nbytes, (long long)rows, (long long)cols, type, (long long)total);
+    if (!data) return sl_fail(SL_ERR_VALUE, "weight: data is NULL");
     w->type = type, w->data = data, w->rows = rows, w->cols = cols, w->row_bytes = row_bytes;
     return SL_OK;
 }
@@ -786,64 +894,73 @@ sl_weight sl_weight_f32(const float *data, int64_t rows, int64_t cols) {
     return w;
 }
 
-static float *weight_decoded(const sl_weight *W, int *owned) {
-    *owned = 0;
-    if (W->type == SL_GGML_F32) return (float *)W->data;
-    float *f = sl_alloc_floats_uninit(W->rows * W->cols);
-    if (!f) return NULL;
-    if (sl_dequantize(W->type, W->data, W->rows * W->row_bytes, f, W->rows * W->cols, 0) != SL_OK) {
-        sl_free(f);
-        return NULL;
-    }
-    *owned = 1;
-    return f;
+/* The checks of sl_weight_init on a filled-in sl_weight (sl_weight_f32 checks nothing). */
+static int check_weight(const sl_weight *W) {
+    if (!W) return sl_fail(SL_ERR_VALUE, "weight: NULL sl_weight");
+    const int64_t be = sl_quant_block_elems(W->type), bb = sl_quant_block_bytes(W->type);
+    if (be <= 0) return sl_fail(SL_ERR_VALUE, "weight: unsupported tensor type %d", W->type);
+    if (W->rows <= 0 || W->cols <= 0 || W->cols % be || W->row_bytes != W->cols / be * bb ||
+        W->rows > (INT64_MAX >> 8) || W->cols > (INT64_MAX >> 8))
+        return sl_fail(SL_ERR_VALUE, "weight: inconsistent %lld x %lld weight of type %d (%lld bytes per row)",
+                       (long long)W->rows, (long long)W->cols, W->type, (long long)W->row_bytes);
+    int64_t total;
+    if (!sl_mul_size(W->rows, W->row_bytes, &total)) return sl_fail(SL_ERR_VALUE, "weight: size overflow");
+    if (!W->data) return sl_fail(SL_ERR_VALUE, "weight: data is NULL");
+    return SL_OK;
+}
+
+/* Float32 data the float kernels can read as floats: anything else (a misaligned F32 tensor in a
+ * memory-mapped file) goes through the decoding packer, whose F32 decoder copies bytes. */
+static int weight_is_float_array(const sl_weight *W) {
+    return W->type == SL_GGML_F32 && (uintptr_t)W->data % sizeof(float) == 0;
 }
 
 int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
                  int parallel) {
-    int owned;
-    float *B = weight_decoded(W, &owned);
-    if (!B) return sl_fail(SL_ERR_MEMORY, "linear: cannot decode a %lld x %lld weight", (long long)W->rows,
-                           (long long)W->cols);
-    int rc = sl_sgemm(0, 1, M, W->rows, W->cols, A, lda, B, W->cols, C, ldc, accumulate, parallel);
-    if (owned) sl_free(B);
-    return rc;
+    SL_TRY(check_weight(W));
+    if (weight_is_float_array(W))
+        return sl_sgemm(0, 1, M, W->rows, W->cols, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
 }
 
 int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
                  int parallel) {
-    int owned;
-    float *B = weight_decoded(W, &owned);
-    if (!B) return sl_fail(SL_ERR_MEMORY, "linear: cannot decode a %lld x %lld weight", (long long)W->rows,
-                           (long long)W->cols);
-    int rc = sl_sgemm(0, 0, M, W->cols, W->rows, A, lda, B, W->cols, C, ldc, accumulate, parallel);
-    if (owned) sl_free(B);
-    return rc;
+    SL_TRY(check_weight(W));
+    if (weight_is_float_array(W))
+        return sl_sgemm(0, 0, M, W->cols, W->rows, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 0, M, W->cols, W->rows, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
 }
 
 int sl_weight_rows(const sl_weight *W, const int64_t *ids, int64_t n, float *dst) {
-    for (int64_t i = 0; i < n; i++) {
+    SL_TRY(check_weight(W));
+    if (n < 0) return sl_fail(SL_ERR_VALUE, "weight: negative row count %lld", (long long)n);
+    if (n > 0 && (!ids || !dst)) return sl_fail(SL_ERR_VALUE, "weight: ids or dst is NULL");
+    const sl_dequant_fn dec = sl_dequant_kernel(W->type);
+    const int64_t nblocks = W->cols / sl_quant_block_elems(W->type);
+    for (int64_t i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= W->rows)
             return sl_fail(SL_ERR_VALUE, "weight: row %lld outside [0, %lld)", (long long)ids[i], (long long)W->rows);
-        const uint8_t *src = (const uint8_t *)W->data + ids[i] * W->row_bytes;
-        SL_TRY(sl_dequantize(W->type, src, W->row_bytes, dst + i * W->cols, W->cols, 0));
-    }
+    for (int64_t i = 0; i < n; i++) dec((const uint8_t *)W->data + ids[i] * W->row_bytes, dst + i * W->cols, nblocks);
     return SL_OK;
 }
 
 int sl_weight_cols(const sl_weight *W, int64_t c0, int64_t n, float *dst) {
-    if (c0 < 0 || n < 0 || c0 + n > W->cols) return sl_fail(SL_ERR_VALUE, "weight: columns out of range");
-    float *row = sl_alloc_floats_uninit(W->cols);
-    if (!row) return sl_fail(SL_ERR_MEMORY, "weight: cannot allocate a row");
+    SL_TRY(check_weight(W));
+    if (c0 < 0 || n < 0 || c0 > W->cols - n)
+        return sl_fail(SL_ERR_VALUE, "weight: columns [%lld, %lld + %lld) outside [0, %lld)", (long long)c0,
+                       (long long)c0, (long long)n, (long long)W->cols);
+    if (n == 0) return SL_OK;
+    if (!dst) return sl_fail(SL_ERR_VALUE, "weight: dst is NULL");
+    /* only the blocks that hold columns [c0, c0 + n) */
+    const int64_t be = sl_quant_block_elems(W->type), bb = sl_quant_block_bytes(W->type);
+    const int64_t b0 = c0 / be, nblocks = ceil_div(c0 + n, be) - b0;
+    const sl_dequant_fn dec = sl_dequant_kernel(W->type);
+    float *run = sl_alloc_floats_uninit(nblocks * be);
+    if (!run) return sl_fail(SL_ERR_MEMORY, "weight: cannot allocate %lld floats", (long long)(nblocks * be));
     for (int64_t r = 0; r < W->rows; r++) {
-        const uint8_t *src = (const uint8_t *)W->data + r * W->row_bytes;
-        int rc = sl_dequantize(W->type, src, W->row_bytes, row, W->cols, 0);
-        if (rc != SL_OK) {
-            sl_free(row);
-            return rc;
-        }
-        memcpy(dst + r * n, row + c0, (size_t)n * sizeof(float));
+        dec((const uint8_t *)W->data + r * W->row_bytes + b0 * bb, run, nblocks);
+        memcpy(dst + r * n, run + (c0 - b0 * be), (size_t)n * sizeof(float));
     }
-    sl_free(row);
+    sl_free(run);
     return SL_OK;
 }
