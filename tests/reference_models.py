@@ -709,3 +709,521 @@ class TinyModels:
                 p = save_hf(self.hf(spec), self.root / spec, legacy_config=s.legacy_config)
             self._sl[key] = sinklab.load(str(p), quiet=True)
         return self._sl[key]
+
+
+# ============================================================================================
+# Model families (issue 10): tiny random Mistral, Qwen2, Qwen3, Gemma, Gemma 2, Gemma 3,
+# GPT-2 and BERT models, their GGUF files, and a family-agnostic reference forward
+# ============================================================================================
+#
+# Each FamilySpec names a transformers class and its config keyword arguments. The model's
+# facts (layers, heads, windows, ...) are read back from the HF config object, never restated.
+# The reference forward reads the residual stream with hooks on the decoder layers (pre-hook:
+# the stream entering layer l; forward hook on the last layer: its output BEFORE any final
+# norm), and q/k/v/z/attention by wrapping the family module's eager_attention_forward, which
+# receives the queries and keys after QK-norm and RoPE, in HF's rotate-half layout, and the
+# keys/values per kv head (before repeat_kv).
+
+GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3_text")
+
+# HF model_type -> (transformers config class, model class, modeling module)
+FAMILY_CLASSES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", "llama"),
+    "mistral": ("MistralConfig", "MistralForCausalLM", "mistral"),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", "qwen2"),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", "qwen3"),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", "gemma"),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", "gemma2"),
+    "gemma3_text": ("Gemma3TextConfig", "Gemma3ForCausalLM", "gemma3"),
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", "gpt2"),
+    "bert": ("BertConfig", "BertModel", "bert"),
+}
+
+_DEC = dict(vocab_size=320, hidden_size=64, max_position_embeddings=256, bos_token_id=BOS_ID,
+            eos_token_id=EOS_ID, pad_token_id=0)
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """A tiny random model of one family.
+
+    hf: config keyword arguments. gguf_arch: llama.cpp architecture of its GGUF form (None: no
+    GGUF test). gguf_hf: config overrides giving the model that llama.cpp's metadata can
+    express (e.g. Gemma 2/3's attention scale is 1/sqrt(head_dim) in llama.cpp, which has no
+    query_pre_attn_scalar key); weights are the same (same seed, same shapes). T: test length,
+    longer than every sliding window.
+    """
+    name: str
+    family: str
+    hf: Dict[str, Any]
+    seed: int
+    gguf_arch: Optional[str] = None
+    gguf_hf: Dict[str, Any] = field(default_factory=dict)
+    T: int = 40
+
+    @property
+    def causal(self) -> bool:
+        return self.family != "bert"
+
+    @property
+    def has_logits(self) -> bool:
+        return self.family != "bert"
+
+
+FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
+    FamilySpec("llama", "llama", dict(_DEC, intermediate_size=128, num_hidden_layers=2,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               tie_word_embeddings=False, hidden_act="silu"), seed=11, gguf_arch="llama"),
+    # sliding window 12 < T on every layer
+    FamilySpec("mistral", "mistral", dict(_DEC, intermediate_size=128, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               sliding_window=12, tie_word_embeddings=False), seed=12),
+    # QKV biases, tied embeddings, Qwen2.5's rope base and eps
+    FamilySpec("qwen2", "qwen2", dict(_DEC, intermediate_size=160, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
+               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+               tie_word_embeddings=True, use_sliding_window=False), seed=13, gguf_arch="qwen2"),
+    # QK-norm, head_dim 24 != d/H = 16
+    FamilySpec("qwen3", "qwen3", dict(_DEC, intermediate_size=128, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6,
+               rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+               tie_word_embeddings=False, attention_bias=False), seed=14, gguf_arch="qwen3"),
+    # GeGLU, 1+w norms, sqrt(d) embedding scale, MQA, head_dim 24 != d/H
+    FamilySpec("gemma", "gemma", dict(_DEC, intermediate_size=160, num_hidden_layers=3,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=24, rms_norm_eps=1e-6,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=True), seed=15),
+    # soft-caps small enough to bite, alternating windows (layers 0, 2 sliding), window 10 < T,
+    # query_pre_attn_scalar 24 != head_dim 16, pre/post norms
+    FamilySpec("gemma2", "gemma2", dict(_DEC, intermediate_size=128, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+               rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+               hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
+               attn_logit_softcapping=3.0, final_logit_softcapping=6.0, sliding_window=10,
+               tie_word_embeddings=True), seed=16, gguf_arch="gemma2",
+               gguf_hf=dict(query_pre_attn_scalar=16)),
+    # QK-norm, non-default layer_types, local rope base 20000 != global 1e6, window 10 < T,
+    # query_pre_attn_scalar 32 != head_dim 24 (safetensors only: llama.cpp's metadata cannot
+    # say any of the three)
+    FamilySpec("gemma3", "gemma3_text", dict(_DEC, intermediate_size=128, num_hidden_layers=4,
+               num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6,
+               rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 20000.0}},
+               layer_types=["sliding_attention", "full_attention", "sliding_attention",
+                            "sliding_attention"],
+               hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32,
+               sliding_window=10, final_logit_softcapping=None, attn_logit_softcapping=None,
+               tie_word_embeddings=True), seed=17),
+    # Gemma 3 as llama.cpp stores it: every 6th layer global, local rope base 10000 (both
+    # hard-coded in llama.cpp), global base in rope.freq_base, scale 1/sqrt(head_dim)
+    FamilySpec("gemma3_gguf", "gemma3_text", dict(_DEC, intermediate_size=128, num_hidden_layers=6,
+               num_attention_heads=4, num_key_value_heads=1, head_dim=32, rms_norm_eps=1e-6,
+               rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+               hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32, sliding_window=10,
+               tie_word_embeddings=True), seed=18, gguf_arch="gemma3"),
+    # Conv1D weights (in, out), learned positions, LayerNorm with biases, tied head
+    FamilySpec("gpt2", "gpt2", dict(vocab_size=320, n_embd=64, n_layer=3, n_head=4, n_positions=64,
+               n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
+               bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=True,
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), seed=19),
+    # post-LN encoder, token-type embeddings, erf GELU, bidirectional, no head
+    FamilySpec("bert", "bert", dict(vocab_size=320, hidden_size=64, num_hidden_layers=3,
+               num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
+               type_vocab_size=2, hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0,
+               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0), seed=20),
+]}
+
+
+def family_config(spec: FamilySpec, gguf: bool = False):
+    """The transformers config of `spec` (with spec.gguf_hf applied when gguf), eager attention."""
+    transformers = require("transformers")
+    cls_name = FAMILY_CLASSES[spec.family][0]
+    kwargs = copy.deepcopy(spec.hf)
+    if gguf:
+        kwargs.update(copy.deepcopy(spec.gguf_hf))
+    cfg = getattr(transformers, cls_name)(**kwargs)
+    cfg._attn_implementation = "eager"
+    return cfg
+
+
+def config_facts(cfg) -> Dict[str, Any]:
+    """n_layers, n_heads, n_kv_heads, d_model, head_dim, vocab_size and the per-layer sliding
+    windows (0 = full attention) of a transformers config of any supported family."""
+    mt = cfg.model_type
+    if mt == "gpt2":
+        L, H, d = cfg.n_layer, cfg.n_head, cfg.n_embd
+        G, hd = H, d // H
+    else:
+        L, H, d = cfg.num_hidden_layers, cfg.num_attention_heads, cfg.hidden_size
+        G = getattr(cfg, "num_key_value_heads", None) or H
+        hd = getattr(cfg, "head_dim", None) or d // H
+    windows = [0] * L
+    lt = getattr(cfg, "layer_types", None)
+    if mt == "mistral" and cfg.sliding_window:
+        windows = [int(cfg.sliding_window)] * L
+    elif lt and mt != "qwen2":
+        windows = [int(cfg.sliding_window) if t == "sliding_attention" else 0 for t in lt]
+    elif mt == "qwen2" and getattr(cfg, "use_sliding_window", False):
+        raise NotImplementedError("qwen2 sliding windows are not used by the tiny specs")
+    return dict(n_layers=L, n_heads=H, n_kv_heads=G, d_model=d, head_dim=hd,
+                vocab_size=cfg.vocab_size, windows=windows)
+
+
+def _init_std(name: str, d: int, qd: int, F: int) -> float:
+    """Standard deviation of a random matrix by role (see make_family_model)."""
+    if any(s in name for s in ("embed_tokens", "wte", "word_embeddings")):
+        return 0.5
+    if any(s in name for s in ("wpe", "position_embeddings", "token_type_embeddings")):
+        return 0.2
+    if "lm_head" in name:
+        return 0.1
+    if any(s in name for s in ("q_proj", "k_proj", "c_attn", ".query.", ".key.")):
+        return 1.2 / math.sqrt(d)
+    if "o_proj" in name or "attention.output.dense" in name or "attn.c_proj" in name:
+        return 1.0 / math.sqrt(qd)
+    if "down_proj" in name or "mlp.c_proj" in name or (name.endswith("output.dense.weight")
+                                                       and "attention" not in name):
+        return 1.0 / math.sqrt(F)
+    return 1.0 / math.sqrt(d)
+
+
+def make_family_model(spec: FamilySpec, gguf: bool = False):
+    """Random fp32 model of `spec` (eager attention, eval mode), same weights for gguf=True.
+
+    Init, from a torch.Generator seeded with spec.seed: matrices as make_hf_model (token
+    embeddings N(0, 0.5^2), positions/token types N(0, 0.2^2), q/k N(0, (1.2/sqrt d)^2), ...);
+    every bias N(0, 0.2^2); norm weights non-trivial: 1 + N(0, 0.2^2) as multipliers, i.e. the
+    stored w ~ N(0, 0.2^2) for Gemma's (1 + w) norms.
+    """
+    torch = require("torch")
+    transformers = require("transformers")
+    cfg = family_config(spec, gguf)
+    torch.manual_seed(spec.seed)
+    model = getattr(transformers, FAMILY_CLASSES[spec.family][1])(cfg)
+    if hasattr(model, "set_attn_implementation"):
+        model.set_attn_implementation("eager")
+    model.config._attn_implementation = "eager"
+    f = config_facts(cfg)
+    d, qd = f["d_model"], f["n_heads"] * f["head_dim"]
+    F = getattr(cfg, "intermediate_size", None) or getattr(cfg, "n_inner", None) or 4 * d
+    g = torch.Generator().manual_seed(2000 + spec.seed)
+    gemma = spec.family in GEMMA_FAMILIES
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1 and name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(_init_std(name, d, qd, F) * torch.randn(p.shape, generator=g))
+    model.eval()
+    return model
+
+
+def family_layers(model):
+    """The ModuleList of transformer blocks (decoder layers / GPT-2 h / BERT encoder.layer)."""
+    base = model.base_model
+    for attr in ("layers", "h"):
+        if hasattr(base, attr):
+            return getattr(base, attr)
+    return base.encoder.layer
+
+
+def _modeling_module(model):
+    return importlib.import_module(type(model).__module__)
+
+
+@contextlib.contextmanager
+def recording_attention(model, record: list, replace=None):
+    """Wrap the model family's eager_attention_forward: every call appends
+    (query (B,H,T,hd) after QK-norm/RoPE, key (B,G,T,hd), value (B,G,T,hd),
+    z (B,H,T,hd) = attention output before W_O, probs (B,H,T,T)). `replace`, when given, is
+    called instead of the original with the same arguments (gradient tests' interventions)."""
+    mod = _modeling_module(model)
+    orig = mod.eager_attention_forward
+    fn = replace or orig
+
+    def wrapped(module, query, key, value, attention_mask, *args, **kwargs):
+        out, probs = fn(module, query, key, value, attention_mask, *args, **kwargs)
+        record.append((query, key, value, out.transpose(1, 2), probs))
+        return out, probs
+
+    mod.eager_attention_forward = wrapped
+    try:
+        yield
+    finally:
+        mod.eager_attention_forward = orig
+
+
+def family_resid(model, ids, at: Optional[int] = None, x=None, record: Optional[list] = None,
+                 logits: bool = False, token_type_ids=None):
+    """HF forward of ids (B, T) (a torch or numpy int array) with hooks; returns (resid: list
+    of L+1 tensors (B, T, d) that are in the autograd graph, logits (B, T, V) or None).
+    resid[l] = the stream entering block l; resid[L] = the last block's output (before GPT-2's
+    ln_f and the decoders' final norm; BERT has none). With `at`, resid[at] is replaced by x
+    (B, T, d) or (T, d)."""
+    torch = require("torch")
+    blocks = family_layers(model)
+    L = len(blocks)
+    resid: list = [None] * (L + 1)
+    handles = []
+
+    def put(h):
+        return (x if x.ndim == 3 else x[None]).to(h.dtype)
+
+    def pre(l):
+        def hook(_mod, args, kwargs):
+            if args:
+                h = args[0]
+                if at == l:
+                    h = put(h)
+                    args = (h,) + tuple(args[1:])
+            else:
+                h = kwargs["hidden_states"]
+                if at == l:
+                    h = put(h)
+                    kwargs = dict(kwargs, hidden_states=h)
+            resid[l] = h
+            return args, kwargs
+        return hook
+
+    def post(_mod, _args, out):
+        h = out[0] if isinstance(out, (tuple, list)) else out
+        if at == L:
+            h = put(h)
+            out = h if not isinstance(out, (tuple, list)) else type(out)((h,) + tuple(out[1:]))
+        resid[L] = h
+        return out
+
+    for l, blk in enumerate(blocks):
+        handles.append(blk.register_forward_pre_hook(pre(l), with_kwargs=True))
+    handles.append(blocks[-1].register_forward_hook(post))
+    ids_t = torch.as_tensor(np.asarray(ids, np.int64))
+    if ids_t.ndim == 1:
+        ids_t = ids_t[None]
+    kw = {"input_ids": ids_t}
+    if model.config.model_type == "bert":
+        kw["token_type_ids"] = (torch.zeros_like(ids_t) if token_type_ids is None
+                                else torch.as_tensor(token_type_ids))
+    else:
+        kw["use_cache"] = False
+    ctx = recording_attention(model, record) if record is not None else contextlib.nullcontext()
+    try:
+        with ctx:
+            out = model(**kw)
+    finally:
+        for h in handles:
+            h.remove()
+    lg = getattr(out, "logits", None) if logits else None
+    return resid, lg
+
+
+def family_forward(model, ids) -> Dict[str, np.ndarray]:
+    """fp32 eager reference of any family, numpy, sinklab's layout (leading batch axis only for
+    2-D ids): resid (L+1, T, d); attn (L, H, T, T); q (L, H, T, hd), k and v (L, G, T, hd),
+    z (L, H, T, hd); logits (T, V) (absent for BERT)."""
+    torch = require("torch")
+    ids = np.asarray(ids, dtype=np.int64)
+    batched = ids.ndim == 2
+    rec: list = []
+    with torch.no_grad():
+        resid, logits = family_resid(model, ids if batched else ids[None], record=rec, logits=True)
+    L = len(resid) - 1
+    assert len(rec) == L, f"recorded {len(rec)} attention calls for {L} layers"
+    res = {"resid": torch.stack(resid, dim=1).float().numpy()}
+    for i, name in enumerate(("q", "k", "v", "z", "attn")):
+        res[name] = torch.stack([r[i] for r in rec], dim=1).float().numpy()
+    if logits is not None:
+        res["logits"] = logits.float().numpy()
+    if not batched:
+        res = {k: v[0] for k, v in res.items()}
+    return res
+
+
+def attention_stats64(attn: np.ndarray, causal: bool = True) -> Dict[str, np.ndarray]:
+    """First-token importance, attention to position 0 and row entropy in float64 from
+    attention probabilities (..., T, T): importance a_k = mean of A[i, k] over the queries
+    that can see key k, i >= k when causal (T - k of them; with a sliding window the ones
+    outside it have A[i, k] = 0 and still count, as in Gu et al.'s definition), every query
+    (T of them) when bidirectional."""
+    a = np.asarray(attn, dtype=np.float64)
+    T = a.shape[-1]
+    if causal:
+        imp = np.tril(a).sum(axis=-2) / (T - np.arange(T, dtype=np.float64))
+    else:
+        imp = a.sum(axis=-2) / T
+    ent = -np.where(a > 0, a * np.log(np.where(a > 0, a, 1.0)), 0.0).sum(-1)
+    return {"importance": imp, "to_first": a[..., :, 0], "entropy": ent}
+
+
+# ---------------------------------------------------------------------------------- files
+
+def save_family(model, directory) -> Path:
+    """save_pretrained (safetensors, fp32) plus the tiny tokenizer."""
+    return save_hf(model, directory)
+
+
+def _gguf_base_metadata(w, cfg, facts, qtype: str, name: str) -> None:
+    gguf = require("gguf")
+    w.add_name(name)
+    w.add_file_type(_GGUF_FILE_TYPE[qtype])
+    w.add_block_count(facts["n_layers"])
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(facts["d_model"])
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(facts["n_heads"])
+    w.add_head_count_kv(facts["n_kv_heads"])
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_vocab_size(cfg.vocab_size)
+    tokens, types, merges = tiny_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(False)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+
+
+def write_family_gguf(model, spec: FamilySpec, path, qtype: str = "F32",
+                      name: str = "sinklab-tiny") -> Path:
+    """Write `model` as llama.cpp's convert_hf_to_gguf.py writes its family (spec.gguf_arch).
+
+    llama: write_gguf (Q/K rows permuted). qwen2/qwen3/gemma2/gemma3: NEOX rope, so Q/K rows
+    as in HF (no permutation); 1-D tensors (norms, biases) F32, matrices in `qtype`;
+    output.weight only when untied. Gemma norms (every *norm.weight, QK-norms included) are
+    stored as 1 + w, computed in float32 as the converter does. Metadata: the converter's keys
+    (qwen2/qwen3: rope.freq_base, key/value_length when head_dim is given; gemma2:
+    key/value_length, attn/final logit soft-caps, sliding_window, no rope.freq_base; gemma3:
+    key/value_length, rope.freq_base = the global base, sliding_window, final soft-cap when set).
+    llama.cpp itself fixes what the file does not say: Gemma 2 windows on even layers,
+    Gemma 3 windows on all but every 6th layer with local rope base 10000, and attention scale
+    1/sqrt(head_dim) for both."""
+    gguf = require("gguf")
+    arch = spec.gguf_arch
+    if arch == "llama":
+        return write_gguf(model, path, qtype, name=name)
+    path = Path(path)
+    cfg = model.config
+    facts = config_facts(cfg)
+    w = gguf.GGUFWriter(str(path), arch)
+    _gguf_base_metadata(w, cfg, facts, qtype, name)
+    gemma = arch.startswith("gemma")
+    hd = facts["head_dim"]
+    if gemma or arch == "qwen3" or hd != facts["d_model"] // facts["n_heads"]:
+        w.add_key_length(hd)
+        w.add_value_length(hd)
+    rp = getattr(cfg, "rope_parameters", None) or {}
+    if arch in ("qwen2", "qwen3"):
+        w.add_rope_freq_base(float(rp["rope_theta"]))
+    elif arch == "gemma2":
+        w.add_attn_logit_softcapping(float(cfg.attn_logit_softcapping))
+        w.add_final_logit_softcapping(float(cfg.final_logit_softcapping))
+        w.add_sliding_window(int(cfg.sliding_window))
+    elif arch == "gemma3":
+        w.add_rope_freq_base(float(rp["full_attention"]["rope_theta"]))
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(float(cfg.final_logit_softcapping))
+        w.add_sliding_window(int(cfg.sliding_window))
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    sd = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
+
+    def add(tname: str, a: np.ndarray):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim == 1:
+            if gemma and tname.endswith("norm.weight"):
+                a = (np.float32(1) + a).astype(np.float32)
+            w.add_tensor(tname, a)
+        elif qtype == "F32":
+            w.add_tensor(tname, a)
+        elif qtype == "F16":
+            w.add_tensor(tname, a.astype(np.float16))
+        else:
+            w.add_tensor(tname, gguf.quants.quantize(a, qt), raw_dtype=qt)
+
+    add("token_embd.weight", sd["model.embed_tokens.weight"])
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
+             "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
+             "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
+             "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    if gemma:
+        names.update({"post_attention_layernorm": "post_attention_norm",
+                      "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "post_ffw_norm"})
+    else:
+        names["post_attention_layernorm"] = "ffn_norm"
+    for i in range(facts["n_layers"]):
+        p = f"model.layers.{i}."
+        for hf_name, g_name in names.items():
+            for suffix in ("weight", "bias"):
+                key = f"{p}{hf_name}.{suffix}"
+                if key in sd:
+                    add(f"blk.{i}.{g_name}.{suffix}", sd[key])
+    add("output_norm.weight", sd["model.norm.weight"])
+    if not cfg.tie_word_embeddings:
+        add("output.weight", sd["lm_head.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def dequantized_family(model, qtype: str):
+    """Copy of `model` whose 2-D weights went through GGUF `qtype` (the weights a GGUF file
+    written by write_family_gguf holds)."""
+    return dequantized_model(model, qtype)
+
+
+class FamilyModels:
+    """Per-module cache of the FAMILY_SPECS models: HF reference models, their files
+    ("st": safetensors fp32 folder, "gguf": F32 GGUF, "gguf-Q8_0"/"gguf-F16") and the sinklab
+    models loaded from the files. The reference for a GGUF form is the model built with
+    spec.gguf_hf (what llama.cpp's metadata says), with the file's rounded weights."""
+
+    def __init__(self, root):
+        self.root = Path(root)
+        self._hf, self._path, self._sl = {}, {}, {}
+
+    def hf(self, name: str, fmt: str = "st"):
+        key = (name, fmt)
+        if key not in self._hf:
+            spec = FAMILY_SPECS[name]
+            if fmt == "st":
+                m = make_family_model(spec)
+            else:
+                qtype = fmt.split("-", 1)[1] if "-" in fmt else "F32"
+                m = make_family_model(spec, gguf=True)
+                if qtype != "F32":
+                    m = dequantized_family(m, qtype)
+            self._hf[key] = m
+        return self._hf[key]
+
+    def path(self, name: str, fmt: str = "st") -> Path:
+        key = (name, fmt)
+        if key not in self._path:
+            spec = FAMILY_SPECS[name]
+            if fmt == "st":
+                p = save_family(self.hf(name, "st"), self.root / name)
+            else:
+                qtype = fmt.split("-", 1)[1] if "-" in fmt else "F32"
+                # write from the unrounded weights: the writer quantizes
+                p = write_family_gguf(self.hf(name, "gguf"), spec,
+                                      self.root / f"{name}-{qtype}.gguf", qtype)
+            self._path[key] = p
+        return self._path[key]
+
+    def sl(self, name: str, fmt: str = "st"):
+        import sinklab
+
+        key = (name, fmt)
+        if key not in self._sl:
+            self._sl[key] = sinklab.load(str(self.path(name, fmt)), quiet=True)
+        return self._sl[key]
