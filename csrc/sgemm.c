@@ -562,15 +562,30 @@ typedef struct {
 /* NT (B = W, N = rows, K = cols): rows [n0, n0+nb), K block [k0, k0+kb) of whole quant blocks
  * (kc is a multiple of the block length), decoded 8 rows at a time into tmp (8 × kb floats, stays
  * in L1) and transposed into the panels. */
+/* Asks for bytes [p, p + n) in cache ahead of their decoding. The rows of a K block are a row
+ * apart: no hardware prefetcher follows, and one row's decoding is too long for out-of-order
+ * execution to reach the next row's loads, so without this every row waits for memory. */
+static inline void prefetch_run(const uint8_t *p, int64_t n) {
+    for (int64_t o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, 3);
+    __builtin_prefetch(p + n - 1, 0, 3);
+}
+
+enum { PREFETCH_ROWS = 8 }; /* how many rows ahead of the decoding the prefetch runs */
+
 static void pack_weight_nt(const sgemm_job *g, int64_t n0, int64_t nb, int64_t k0, int64_t kb, float *dst,
                            float *tmp) {
-    const int64_t width = g->lv->nr, nblocks = kb / g->wbe;
+    const int64_t width = g->lv->nr, nblocks = kb / g->wbe, run = nblocks * g->wbb;
     const uint8_t *base = g->wdata + n0 * g->wrow_bytes + k0 / g->wbe * g->wbb;
+    for (int64_t j = 0; j < min64(PREFETCH_ROWS, nb); j++) prefetch_run(base + j * g->wrow_bytes, run);
     for (int64_t p0 = 0; p0 < nb; p0 += width) {
         const int64_t r = min64(width, nb - p0);
         for (int64_t i0 = 0; i0 < width; i0 += 8) {
             const int nv = r <= i0 ? 0 : (int)min64(8, r - i0);
-            for (int i = 0; i < nv; i++) g->wdec(base + (p0 + i0 + i) * g->wrow_bytes, tmp + i * kb, nblocks);
+            for (int i = 0; i < nv; i++) {
+                const int64_t j = p0 + i0 + i;
+                if (j + PREFETCH_ROWS < nb) prefetch_run(base + (j + PREFETCH_ROWS) * g->wrow_bytes, run);
+                g->wdec(base + j * g->wrow_bytes, tmp + i * kb, nblocks);
+            }
             g->lv->pack8(tmp, kb, nv, kb, dst + p0 * kb + i0, width);
         }
     }
@@ -583,8 +598,11 @@ static void pack_weight_nn(const sgemm_job *g, int64_t n0, int64_t nb, int64_t k
     const int64_t width = g->lv->nr, be = g->wbe;
     const int64_t b0 = n0 / be, nblocks = ceil_div(n0 + nb, be) - b0;
     const float *run = tmp + (n0 - b0 * be);
+    const uint8_t *base = g->wdata + k0 * g->wrow_bytes + b0 * g->wbb;
+    for (int64_t k = 0; k < min64(PREFETCH_ROWS, kb); k++) prefetch_run(base + k * g->wrow_bytes, nblocks * g->wbb);
     for (int64_t k = 0; k < kb; k++) {
-        g->wdec(g->wdata + (k0 + k) * g->wrow_bytes + b0 * g->wbb, tmp, nblocks);
+        if (k + PREFETCH_ROWS < kb) prefetch_run(base + (k + PREFETCH_ROWS) * g->wrow_bytes, nblocks * g->wbb);
+        g->wdec(base + k * g->wrow_bytes, tmp, nblocks);
         for (int64_t p0 = 0; p0 < nb; p0 += width) {
             const int64_t r = min64(width, nb - p0);
             float *d = dst + p0 * kb + k * width;
