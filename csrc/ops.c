@@ -3,8 +3,9 @@
  * depend on the thread count. Team sizes come from the call context (sl_num_threads), not from
  * the calling thread's OpenMP setting.
  *
- * Run-time dispatch (cpu.h): softmax with entropy, RMSNorm, SwiGLU and the residual add have
- * AVX2+FMA and AVX-512 kernels beside the portable C; the level is read once per call, so all
+ * Run-time dispatch (cpu.h): softmax with entropy, RMSNorm, LayerNorm, SwiGLU, GELU-tanh and
+ * GeGLU, soft-capping, the residual and bias adds have AVX2+FMA and AVX-512 kernels beside the
+ * portable C (erf GELU and all backward/JVP products are portable only); the level is read once per call, so all
  * rows of one call use one path. Within a path every element is computed by the same lane-wise
  * sequence wherever it falls (row tails use masked or padded vectors, never a scalar fallback
  * that a chunk boundary could select). Across paths, results differ by rounding only:
@@ -13,8 +14,14 @@
  *   - RMSNorm: only the order of the double sum of squares (products of floats are exact in
  *     double), so 1/rms differs by at most 1 ulp of float and the outputs by <= 2 ulp;
  *   - SwiGLU: the vector exp vs expf inside the sigmoid, a few ulp of silu(g);
- *   - the residual add is bitwise the same on every path.
- * The AVX2 and AVX-512 exps run the same lane-wise operations, so they agree bitwise. */
+ *   - LayerNorm: only the order of the double sums of x and (x - mean)^2, so mean and rstd differ
+ *     by at most 1 ulp (measured: bitwise on test rows); the per-element step is the same;
+ *   - GELU-tanh / GeGLU: the vector exp vs expf in x / (1 + exp(-2z)), measured <= 5 ulp;
+ *   - soft-capping: Cephes' vector tanh vs libm tanhf, measured <= 3 ulp (both within 4 ulp of
+ *     float64);
+ *   - the residual and bias adds are bitwise the same on every path.
+ * The AVX2 and AVX-512 exps (and tanh) run the same lane-wise operations, so the elementwise
+ * kernels agree bitwise between those two levels. */
 #include "ops.h"
 
 #include <math.h>
@@ -35,6 +42,12 @@
 /* Elementwise ops are split over threads in chunks of this many elements (a multiple of 16,
  * so vector blocks never straddle two threads; not that it would change a bit). */
 #define SL_CHUNK 8192
+
+/* GELU constants as torch writes them (sqrt(2/pi), 0.044715, 1/sqrt(2), 1/sqrt(2 pi)). */
+#define SL_GELU_BETA 0.7978845608028654f /* sqrt(2 / pi) */
+#define SL_GELU_KAPPA 0.044715f
+#define SL_INV_SQRT2 0.7071067811865476f
+#define SL_INV_SQRT_2PI 0.3989422804014327f
 
 /* ------------------------------------------------------------------------------------------
  * SIMD kernels. Each works on one row (or one run of elements) and is called from the same
@@ -240,6 +253,202 @@ SL_AVX512 static void add_avx512(float *out, const float *a, const float *b, int
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = lanes16(n - i);
         _mm512_mask_storeu_ps(out + i, k, _mm512_add_ps(_mm512_maskz_loadu_ps(k, a + i), _mm512_maskz_loadu_ps(k, b + i)));
+    }
+}
+
+/* LayerNorm statistics of one row, sums in double as in the portable path (only their order
+ * differs: lanes, then the lane reduction). Masked-off lanes add exact zeros. */
+SL_AVX2 static void layernorm_stats_avx2(float *mean, float *rstd, const float *xr, int64_t d, float eps) {
+    const int64_t d8 = d & ~(int64_t)7;
+    __m256d a = _mm256_setzero_pd(), b = _mm256_setzero_pd();
+    for (int64_t i = 0; i < d8; i += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + i);
+        a = _mm256_add_pd(a, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+        b = _mm256_add_pd(b, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+    }
+    double s = hsum4d(_mm256_add_pd(a, b));
+    for (int64_t i = d8; i < d; i++) s += xr[i];
+    const double mu = s / (double)d;
+    const __m256d vmu = _mm256_set1_pd(mu);
+    a = _mm256_setzero_pd();
+    b = _mm256_setzero_pd();
+    for (int64_t i = 0; i < d8; i += 8) {
+        const __m256 v = _mm256_loadu_ps(xr + i);
+        const __m256d lo = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vmu);
+        const __m256d hi = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vmu);
+        a = _mm256_fmadd_pd(lo, lo, a);
+        b = _mm256_fmadd_pd(hi, hi, b);
+    }
+    double ss = hsum4d(_mm256_add_pd(a, b));
+    for (int64_t i = d8; i < d; i++) {
+        const double c = (double)xr[i] - mu;
+        ss += c * c;
+    }
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+}
+
+/* ((x - m) * r) * w (+ b): the portable operations lane for lane (no FMA), so the same bits;
+ * the scalar tail runs the same operations. */
+SL_AVX2 static void layernorm_apply_avx2(float *o, const float *xr, const float *w, const float *b, int64_t d,
+                                         float m, float r) {
+    const int64_t d8 = d & ~(int64_t)7;
+    const __m256 vm = _mm256_set1_ps(m), vr = _mm256_set1_ps(r);
+    for (int64_t i = 0; i < d8; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm), vr), _mm256_loadu_ps(w + i));
+        if (b) v = _mm256_add_ps(v, _mm256_loadu_ps(b + i));
+        _mm256_storeu_ps(o + i, v);
+    }
+    for (int64_t i = d8; i < d; i++) {
+        const float v = (xr[i] - m) * r * w[i];
+        o[i] = b ? v + b[i] : v;
+    }
+}
+
+SL_AVX512 static void layernorm_stats_avx512(float *mean, float *rstd, const float *xr, int64_t d, float eps) {
+    __m512d a = _mm512_setzero_pd(), b = _mm512_setzero_pd();
+    for (int64_t i = 0; i < d; i += 16) {
+        const __m512 v = _mm512_maskz_loadu_ps(lanes16(d - i), xr + i);
+        a = _mm512_add_pd(a, lo8d(v));
+        b = _mm512_add_pd(b, hi8d(v));
+    }
+    const double mu = _mm512_reduce_add_pd(_mm512_add_pd(a, b)) / (double)d;
+    const __m512d vmu = _mm512_set1_pd(mu);
+    a = _mm512_setzero_pd();
+    b = _mm512_setzero_pd();
+    for (int64_t i = 0; i < d; i += 16) {
+        const __mmask16 k = lanes16(d - i);
+        const __m512 v = _mm512_maskz_loadu_ps(k, xr + i);
+        const __m512d lo = _mm512_maskz_sub_pd((__mmask8)(k & 0xFF), lo8d(v), vmu);
+        const __m512d hi = _mm512_maskz_sub_pd((__mmask8)(k >> 8), hi8d(v), vmu);
+        a = _mm512_fmadd_pd(lo, lo, a);
+        b = _mm512_fmadd_pd(hi, hi, b);
+    }
+    const double ss = _mm512_reduce_add_pd(_mm512_add_pd(a, b));
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(ss / (double)d + (double)eps));
+}
+
+SL_AVX512 static void layernorm_apply_avx512(float *o, const float *xr, const float *w, const float *b, int64_t d,
+                                           float m, float r) {
+    const __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+    for (int64_t i = 0; i < d; i += 16) {
+        const __mmask16 k = lanes16(d - i);
+        __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, xr + i), vm), vr),
+                                 _mm512_maskz_loadu_ps(k, w + i));
+        if (b) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(k, b + i));
+        _mm512_mask_storeu_ps(o + i, k, v);
+    }
+}
+
+/* GELU-tanh as x / (1 + exp(-2z)): the portable expression with the vector exp; z is computed
+ * by the same float operations. */
+SL_AVX2 static inline __m256 gelu_tanh8(__m256 x) {
+    const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+    const __m256 z = _mm256_mul_ps(_mm256_set1_ps(SL_GELU_BETA), _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(SL_GELU_KAPPA), x3)));
+    const __m256 e = exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), z));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+SL_AVX512 static inline __m512 gelu_tanh16(__m512 x) {
+    const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+    const __m512 z = _mm512_mul_ps(_mm512_set1_ps(SL_GELU_BETA), _mm512_add_ps(x, _mm512_mul_ps(_mm512_set1_ps(SL_GELU_KAPPA), x3)));
+    const __m512 e = exp16(_mm512_mul_ps(_mm512_set1_ps(-2.0f), z));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* tanh on 8 lanes, Cephes' single-precision tanhf (a few ulp): an odd polynomial below 0.625,
+ * 1 - 2 / (exp(2|x|) + 1) with the sign restored above (the exp clamp keeps it finite: 1). */
+SL_AVX2 static inline __m256 tanh8(__m256 x) {
+    const __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
+    const __m256 ax = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    const __m256 big = _mm256_sub_ps(_mm256_set1_ps(1.0f),
+                                     _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(exp8(_mm256_add_ps(ax, ax)), _mm256_set1_ps(1.0f))));
+    const __m256 s = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(2.06390887954e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(-5.37397155531e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(1.33314422036e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, s), _mm256_set1_ps(-3.33332819422e-1f));
+    const __m256 small = _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(p, s), x), x);
+    const __m256 is_big = _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GE_OQ);
+    return _mm256_blendv_ps(small, _mm256_or_ps(big, sign), is_big);
+}
+
+SL_AVX512 static inline __m512 tanh16(__m512 x) {
+    const __m512 sign = _mm512_and_ps(x, _mm512_set1_ps(-0.0f));
+    const __m512 ax = _mm512_andnot_ps(_mm512_set1_ps(-0.0f), x);
+    const __m512 big = _mm512_sub_ps(_mm512_set1_ps(1.0f),
+                                     _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(exp16(_mm512_add_ps(ax, ax)), _mm512_set1_ps(1.0f))));
+    const __m512 s = _mm512_mul_ps(x, x);
+    __m512 p = _mm512_set1_ps(-5.70498872745e-3f);
+    p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(2.06390887954e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-5.37397155531e-2f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(1.33314422036e-1f));
+    p = _mm512_add_ps(_mm512_mul_ps(p, s), _mm512_set1_ps(-3.33332819422e-1f));
+    const __m512 small = _mm512_add_ps(_mm512_mul_ps(_mm512_mul_ps(p, s), x), x);
+    const __mmask16 is_big = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(0.625f), _CMP_GE_OQ);
+    return _mm512_mask_blend_ps(is_big, small, _mm512_or_ps(big, sign));
+}
+
+/* Elementwise kernels: AVX-512 masks the tail; AVX2 runs it through the same vector code on a
+ * zero-padded copy (as swiglu_avx2), so no element depends on where a chunk ends. */
+SL_AVX2 static void gelu_tanh_avx2(float *h, const float *u, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(h + i, gelu_tanh8(_mm256_loadu_ps(u + i)));
+    if (n8 == n) return;
+    float ut[8] = {0}, ht[8];
+    memcpy(ut, u + n8, (size_t)(n - n8) * sizeof(float));
+    _mm256_storeu_ps(ht, gelu_tanh8(_mm256_loadu_ps(ut)));
+    memcpy(h + n8, ht, (size_t)(n - n8) * sizeof(float));
+}
+
+SL_AVX512 static void gelu_tanh_avx512(float *h, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        _mm512_mask_storeu_ps(h + i, k, gelu_tanh16(_mm512_maskz_loadu_ps(k, u + i)));
+    }
+}
+
+SL_AVX2 static void geglu_tanh_avx2(float *h, const float *g, const float *u, int64_t n) {
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(h + i, _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+    if (n8 == n) return;
+    float gt[8] = {0}, ut[8] = {0}, ht[8];
+    memcpy(gt, g + n8, (size_t)(n - n8) * sizeof(float));
+    memcpy(ut, u + n8, (size_t)(n - n8) * sizeof(float));
+    _mm256_storeu_ps(ht, _mm256_mul_ps(gelu_tanh8(_mm256_loadu_ps(gt)), _mm256_loadu_ps(ut)));
+    memcpy(h + n8, ht, (size_t)(n - n8) * sizeof(float));
+}
+
+SL_AVX512 static void geglu_tanh_avx512(float *h, const float *g, const float *u, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        const __m512 v = _mm512_mul_ps(gelu_tanh16(_mm512_maskz_loadu_ps(k, g + i)), _mm512_maskz_loadu_ps(k, u + i));
+        _mm512_mask_storeu_ps(h + i, k, v);
+    }
+}
+
+/* cap * tanh(x / cap), the portable operations around the vector tanh. */
+SL_AVX2 static void softcap_avx2(float *x, int64_t n, float cap) {
+    const __m256 c = _mm256_set1_ps(cap);
+    const int64_t n8 = n & ~(int64_t)7;
+    for (int64_t i = 0; i < n8; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_mul_ps(c, tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), c))));
+    if (n8 == n) return;
+    float t[8] = {0};
+    memcpy(t, x + n8, (size_t)(n - n8) * sizeof(float));
+    _mm256_storeu_ps(t, _mm256_mul_ps(c, tanh8(_mm256_div_ps(_mm256_loadu_ps(t), c))));
+    memcpy(x + n8, t, (size_t)(n - n8) * sizeof(float));
+}
+
+SL_AVX512 static void softcap_avx512(float *x, int64_t n, float cap) {
+    const __m512 c = _mm512_set1_ps(cap);
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 k = lanes16(n - i);
+        const __m512 v = _mm512_mul_ps(c, tanh16(_mm512_div_ps(_mm512_maskz_loadu_ps(k, x + i), c)));
+        _mm512_mask_storeu_ps(x + i, k, v);
     }
 }
 #endif
@@ -516,13 +725,28 @@ static void layernorm_apply_generic(float *o, const float *xr, const float *w, c
         for (int64_t i = 0; i < d; i++) o[i] = (xr[i] - m) * r * w[i];
 }
 
+typedef void (*layernorm_stats_fn)(float *, float *, const float *, int64_t, float);
+typedef void (*layernorm_apply_fn)(float *, const float *, const float *, const float *, int64_t, float, float);
+
 void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                   int64_t T, int64_t d, float eps) {
+    layernorm_stats_fn stats = layernorm_stats_generic;
+    layernorm_apply_fn apply = layernorm_apply_generic;
+#if SL_X86
+    const sl_simd_level level = sl_simd();
+    if (level >= SL_SIMD_AVX512) {
+        stats = layernorm_stats_avx512;
+        apply = layernorm_apply_avx512;
+    } else if (level >= SL_SIMD_AVX2) {
+        stats = layernorm_stats_avx2;
+        apply = layernorm_apply_avx2;
+    }
+#endif
 #pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         float m, r;
-        layernorm_stats_generic(&m, &r, x + t * d, d, eps);
-        layernorm_apply_generic(out + t * d, x + t * d, w, b, d, m, r);
+        stats(&m, &r, x + t * d, d, eps);
+        apply(out + t * d, x + t * d, w, b, d, m, r);
         if (mean) mean[t] = m;
         if (rstd) rstd[t] = r;
     }
@@ -621,10 +845,24 @@ void sl_bias_backward(float *db, const float *dy, int64_t rows, int64_t d, int64
 
 /* Soft-capping and its derivative, 1 - tanh^2 = 1 - (y / cap)^2 from the output. cap <= 0 (the
  * configuration's "none") leaves x as it is. */
+static void softcap_generic(float *x, int64_t n, float cap) {
+    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+}
+
 void sl_softcap(float *x, int64_t n, float cap) {
     if (!(cap > 0.0f)) return;
+    void (*f)(float *, int64_t, float) = softcap_generic;
+#if SL_X86
+    const sl_simd_level level = sl_simd();
+    if (level >= SL_SIMD_AVX512) f = softcap_avx512;
+    else if (level >= SL_SIMD_AVX2) f = softcap_avx2;
+#endif
+    const int64_t chunks = (n + SL_CHUNK - 1) / SL_CHUNK;
 #pragma omp parallel for schedule(static) if (n > 65536) num_threads(sl_num_threads())
-    for (int64_t i = 0; i < n; i++) x[i] = cap * tanhf(x[i] / cap);
+    for (int64_t c = 0; c < chunks; c++) {
+        const int64_t i0 = c * SL_CHUNK;
+        f(x + i0, n - i0 < SL_CHUNK ? n - i0 : SL_CHUNK, cap);
+    }
 }
 
 void sl_softcap_backward(float *dx, const float *dy, const float *y, int64_t n, float cap) {
@@ -643,10 +881,6 @@ void sl_softcap_backward(float *dx, const float *dy, const float *y, int64_t n, 
  * computed as x sigmoid(2z) = x / (1 + exp(-2z)) (the same function: 1 + tanh(z) = 2 sigmoid(2z)),
  * which has no cancellation for negative x and needs only exp on the vector paths. z is
  * computed as torch does, in float. */
-#define SL_GELU_BETA 0.7978845608028654f /* sqrt(2 / pi) */
-#define SL_GELU_KAPPA 0.044715f
-#define SL_INV_SQRT2 0.7071067811865476f
-#define SL_INV_SQRT_2PI 0.3989422804014327f
 
 static inline float gelu_tanh_arg(float x) { return SL_GELU_BETA * (x + SL_GELU_KAPPA * (x * x * x)); }
 
@@ -675,11 +909,19 @@ static void gelu_erf_generic(float *h, const float *u, int64_t n) {
 typedef void (*elementwise1_fn)(float *, const float *, int64_t);
 
 static elementwise1_fn gelu_tanh_for(sl_simd_level level) {
+#if SL_X86
+    if (level >= SL_SIMD_AVX512) return gelu_tanh_avx512;
+    if (level >= SL_SIMD_AVX2) return gelu_tanh_avx2;
+#endif
     (void)level;
     return gelu_tanh_generic;
 }
 
 static elementwise2_fn geglu_tanh_for(sl_simd_level level) {
+#if SL_X86
+    if (level >= SL_SIMD_AVX512) return geglu_tanh_avx512;
+    if (level >= SL_SIMD_AVX2) return geglu_tanh_avx2;
+#endif
     (void)level;
     return geglu_tanh_generic;
 }

@@ -1,9 +1,11 @@
 /* Elementwise and row-wise ops of the LLaMA block, each next to the backward it will need.
  *
- * sl_rmsnorm, sl_swiglu, sl_softmax_entropy and sl_add_inplace dispatch at run time (cpu.h) to
- * AVX-512, AVX2+FMA or portable kernels. Within one level the result is the same for any thread
- * count; across levels it agrees to rounding (see ops.c for what differs: the vector exp and
- * the order of double sums), except sl_add_inplace, which is bitwise the same on every level. */
+ * sl_rmsnorm, sl_layernorm, sl_swiglu, sl_mlp_act (except erf GELU), sl_softcap,
+ * sl_softmax_entropy, sl_add_inplace and sl_bias_add dispatch at run time (cpu.h) to AVX-512,
+ * AVX2+FMA or portable kernels. Within one level the result is the same for any thread count;
+ * across levels it agrees to rounding (see ops.c for what differs and the measured ulps: the
+ * vector exp/tanh and the order of double sums), except the adds, which are bitwise the same on
+ * every level. */
 #ifndef SL_OPS_H
 #define SL_OPS_H
 
@@ -42,7 +44,8 @@ void sl_bias_add(float *x, const float *b, int64_t T, int64_t d, int64_t ld);
 /* db[j] += sum over rows of dy[r, j] (row stride ld), summed in double in row order. */
 void sl_bias_backward(float *db, const float *dy, int64_t rows, int64_t d, int64_t ld);
 
-/* x = cap * tanh(x / cap) in place over n elements (Gemma 2's final-logit soft-capping). */
+/* x = cap * tanh(x / cap) in place over n elements (Gemma 2's final-logit soft-capping);
+ * cap <= 0 (the configuration's "none") leaves x unchanged, and the backward copies dy. */
 void sl_softcap(float *x, int64_t n, float cap);
 /* dx = dy * (1 - (y / cap)^2) from the capped output y: the backward and (with dy a tangent) the
  * JVP; dx may alias dy. */
