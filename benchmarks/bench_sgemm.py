@@ -21,6 +21,8 @@ Gemma (262144 x 640) and Qwen are left out: one call would take seconds. For NN 
 same (M, N, K) (operands copied to the NT layout) is timed too: "vs NT" = layout / NT speed, the
 cost of the layout itself.
 
+Weights kept quantized (sl_linear_nt/nn, decoding while packing) against float32: bench_quant.py.
+
 Both libraries write into a preallocated C in the same process; each runs in blocks of calls,
 alternating over three rounds so that slow drift of the machine hits all alike, and the median call
 time is reported as GFLOP/s (2·M·N·K / time).

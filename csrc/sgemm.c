@@ -9,6 +9,10 @@
  * (K,N) B) is copied row by row. Everything after packing is the same code for all four layouts.
  * The AVX-512 kernel can also broadcast A straight from its (M,K) storage (NT, NN), which saves
  * packing A: that costs most at T = 128 with narrow N, where few B panels share each A panel.
+ * A weight kept in its file's format (sl_linear_nt/nn) changes only the packer of B too: it decodes
+ * the K block's quant blocks of 8 rows at a time into a small buffer and transposes them into the
+ * panel (NT), or decodes each row's run of blocks and copies it into the panels (NN), with the
+ * decoders of sl_dequantize, so the kernel sees the floats dequantize-then-multiply would.
  *
  * Each SIMD level has its own tile and blocking (sgemm_level below):
  *   generic  6×16, vector extension (SSE2 / NEON), separate multiply and add;
