@@ -9,11 +9,13 @@ import numpy as np
 from . import _core
 from .io import gguf_loader, hf_loader, registry
 from .families.config import ModelConfig
-from .families.rope import rope_inv_freq
+from .families.rope import layer_inv_freq
+from .families.tensors import QuantizedTensor, to_f32
 from .interventions import Intervention
 from .progress import progress_bar
 from .trace import AttentionStats, Trace
 
+DEFAULT_CAPTURE = ("attn", "resid", "logits")  # run()'s default; models without an LM head drop "logits"
 CAPTURES = ("attn", "resid", "logits", "stats", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
 # Per-layer activations captured inside the C forward (see the table in Model.run), as
 # (attribute of Trace, per-layer shape as a function of the config and T).
@@ -76,6 +78,36 @@ def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
 
 
+def _core_tensors(weights: Dict[str, Any]) -> Dict[str, Any]:
+    """The tensors dict of ``_core.model_new``: QuantizedTensor -> (ggml_type, raw bytes), one
+    tuple per object so a tied head stays the same object as the embedding."""
+    done: Dict[int, Any] = {}
+    out = {}
+    for k, v in weights.items():
+        if isinstance(v, QuantizedTensor):
+            v = done.setdefault(id(v), v.core())
+        out[k] = v
+    return out
+
+
+def _new_core_model(config: Dict[str, Any], weights: Dict[str, Any]):
+    try:
+        return _core.model_new(config, _core_tensors(weights))
+    except (ValueError, TypeError, KeyError) as e:
+        # TEMPORARY (issue 10, until the family-aware core lands): the LLaMA-only core takes
+        # one rope_inv_freq row and fp32 matrices only.
+        legacy = {k: (v.dequantize() if isinstance(v, QuantizedTensor) else v) for k, v in weights.items()}
+        if "lm_head" in weights and weights["lm_head"] is weights["tok_embd"]:
+            legacy["lm_head"] = legacy["tok_embd"]
+        inv = legacy.get("rope_inv_freq")
+        if inv is not None and inv.ndim == 2:
+            legacy["rope_inv_freq"] = np.ascontiguousarray(inv[0])
+        try:
+            return _core.model_new(config, legacy)
+        except Exception:
+            raise e from None
+
+
 def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
     """``capture`` as a tuple of names: a plain string is one name (``"attn"`` -> ``("attn",)``),
     any other iterable (list, tuple, set, generator) gives its elements; ValueError for names
@@ -91,34 +123,49 @@ def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
 
 
 class Model:
-    """A LLaMA-family model held in memory as fp32 weights, runnable by the C core.
+    """A transformer of any supported family (LLaMA, Mistral, Qwen2/3, Gemma 1/2/3, GPT-2,
+    BERT; :mod:`sinklab.families`), runnable by the C core.
 
-    Build one with :func:`load`. ``config`` is a :class:`ModelConfig`; ``source`` the path it
-    came from; ``name`` the registered name, if any.
+    Build one with :func:`load`. ``config`` is a :class:`ModelConfig` (``config.family`` names
+    the family); ``source`` the path it came from; ``name`` the registered name, if any.
+    ``weights`` maps canonical names (``tok_embd``, ``blk.N.attn_q``, …) to float32 arrays or,
+    for matrices kept in their file encoding (GGUF blocks, F16, BF16), :class:`QuantizedTensor`;
+    :meth:`weight` gives any of them as float32. ``rope_inv_freq`` (L, head_dim/2) holds each
+    layer's RoPE frequencies (absent without RoPE).
     """
 
-    def __init__(self, config: ModelConfig, weights: Dict[str, np.ndarray], tokenizer: Any,
+    def __init__(self, config: ModelConfig, weights: Dict[str, Any], tokenizer: Any,
                  source: str, rope_layout: int, rope_factors: Optional[np.ndarray] = None,
                  name: Optional[str] = None) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.source = source
         self.name = name or os.path.basename(os.path.normpath(source))
-        inv_freq = rope_inv_freq(config.head_dim, config.rope_theta, config.rope_scaling)
-        if rope_factors is not None:  # llama.cpp's llama3 scaling: divisors per frequency
-            inv_freq = (inv_freq.astype(np.float64) / rope_factors).astype(np.float32)
-        self.weights = dict(weights, rope_inv_freq=np.ascontiguousarray(inv_freq))
-        c = config
-        self._handle = _core.model_new(
-            {"n_layers": c.n_layers, "n_heads": c.n_heads, "n_kv_heads": c.n_kv_heads,
-             "d_model": c.d_model, "head_dim": c.head_dim, "d_ff": c.d_ff, "vocab_size": c.vocab_size,
-             "norm_eps": c.norm_eps, "rope_layout": rope_layout},
-            self.weights)
+        self.weights = dict(weights)
+        if config.positions == "rope":
+            # llama.cpp's llama3 scaling (rope_factors): divisors per frequency, every layer
+            self.weights["rope_inv_freq"] = layer_inv_freq(config, rope_factors)
+        self.rope_layout = int(rope_layout)
+        self._handle = _new_core_model(config.core_config(self.rope_layout), self.weights)
+
+    def weight(self, name: str) -> np.ndarray:
+        """Canonical tensor ``name`` as float32: the stored array, or a dequantized copy (new
+        memory, rows*cols*4 bytes) of a matrix kept quantized. KeyError for unknown names."""
+        if name not in self.weights:
+            raise KeyError(f"{self.name} has no tensor {name!r}")
+        return to_f32(self.weights[name])
+
+    @property
+    def has_lm_head(self) -> bool:
+        """False for encoders (BERT): no logits."""
+        return self.config.has_lm_head
 
     def __repr__(self) -> str:
         c = self.config
-        return (f"<sinklab.Model {self.name}: {c.arch}, {c.n_layers} layers x {c.n_heads} heads "
-                f"({c.n_kv_heads} kv), d={c.d_model}, vocab={c.vocab_size}>")
+        kinds = sorted({w.type_name for w in self.weights.values() if isinstance(w, QuantizedTensor)})
+        enc = f", {'/'.join(kinds)} matrices" if kinds else ""
+        return (f"<sinklab.Model {self.name}: {c.arch} ({c.family} family), {c.n_layers} layers x "
+                f"{c.n_heads} heads ({c.n_kv_heads} kv), d={c.d_model}, vocab={c.vocab_size}{enc}>")
 
     # ------------------------------------------------------------------ tokens
     def bos_id(self, bos: bool = True) -> Optional[int]:
@@ -167,7 +214,7 @@ class Model:
             raise ValueError(f"layers {bad} out of range for a model with {L} layers")
         return out
 
-    def capture_bytes(self, T: int, capture: Union[str, Iterable[str]] = ("attn", "resid", "logits"),
+    def capture_bytes(self, T: int, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
                       layers: Optional[Sequence[int]] = None, logits_from: int = 0,
                       B: int = 1) -> Dict[str, int]:
         """Bytes of the float32 buffers :meth:`run` allocates for ``B`` sequences of ``T`` tokens.
@@ -176,7 +223,10 @@ class Model:
         :meth:`run` (L' = number of captured layers): e.g. ``"attn"`` B*L'*H*T*T*4,
         ``"head_out"`` B*L'*H*T*d*4, ``"stats"`` 3*B*L'*H*T*4.
         """
+        if capture is DEFAULT_CAPTURE and not self.config.has_lm_head:
+            capture = ("attn", "resid")
         names = normalize_capture(capture)
+        self._check_head(names)
         shapes = self._buffer_shapes(T, len(self._check_layers(layers)), logits_from % max(T, 1))
         per = {_capture_of(k): 0 for k in shapes}
         for k, shape in shapes.items():
@@ -216,7 +266,7 @@ class Model:
             f"capture=\"stats\" (first-token importance, attention to position 0 and row entropy, "
             f"(L', H, T) each, {_gb(stats)} in all, no T x T buffer), or fewer tokens or sequences")
 
-    def run(self, ids: Any, capture: Union[str, Iterable[str]] = ("attn", "resid", "logits"),
+    def run(self, ids: Any, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: int = MAX_ROWS_PER_CALL) -> Trace:
@@ -299,7 +349,10 @@ class Model:
                 (:meth:`capture_bytes`) exceed the available memory; the message names the size
                 and the cheaper captures.
         """
+        if capture is DEFAULT_CAPTURE and not self.config.has_lm_head:
+            capture = ("attn", "resid")
         capture = normalize_capture(capture)
+        self._check_head(capture)
         arr = self.check_ids(ids)
         sel = self._check_layers(layers)
         batch = arr.reshape(-1, arr.shape[-1])
@@ -341,6 +394,11 @@ class Model:
         # the arrays were refilled in place; only what describes the run changes
         out.ids, out.layers, out.meta, out.lengths = arr, sel, meta, lens
         return out
+
+    def _check_head(self, capture: Iterable[str]) -> None:
+        if "logits" in capture and not self.config.has_lm_head:
+            raise ValueError(f"{self.name} ({self.config.arch}) has no LM head, so no logits: capture "
+                             f"the residual stream, attention or stats instead (capture={list(capture)})")
 
     def _check_lengths(self, lengths: Any, B: int, T: int, ndim: int) -> Optional[np.ndarray]:
         """``lengths`` as a (B,) int64 array in [1, T], or None when absent or all equal T."""
@@ -605,8 +663,9 @@ class Model:
             tg = np.ascontiguousarray(tg, dtype=np.int64)
         if not np.any(tg >= 0):
             raise ValueError("no position has a target: need T >= 2 or some targets >= 0")
-        tied = self.weights["lm_head"] is self.weights["tok_embd"]
-        grads = {k: np.zeros_like(v) for k, v in self.weights.items()
+        self._check_head(("logits",))
+        tied = self.weights.get("lm_head") is self.weights["tok_embd"]
+        grads = {k: np.zeros(v.shape, np.float32) for k, v in self.weights.items()
                  if k != "rope_inv_freq" and not (tied and k == "lm_head")}
         bufs = dict(grads, lm_head=grads["tok_embd"]) if tied else grads
         ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
@@ -616,7 +675,10 @@ class Model:
 
 def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
     """Loads a model: a registered name (``"smollm2-135m-instruct"``), a ``.gguf`` file, or a
-    Hugging Face folder with ``config.json`` and ``*.safetensors``."""
+    Hugging Face folder with ``config.json`` and ``*.safetensors``, of any supported family
+    (:data:`sinklab.families.SUPPORTED_HF_TYPES`, :data:`~sinklab.families.SUPPORTED_GGUF_ARCHS`;
+    another architecture raises ValueError naming itself and the supported list). GGUF
+    matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width."""
     from .tokenizer import Tokenizer
 
     src = os.fspath(name_or_path)
@@ -628,14 +690,13 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
         cfg = hf_loader.read_config(src)
         weights = hf_loader.load_hf_weights(src, cfg)
         tok = Tokenizer.from_hf_dir(src) if os.path.isfile(os.path.join(src, "tokenizer.json")) else None
-        return Model(cfg, weights, tok, src, ROPE_HALF_SPLIT, name=name)
+        return Model(cfg, weights, tok, src, hf_loader.rope_layout(cfg), name=name)
     if os.path.isfile(src):
         reader = gguf_loader.open_gguf(src)
         cfg = gguf_loader.read_config(reader)
         weights = gguf_loader.load_gguf_weights(reader, cfg)
-        factors = gguf_loader.llama3_rope_factors(reader, cfg)
+        factors = gguf_loader.llama3_rope_factors(reader, cfg) if cfg.positions == "rope" else None
         tok = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
-        return Model(cfg, weights, tok, src, ROPE_ADJACENT, rope_factors=factors, name=name)
+        return Model(cfg, weights, tok, src, gguf_loader.rope_layout(cfg), rope_factors=factors, name=name)
     raise FileNotFoundError(f"{src!r} is neither a file, a folder, nor a registered model name "
                             f"({', '.join(sorted(registry.MODELS))})")
-

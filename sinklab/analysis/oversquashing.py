@@ -174,7 +174,7 @@ def layer_norms(model: Any, layer: int) -> LayerNorms:
         return per_model[layer]
     c = model.config
     H, G, hd = c.n_heads, c.n_kv_heads, c.head_dim
-    W = lambda name: np.asarray(model.weights[f"blk.{layer}.{name}"], dtype=np.float64)  # noqa: E731
+    W = lambda name: model.weight(f"blk.{layer}.{name}").astype(np.float64)  # noqa: E731
     w1, w2 = W("attn_norm"), W("ffn_norm")
     wq, wk, wv, wo = W("attn_q") * w1, W("attn_k") * w1, W("attn_v") * w1, W("attn_output")
     o_r = np.empty((H, hd, hd))
@@ -307,16 +307,16 @@ def _layer_bound(model: Any, tr: Any, l: int, intervene: Optional[Intervention],
     # ---- MLP factor ||I + D_k|| (or 1 + a bound on ||D_k||)
     h_in = x + np.asarray(tr.attn_out[l], dtype=np.float64)
     r2 = _rstd(h_in, eps)
-    w2 = np.asarray(model.weights[f"blk.{l}.ffn_norm"], dtype=np.float64)
-    Wg = np.asarray(model.weights[f"blk.{l}.ffn_gate"], dtype=np.float64)
-    Wu = np.asarray(model.weights[f"blk.{l}.ffn_up"], dtype=np.float64)
+    w2 = model.weight(f"blk.{l}.ffn_norm").astype(np.float64)
+    Wg = model.weight(f"blk.{l}.ffn_gate").astype(np.float64)
+    Wu = model.weight(f"blk.{l}.ffn_up").astype(np.float64)
     n2 = h_in * r2[:, None] * w2
     gt, up = n2 @ Wg.T, n2 @ Wu.T                               # (T, d_ff)
     sg = _sigmoid(gt)
     a = sg * (1.0 + gt * (1.0 - sg)) * up                       # silu'(g) u
     b = gt * sg                                                  # silu(g)
     if mlp == "exact":
-        Wd = np.asarray(model.weights[f"blk.{l}.ffn_down"], dtype=np.float64)
+        Wd = model.weight(f"blk.{l}.ffn_down").astype(np.float64)
         Wg2, Wu2 = Wg * w2, Wu * w2
         ms = np.mean(h_in * h_in, axis=-1) + eps
         mlp_f = np.empty(T)

@@ -1,23 +1,61 @@
-"""Model configuration shared by every loader: the numbers the C forward needs, named once."""
+"""Model configuration shared by every loader: the numbers and switches the C forward needs,
+named once. The architecture is data: a family module (:mod:`sinklab.families`) fills these
+fields from a file, and :meth:`ModelConfig.core_config` hands them to the C core."""
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
+
+NORM_KINDS = ("rmsnorm", "layernorm")
+# C core act codes: 0 SwiGLU, 1 GeGLU (tanh GELU), 2 plain MLP tanh GELU (GPT-2 gelu_new),
+# 3 plain MLP exact erf GELU (BERT "gelu").
+ACTS = ("swiglu", "geglu_tanh", "gelu_tanh", "gelu")
+GATED_ACTS = ("swiglu", "geglu_tanh")
+POSITIONS = ("rope", "learned", "none")
+# Per-layer norms a family may have (canonical names, see the contract in sinklab.model).
+LAYER_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "attn_post_norm", "attn_res_norm",
+               "ffn_norm", "ffn_post_norm", "ffn_res_norm")
+QK_NORMS = ("attn_q_norm", "attn_k_norm")  # per head (head_dim,), always RMSNorm, no bias
+LAYER_BIASES = ("attn_q_b", "attn_k_b", "attn_v_b", "attn_output_b", "ffn_gate_b", "ffn_up_b", "ffn_down_b")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Architecture of a LLaMA-family decoder, read from a GGUF file or a Hugging Face folder.
+    """Architecture of a transformer read from a GGUF file or a Hugging Face folder.
 
     Attributes:
-        arch: architecture name as the file states it (``"llama"``).
+        arch: architecture name as the file states it (GGUF ``general.architecture`` or HF
+            ``model_type``: ``"llama"``, ``"mistral"``, ``"qwen2"``, ``"gemma3"``, ``"bert"`` …).
+        family: the :mod:`sinklab.families` module that reads it (``"llama"``, ``"qwen2"``,
+            ``"gemma"``, ``"gpt2"``, ``"bert"``); defaults to ``arch``.
         n_layers, n_heads, n_kv_heads: layers L, query heads H, key/value heads G (G divides H).
         d_model: residual width d. head_dim: per-head width. d_ff: MLP hidden width.
-        vocab_size: V. context_length: the longest sequence the model was trained for.
-        rope_theta: RoPE base. rope_scaling: None or a dict such as
-            ``{"rope_type": "llama3", "factor": 8.0, ...}`` or ``{"rope_type": "linear", "factor": 2.0}``.
-        norm_eps: RMSNorm epsilon. tied_embeddings: output head shares the embedding matrix.
+        vocab_size: V. context_length: the longest sequence the model was trained for (tokens).
+        rope_theta: RoPE base (of the full-attention layers when ``rope_local_theta`` is set).
+        rope_scaling: None or a dict such as ``{"rope_type": "llama3", "factor": 8.0, ...}`` or
+            ``{"rope_type": "linear", "factor": 2.0}`` (same layers as ``rope_theta``).
+        rope_local_theta, rope_local_scaling: RoPE base and scaling of the sliding-window layers
+            (``window[l] > 0``) when they differ from the global ones (Gemma 3: 10000, none);
+            None: every layer uses ``rope_theta``/``rope_scaling``.
+        norm_eps: epsilon of every norm. tied_embeddings: the LM head is the embedding matrix.
         bos_token_id, eos_token_id: special token ids (None if the file has none).
+        norm_kind: ``"rmsnorm"`` or ``"layernorm"`` (LayerNorm norms carry a bias ``*_b``).
+        act: MLP activation, one of ``ACTS`` (gated ones have ``ffn_gate``).
+        bidirectional: every query sees every key (encoders) instead of keys j <= i.
+        embd_scale: the token embedding is multiplied by this (Gemma: float32(sqrt(d))).
+        attn_scale: attention logit scale; None means 1/sqrt(head_dim).
+        attn_softcap, final_softcap: ``c * tanh(x / c)`` on attention logits / output logits;
+            0 = none (Gemma 2).
+        window: None, or one int per layer: sliding-window length (query i sees keys j with
+            i - window < j <= i), 0 = full attention.
+        positions: ``"rope"``, ``"learned"`` (absolute table ``pos_embd`` of ``n_pos`` rows) or
+            ``"none"``. n_pos: rows of the learned table (0 otherwise).
+        has_lm_head: False for encoders (no logits). has_out_norm: a final norm before the head.
+        embd_norm: a norm after the embedding sum (BERT). type_embd: token-type-0 embedding is
+            added to every token (BERT).
+        layer_norms: the per-layer norms present (names from ``LAYER_NORMS``).
+        biases: the per-layer projection biases present (names from ``LAYER_BIASES``).
     """
 
     arch: str
@@ -35,17 +73,103 @@ class ModelConfig:
     bos_token_id: Optional[int] = None
     eos_token_id: Optional[int] = None
     rope_scaling: Optional[Dict[str, Any]] = field(default=None)
+    family: str = ""
+    norm_kind: str = "rmsnorm"
+    act: str = "swiglu"
+    bidirectional: bool = False
+    embd_scale: float = 1.0
+    attn_scale: Optional[float] = None
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    window: Optional[Tuple[int, ...]] = None
+    rope_local_theta: Optional[float] = None
+    rope_local_scaling: Optional[Dict[str, Any]] = field(default=None)
+    positions: str = "rope"
+    n_pos: int = 0
+    has_lm_head: bool = True
+    has_out_norm: bool = True
+    embd_norm: bool = False
+    type_embd: bool = False
+    layer_norms: Tuple[str, ...] = ("attn_norm", "ffn_norm")
+    biases: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if not self.family:
+            object.__setattr__(self, "family", self.arch)
         for name in ("n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "d_ff",
                      "vocab_size", "context_length"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"model config {name}={value!r} must be a positive integer")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
-        if self.head_dim % 2:
+        self._check_choice("norm_kind", NORM_KINDS)
+        self._check_choice("act", ACTS)
+        self._check_choice("positions", POSITIONS)
+        if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
+        if self.positions == "learned" and (not isinstance(self.n_pos, int) or self.n_pos <= 0):
+            raise ValueError(f"learned positions need n_pos > 0, got {self.n_pos!r}")
+        for name in ("norm_eps", "embd_scale"):
+            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+                raise ValueError(f"model config {name}={getattr(self, name)!r} must be a positive number")
+        if self.attn_scale is not None and not (math.isfinite(self.attn_scale) and self.attn_scale > 0):
+            raise ValueError(f"model config attn_scale={self.attn_scale!r} must be a positive number or None")
+        for name in ("attn_softcap", "final_softcap"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise ValueError(f"model config {name}={v!r} must be >= 0 (0 = no soft-capping)")
+        if self.window is not None:
+            w = tuple(self.window)
+            if len(w) != self.n_layers or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in w):
+                raise ValueError(f"window must be {self.n_layers} ints >= 0 (one per layer, 0 = full), got {self.window!r}")
+            object.__setattr__(self, "window", w if any(w) else None)
+        bad = [n for n in self.layer_norms if n not in LAYER_NORMS]
+        if bad:
+            raise ValueError(f"unknown per-layer norms {bad} (known: {', '.join(LAYER_NORMS)})")
+        bad = [n for n in self.biases if n not in LAYER_BIASES]
+        if bad:
+            raise ValueError(f"unknown per-layer biases {bad} (known: {', '.join(LAYER_BIASES)})")
+        if "ffn_gate_b" in self.biases and not self.gated:
+            raise ValueError(f"ffn_gate_b given for the ungated activation {self.act!r}")
+        if self.tied_embeddings and not self.has_lm_head:
+            raise ValueError("tied_embeddings needs an LM head (has_lm_head=False)")
+        object.__setattr__(self, "layer_norms", tuple(self.layer_norms))
+        object.__setattr__(self, "biases", tuple(self.biases))
+
+    def _check_choice(self, name: str, choices: Tuple[str, ...]) -> None:
+        if getattr(self, name) not in choices:
+            raise ValueError(f"model config {name}={getattr(self, name)!r} is not one of {', '.join(choices)}")
+
+    @property
+    def gated(self) -> bool:
+        """The MLP has a gate projection (SwiGLU, GeGLU)."""
+        return self.act in GATED_ACTS
+
+    def layer_window(self, layer: int) -> int:
+        """Sliding-window length of ``layer`` in tokens, 0 = full attention."""
+        return 0 if self.window is None else self.window[layer]
+
+    def layer_rope(self, layer: int) -> Tuple[float, Optional[Dict[str, Any]]]:
+        """(RoPE base, scaling) of ``layer``: the local ones on sliding-window layers when
+        ``rope_local_theta`` is set (Gemma 3), else the global ones."""
+        if self.rope_local_theta is not None and self.layer_window(layer) > 0:
+            return float(self.rope_local_theta), self.rope_local_scaling
+        return float(self.rope_theta), self.rope_scaling
+
+    def core_config(self, rope_layout: int) -> Dict[str, Any]:
+        """The config dict of ``_core.model_new`` (the C model contract)."""
+        out: Dict[str, Any] = {
+            "n_layers": self.n_layers, "n_heads": self.n_heads, "n_kv_heads": self.n_kv_heads,
+            "d_model": self.d_model, "head_dim": self.head_dim, "d_ff": self.d_ff,
+            "vocab_size": self.vocab_size, "norm_eps": float(self.norm_eps), "rope_layout": int(rope_layout),
+            "norm_kind": NORM_KINDS.index(self.norm_kind), "act": ACTS.index(self.act),
+            "bidirectional": bool(self.bidirectional), "embd_scale": float(self.embd_scale),
+            "attn_softcap": float(self.attn_softcap), "final_softcap": float(self.final_softcap),
+            "window": None if self.window is None else list(self.window)}
+        if self.attn_scale is not None:  # else the core's own 1/sqrt(head_dim)
+            out["attn_scale"] = float(self.attn_scale)
+        return out
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)

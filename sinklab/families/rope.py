@@ -49,3 +49,24 @@ def _llama3_inv_freq(inv: np.ndarray, s: Dict[str, Any]) -> np.ndarray:
     smoothed = (1 - smooth) * scaled / factor + smooth * scaled
     medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
     return np.where(medium, smoothed, scaled)
+
+
+def layer_inv_freq(cfg: Any, factors: Optional[np.ndarray] = None) -> np.ndarray:
+    """Each layer's RoPE inverse frequencies, (n_layers, head_dim // 2) float32 C-contiguous.
+
+    Layer l uses ``cfg.layer_rope(l)`` (Gemma 3: the local base on sliding-window layers, the
+    global base and scaling on full ones). ``factors``: llama.cpp's ``rope_freqs.weight``
+    (llama3 scaling stored as divisors per frequency), applied to every layer in float64.
+    """
+    rows = {}
+    out = np.empty((cfg.n_layers, cfg.head_dim // 2), np.float32)
+    for l in range(cfg.n_layers):
+        theta, scaling = cfg.layer_rope(l)
+        key = (theta, repr(sorted((scaling or {}).items())))
+        if key not in rows:
+            inv = rope_inv_freq(cfg.head_dim, theta, scaling)
+            if factors is not None:
+                inv = (inv.astype(np.float64) / factors).astype(np.float32)
+            rows[key] = inv
+        out[l] = rows[key]
+    return out

@@ -1,25 +1,29 @@
-"""Loading LLaMA-family models from GGUF files through the reference `gguf` reader.
+"""Loading models from GGUF files through the reference `gguf` reader.
 
-The file is memory-mapped; fp32 tensors are used in place (zero copy), every other type is
-dequantised to fp32 by the C core. GGUF stores the Q and K projection rows permuted for RoPE on
-adjacent pairs (llama.cpp's convention), so the model runs RoPE in that layout: q·k, and hence
-every attention probability, equals the Hugging Face result with its half-split layout.
+The file is memory-mapped and nothing is decoded at load except small tensors: F32 tensors are
+read in place (zero copy); quantized and half-width matrices (embedding, LM head, attention and
+MLP projections) stay in their file encoding as :class:`QuantizedTensor` views of the map,
+decoded block by block inside the C core's products; norms, biases and position tables are
+decoded to float32. The family module (:mod:`sinklab.families`) chosen by
+``general.architecture`` reads the metadata and names the tensors. llama.cpp stores the Q and
+K rows of *llama*-architecture files permuted for RoPE on adjacent pairs, so those run RoPE in
+that layout (``rope_layout`` 1); q·k, and hence every attention probability, equals the Hugging
+Face result with its half-split layout.
 """
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
 from .. import _core
-from ..families import llama
+from .. import families
 from ..families.config import ModelConfig
+from ..families.tensors import TYPE_NAMES, QuantizedTensor, Tensor, to_f32
 
-SUPPORTED_ARCHS = llama.ARCHS
-# ggml type ids the C core decodes (see csrc/quant.h)
-SUPPORTED_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
-                   12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
+SUPPORTED_ARCHS = families.SUPPORTED_GGUF_ARCHS
+SUPPORTED_TYPES = TYPE_NAMES  # ggml type ids the C core decodes (see csrc/quant.h)
 
 
 class GGUFError(ValueError):
@@ -54,53 +58,66 @@ def _field(reader, key: str, default: Any = KeyError) -> Any:
         raise GGUFError(f"GGUF metadata key {key!r} is unreadable: {e}") from None
 
 
+class GGUFMeta:
+    """A GGUF file's metadata as the family modules read it: ``arch``, ``tensor_names``,
+    ``tensor_shape(name)`` (numpy order, None when absent) and ``get(key, default)``."""
+
+    def __init__(self, reader) -> None:
+        self.reader = reader
+        self.arch = str(_field(reader, "general.architecture"))
+        self._shapes = {t.name: tuple(int(x) for x in reversed(t.shape.tolist())) for t in reader.tensors}
+        self.tensor_names = frozenset(self._shapes)
+
+    def get(self, key: str, default: Any = KeyError) -> Any:
+        return _field(self.reader, key, default)
+
+    def tensor_shape(self, name: str) -> Optional[Tuple[int, ...]]:
+        return self._shapes.get(name)
+
+
+def family_of(reader):
+    """The family module for a GGUF file's ``general.architecture`` (GGUFError naming an
+    unsupported one and the supported list)."""
+    try:
+        return families.for_gguf_arch(_field(reader, "general.architecture"))
+    except ValueError as e:
+        raise GGUFError(str(e)) from None
+
+
 def read_config(reader) -> ModelConfig:
-    """The ModelConfig stated by a GGUF file's metadata."""
-    arch = _field(reader, "general.architecture")
-    if arch not in SUPPORTED_ARCHS:
-        raise GGUFError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_ARCHS)})")
-    p = arch + "."
-    d_model = int(_field(reader, p + "embedding_length"))
-    n_heads = int(_field(reader, p + "attention.head_count"))
-    head_dim = int(_field(reader, p + "attention.key_length", d_model // max(n_heads, 1)))
-    rope_dim = int(_field(reader, p + "rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise GGUFError(f"partial rotary embeddings (rope.dimension_count={rope_dim} < head_dim={head_dim}) are not supported")
-    tok = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = int(_field(reader, p + "vocab_size", len(tok.data) if tok is not None else 0))
-    scaling = None
-    kind = _field(reader, p + "rope.scaling.type", None)
-    if kind not in (None, "none"):
-        if kind != "linear":
-            raise GGUFError(f"unsupported RoPE scaling type {kind!r} in GGUF (supported: linear, llama3 via rope_freqs)")
-        scaling = {"rope_type": "linear", "factor": float(_field(reader, p + "rope.scaling.factor"))}
-    bos = _field(reader, "tokenizer.ggml.bos_token_id", None)
-    eos = _field(reader, "tokenizer.ggml.eos_token_id", None)
-    names = {t.name for t in reader.tensors}
-    return ModelConfig(
-        arch=arch,
-        n_layers=int(_field(reader, p + "block_count")),
-        n_heads=n_heads,
-        n_kv_heads=int(_field(reader, p + "attention.head_count_kv", n_heads)),
-        d_model=d_model,
-        head_dim=head_dim,
-        d_ff=int(_field(reader, p + "feed_forward_length")),
-        vocab_size=vocab,
-        context_length=int(_field(reader, p + "context_length")),
-        rope_theta=float(_field(reader, p + "rope.freq_base", 10000.0)),
-        norm_eps=float(_field(reader, p + "attention.layer_norm_rms_epsilon")),
-        tied_embeddings="output.weight" not in names,
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_id=None if eos is None else int(eos),
-        rope_scaling=scaling,
-    )
+    """The ModelConfig stated by a GGUF file's metadata (read by its family module)."""
+    fam = family_of(reader)
+    try:
+        return fam.config_from_gguf(GGUFMeta(reader))
+    except GGUFError:
+        raise
+    except (ValueError, TypeError) as e:
+        raise GGUFError(f"{e}") from None
 
 
-def tensor_to_f32(t, expected_shape: Tuple[int, ...]) -> np.ndarray:
-    """A GGUF tensor as a C-contiguous float32 array of ``expected_shape`` (numpy order).
+class GGUFSource:
+    """The tensors of a GGUF file as family modules fetch them (``fmt``, ``names``,
+    ``shape(name)``, ``get(name, shape)``)."""
 
-    F32 data is returned as a read-only view of the memory map; other types are decoded in C.
-    """
+    fmt = "gguf"
+
+    def __init__(self, reader) -> None:
+        self.by_name = {t.name: t for t in reader.tensors}
+        self.names = frozenset(self.by_name)
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return tuple(int(x) for x in reversed(self.by_name[name].shape.tolist()))
+
+    def get(self, name: str, shape: Tuple[int, ...]) -> Tensor:
+        if name not in self.by_name:
+            raise GGUFError(f"GGUF file lacks tensor {name!r}")
+        return read_tensor(self.by_name[name], shape)
+
+
+def read_tensor(t, expected_shape: Tuple[int, ...]) -> Tensor:
+    """A GGUF tensor of ``expected_shape`` (numpy order), checked against the file: F32 as a
+    read-only float32 view of the memory map, other matrices as a :class:`QuantizedTensor`
+    over their bytes, other vectors decoded to float32."""
     type_id = int(t.tensor_type)
     if type_id not in SUPPORTED_TYPES:
         raise GGUFError(f"tensor {t.name}: unsupported tensor type {t.tensor_type.name} ({type_id})")
@@ -110,28 +127,40 @@ def tensor_to_f32(t, expected_shape: Tuple[int, ...]) -> np.ndarray:
     n = int(np.prod(shape))
     raw = np.asarray(t.data)
     block_elems, block_bytes = _core.quant_block_size(type_id)
-    if n % block_elems:
-        raise GGUFError(f"tensor {t.name}: {n} elements is not a whole number of {SUPPORTED_TYPES[type_id]} blocks")
+    if n % block_elems or shape[-1] % block_elems:
+        raise GGUFError(f"tensor {t.name}: rows of {shape[-1]} values are not whole {SUPPORTED_TYPES[type_id]} blocks")
     if raw.nbytes != n // block_elems * block_bytes:
         raise GGUFError(f"tensor {t.name}: data holds {raw.nbytes} bytes, expected "
                         f"{n // block_elems * block_bytes} (file truncated or corrupted)")
     if type_id == 0:
         return raw.reshape(shape)
     data = raw.reshape(-1).view(np.uint8)
+    if len(shape) == 2:
+        return QuantizedTensor(type_id, data, shape)
     return _core.dequantize(type_id, data, n).reshape(shape)
 
 
-def load_gguf_weights(reader, cfg: ModelConfig) -> Dict[str, np.ndarray]:
-    """Weights named as the C core expects (``tok_embd``, ``blk.N.attn_q`` …; the family's schema
-    in :mod:`sinklab.families.llama`), fp32, numpy order (out, in)."""
-    by_name = {t.name: t for t in reader.tensors}
+def tensor_to_f32(t, expected_shape: Tuple[int, ...]) -> np.ndarray:
+    """A GGUF tensor as a C-contiguous float32 array of ``expected_shape`` (numpy order):
+    F32 data is a read-only view of the memory map, other types are decoded in C."""
+    return to_f32(read_tensor(t, expected_shape))
 
-    def get(name: str, shape: Tuple[int, ...]) -> np.ndarray:
-        if name not in by_name:
-            raise GGUFError(f"GGUF file lacks tensor {name!r}")
-        return tensor_to_f32(by_name[name], shape)
 
-    return llama.canonical_weights(cfg, "gguf", get)
+def load_gguf_weights(reader, cfg: ModelConfig) -> Dict[str, Tensor]:
+    """The canonical tensors (``tok_embd``, ``blk.N.attn_q`` …; :mod:`sinklab.families.base`),
+    numpy order (out, in): float32 arrays, matrices possibly :class:`QuantizedTensor`."""
+    fam = families.family_of(cfg.family)
+    try:
+        return fam.weights(cfg, GGUFSource(reader))
+    except GGUFError:
+        raise
+    except ValueError as e:
+        raise GGUFError(str(e)) from None
+
+
+def rope_layout(cfg: ModelConfig) -> int:
+    """0: half-split RoPE pairs; 1: adjacent pairs (llama.cpp's permuted llama-architecture Q/K)."""
+    return families.family_of(cfg.family).rope_layout("gguf")
 
 
 def llama3_rope_factors(reader, cfg: ModelConfig):

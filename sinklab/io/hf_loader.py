@@ -1,4 +1,9 @@
-"""Loading LLaMA-family models from Hugging Face folders: config.json + *.safetensors.
+"""Loading models from Hugging Face folders: config.json + *.safetensors.
+
+The family module (:mod:`sinklab.families`) chosen by config.json's ``model_type`` reads the
+config and names the tensors. F32 tensors are used in place (zero copy); F16 and BF16 matrices
+stay half-width as :class:`QuantizedTensor` views of the file (decoded inside the C core's
+products); other F16/BF16 tensors are widened to float32.
 
 Safetensors files are memory-mapped and read through their JSON header directly: the format is
 an 8-byte header length, a JSON table of {name: dtype, shape, data_offsets}, then raw data. The
@@ -10,14 +15,15 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any, Dict, Iterable, Tuple
+from typing import Dict, Iterable, Tuple
 
 import numpy as np
 
-from ..families import llama
+from .. import families
 from ..families.config import ModelConfig
+from ..families.tensors import BF16, F16, QuantizedTensor, Tensor
 
-SUPPORTED_MODEL_TYPES = llama.ARCHS
+SUPPORTED_MODEL_TYPES = families.SUPPORTED_HF_TYPES
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
 _MAX_HEADER = 100 * 1024 * 1024
 
@@ -90,76 +96,54 @@ def _files(folder: str) -> Iterable[str]:
     return [os.path.join(folder, x) for x in files]
 
 
-def _rope_from_hf(c: Dict[str, Any]) -> Tuple[float, Any]:
-    """RoPE base and scaling from either transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters)."""
-    params = c.get("rope_parameters") or {}
-    theta = c.get("rope_theta", params.get("rope_theta", 10000.0))
-    scaling = c.get("rope_scaling") or (params if params.get("rope_type", "default") != "default" else None)
-    if scaling is not None:
-        scaling = dict(scaling)
-        scaling.setdefault("rope_type", scaling.get("type", "default"))
-        scaling.pop("rope_theta", None)
-        if scaling["rope_type"] == "default":
-            scaling = None
-    return float(theta), scaling
-
-
 def read_config(folder: str) -> ModelConfig:
-    """The ModelConfig of a Hugging Face folder's config.json."""
+    """The ModelConfig of a Hugging Face folder's config.json (read by its family module)."""
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder} has no config.json")
     with open(path) as f:
         c = json.load(f)
-    kind = c.get("model_type")
-    if kind not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported architecture {kind!r} in {path} (supported: {', '.join(SUPPORTED_MODEL_TYPES)})")
-    for flag in ("attention_bias", "mlp_bias"):
-        if c.get(flag):
-            raise ValueError(f"{path}: {flag}=true is not supported")
-    act = c.get("hidden_act", "silu")
-    if act != "silu":
-        raise ValueError(f"{path}: hidden_act={act!r} is not supported (LLaMA uses silu)")
-
-    def need(key: str) -> Any:
-        if key not in c:
-            raise KeyError(f"{path} is missing the config key {key!r}")
-        return c[key]
-
-    d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    theta, scaling = _rope_from_hf(c)
-    bos, eos = c.get("bos_token_id"), c.get("eos_token_id")
-    eos = eos[0] if isinstance(eos, list) else eos
-    return ModelConfig(
-        arch=kind,
-        n_layers=int(need("num_hidden_layers")),
-        n_heads=heads,
-        n_kv_heads=int(c.get("num_key_value_heads") or heads),
-        d_model=d,
-        head_dim=int(c.get("head_dim") or d // heads),
-        d_ff=int(need("intermediate_size")),
-        vocab_size=int(need("vocab_size")),
-        context_length=int(c.get("max_position_embeddings", 2048)),
-        rope_theta=theta,
-        norm_eps=float(c.get("rms_norm_eps", 1e-6)),
-        tied_embeddings=bool(c.get("tie_word_embeddings", False)),
-        bos_token_id=None if bos is None else int(bos),
-        eos_token_id=None if eos is None else int(eos),
-        rope_scaling=scaling,
-    )
+    if not isinstance(c, dict):
+        raise ValueError(f"{path} is not a JSON object")
+    fam = families.for_hf_type(c.get("model_type"), path)
+    return fam.config_from_hf(c, path)
 
 
-def load_hf_weights(folder: str, cfg: ModelConfig) -> Dict[str, np.ndarray]:
-    """Weights named as the C core expects, fp32 (out, in); fp32 files are not copied."""
-    table: Dict[str, Tuple[str, Tuple[int, ...], np.ndarray]] = {}
-    for path in _files(folder):
-        table.update(read_safetensors(path))
-    def get(name: str, shape: Tuple[int, ...]) -> np.ndarray:
-        if name not in table:
-            raise KeyError(f"{folder}: missing tensor {name!r}")
-        dtype, got, raw = table[name]
-        if got != shape:
-            raise ValueError(f"{folder}: tensor {name} has shape {got}, expected {shape}")
-        return to_f32(dtype, shape, raw)
+class HFSource:
+    """The tensors of a folder's safetensors files as family modules fetch them (``fmt``,
+    ``names``, ``shape(name)``, ``get(name, shape)``)."""
 
-    return llama.canonical_weights(cfg, "hf", get)
+    fmt = "hf"
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+        self.table: Dict[str, Tuple[str, Tuple[int, ...], np.ndarray]] = {}
+        for path in _files(folder):
+            self.table.update(read_safetensors(path))
+        self.names = frozenset(self.table)
+
+    def shape(self, name: str) -> Tuple[int, ...]:
+        return self.table[name][1]
+
+    def get(self, name: str, shape: Tuple[int, ...]) -> Tensor:
+        """Tensor ``name`` of ``shape``: float32 (a view for aligned F32), or a QuantizedTensor
+        for F16/BF16 matrices. KeyError when missing, ValueError for another shape."""
+        if name not in self.table:
+            raise KeyError(f"{self.folder}: missing tensor {name!r}")
+        dtype, got, raw = self.table[name]
+        if got != tuple(shape):
+            raise ValueError(f"{self.folder}: tensor {name} has shape {got}, expected {tuple(shape)}")
+        if dtype in ("F16", "BF16") and len(got) == 2:
+            return QuantizedTensor(F16 if dtype == "F16" else BF16, raw, got)
+        return to_f32(dtype, got, raw)
+
+
+def load_hf_weights(folder: str, cfg: ModelConfig) -> Dict[str, Tensor]:
+    """The canonical tensors (:mod:`sinklab.families.base`), numpy order (out, in): float32
+    (fp32 files are not copied), F16/BF16 matrices as QuantizedTensor."""
+    return families.family_of(cfg.family).weights(cfg, HFSource(folder))
+
+
+def rope_layout(cfg: ModelConfig) -> int:
+    """Hugging Face files keep the half-split RoPE layout (0)."""
+    return families.family_of(cfg.family).rope_layout("hf")
