@@ -828,7 +828,7 @@ FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
     FamilySpec("gpt2", "gpt2", dict(vocab_size=320, n_embd=64, n_layer=3, n_head=4, n_positions=64,
                n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
                bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=True,
-               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), seed=19),
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), seed=19, gguf_arch="gpt2"),
     # post-LN encoder, token-type embeddings, erf GELU, bidirectional, no head
     FamilySpec("bert", "bert", dict(vocab_size=320, hidden_size=64, num_hidden_layers=3,
                num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
@@ -1109,6 +1109,8 @@ def write_family_gguf(model, spec: FamilySpec, path, qtype: str = "F32",
     arch = spec.gguf_arch
     if arch == "llama":
         return write_gguf(model, path, qtype, name=name)
+    if arch == "gpt2":
+        return _write_gpt2_gguf(model, path, qtype, name)
     path = Path(path)
     cfg = model.config
     facts = config_facts(cfg)
@@ -1176,10 +1178,87 @@ def write_family_gguf(model, spec: FamilySpec, path, qtype: str = "F32",
     return path
 
 
+def _write_gpt2_gguf(model, path, qtype: str, name: str) -> Path:
+    """GPT-2 as llama.cpp's GPT2Model converter writes it: Conv1D weights transposed to (out, in),
+    Q/K/V fused as attn_qkv (3d, d) with its bias, LayerNorm eps under attention.layer_norm_epsilon,
+    feed_forward_length 4d, and output.weight written as a copy of token_embd.weight."""
+    gguf = require("gguf")
+    path = Path(path)
+    cfg = model.config
+    d = cfg.n_embd
+    w = gguf.GGUFWriter(str(path), "gpt2")
+    w.add_name(name)
+    w.add_file_type(_GGUF_FILE_TYPE[qtype])
+    w.add_block_count(cfg.n_layer)
+    w.add_context_length(cfg.n_positions)
+    w.add_embedding_length(d)
+    w.add_feed_forward_length(4 * d)
+    w.add_head_count(cfg.n_head)
+    w.add_layer_norm_eps(float(cfg.layer_norm_epsilon))
+    tokens, types, merges = tiny_vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(BOS_ID)
+    w.add_eos_token_id(EOS_ID)
+    w.add_unk_token_id(UNK_ID)
+    w.add_add_bos_token(False)
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    sd = {k: v.detach().cpu().float().numpy() for k, v in model.state_dict().items()}
+
+    def add(tname: str, a: np.ndarray):
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        if a.ndim == 1 or qtype == "F32":
+            w.add_tensor(tname, a)
+        elif qtype == "F16":
+            w.add_tensor(tname, a.astype(np.float16))
+        else:
+            w.add_tensor(tname, gguf.quants.quantize(a, qt), raw_dtype=qt)
+
+    add("token_embd.weight", sd["transformer.wte.weight"])
+    add("position_embd.weight", sd["transformer.wpe.weight"])
+    for i in range(cfg.n_layer):
+        p = f"transformer.h.{i}."
+        for hf_name, g_name, conv in (("ln_1", "attn_norm", False), ("attn.c_attn", "attn_qkv", True),
+                                      ("attn.c_proj", "attn_output", True), ("ln_2", "ffn_norm", False),
+                                      ("mlp.c_fc", "ffn_up", True), ("mlp.c_proj", "ffn_down", True)):
+            wt = sd[p + hf_name + ".weight"]
+            add(f"blk.{i}.{g_name}.weight", wt.T if conv else wt)
+            add(f"blk.{i}.{g_name}.bias", sd[p + hf_name + ".bias"])
+    add("output_norm.weight", sd["transformer.ln_f.weight"])
+    add("output_norm.bias", sd["transformer.ln_f.bias"])
+    add("output.weight", sd["transformer.wte.weight"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
 def dequantized_family(model, qtype: str):
     """Copy of `model` whose 2-D weights went through GGUF `qtype` (the weights a GGUF file
-    written by write_family_gguf holds)."""
-    return dequantized_model(model, qtype)
+    written by write_family_gguf holds). GPT-2's Conv1D weights are quantized in the file's
+    transposed (out, in) layout, whose rows are the blocks."""
+    if model.config.model_type != "gpt2" or qtype == "F32":
+        return dequantized_model(model, qtype)
+    torch = require("torch")
+    gguf = require("gguf")
+    m = copy.deepcopy(model)
+    qt = getattr(gguf.GGMLQuantizationType, qtype)
+    with torch.no_grad():
+        for name, p in _weight_matrices(m):
+            w = p.detach().cpu().numpy().astype(np.float32)
+            conv = any(s in name for s in ("c_attn", "c_proj", "c_fc"))
+            a = np.ascontiguousarray(w.T if conv else w)
+            if qtype == "F16":
+                deq = a.astype(np.float16).astype(np.float32)
+            else:
+                deq = gguf.quants.dequantize(gguf.quants.quantize(a, qt), qt).astype(np.float32).reshape(a.shape)
+            p.copy_(torch.from_numpy(np.ascontiguousarray(deq.T if conv else deq)))
+    return m
 
 
 class FamilyModels:
@@ -1227,3 +1306,96 @@ class FamilyModels:
         if key not in self._sl:
             self._sl[key] = sinklab.load(str(self.path(name, fmt)), quiet=True)
         return self._sl[key]
+
+
+def canonical_param_grads(model, gguf_layout: bool = False) -> Dict[str, np.ndarray]:
+    """The gradients held in `model`'s parameters (after a backward pass), keyed by the C
+    core's canonical names in canonical layout: matrices (out, in) (GPT-2's Conv1D weights
+    transposed and c_attn split into Q, K, V by rows), Gemma norms as the (1 + w) multiplier
+    (same gradient as w), BERT's token-type row 0 as type_embd; the LM head only when untied;
+    BERT's pooler (unused by the stream) left out. gguf_layout: LLaMA's Q/K rows permuted as
+    llama.cpp stores them."""
+    cfg = model.config
+    mt = cfg.model_type
+    params = dict(model.named_parameters())
+    out: Dict[str, np.ndarray] = {}
+
+    def g(name):
+        p = params[name]
+        return (np.zeros(tuple(p.shape), np.float32) if p.grad is None
+                else p.grad.detach().cpu().numpy().astype(np.float32).copy())
+
+    f = config_facts(cfg)
+    L = f["n_layers"]
+    if mt == "gpt2":
+        d = f["d_model"]
+        out["tok_embd"], out["pos_embd"] = g("transformer.wte.weight"), g("transformer.wpe.weight")
+        out["out_norm"], out["out_norm_b"] = g("transformer.ln_f.weight"), g("transformer.ln_f.bias")
+        for l in range(L):
+            p, b = f"transformer.h.{l}.", f"blk.{l}."
+            out[b + "attn_norm"], out[b + "attn_norm_b"] = g(p + "ln_1.weight"), g(p + "ln_1.bias")
+            w, bias = g(p + "attn.c_attn.weight").T, g(p + "attn.c_attn.bias")
+            for i, k in enumerate(("attn_q", "attn_k", "attn_v")):
+                out[b + k] = np.ascontiguousarray(w[i * d:(i + 1) * d])
+                out[b + k + "_b"] = bias[i * d:(i + 1) * d].copy()
+            out[b + "attn_output"] = np.ascontiguousarray(g(p + "attn.c_proj.weight").T)
+            out[b + "attn_output_b"] = g(p + "attn.c_proj.bias")
+            out[b + "ffn_norm"], out[b + "ffn_norm_b"] = g(p + "ln_2.weight"), g(p + "ln_2.bias")
+            out[b + "ffn_up"] = np.ascontiguousarray(g(p + "mlp.c_fc.weight").T)
+            out[b + "ffn_up_b"] = g(p + "mlp.c_fc.bias")
+            out[b + "ffn_down"] = np.ascontiguousarray(g(p + "mlp.c_proj.weight").T)
+            out[b + "ffn_down_b"] = g(p + "mlp.c_proj.bias")
+        return out
+    if mt == "bert":
+        e = "embeddings."
+        out["tok_embd"], out["pos_embd"] = g(e + "word_embeddings.weight"), g(e + "position_embeddings.weight")
+        out["type_embd"] = g(e + "token_type_embeddings.weight")[0].copy()
+        out["embd_norm"], out["embd_norm_b"] = g(e + "LayerNorm.weight"), g(e + "LayerNorm.bias")
+        for l in range(L):
+            p, b = f"encoder.layer.{l}.", f"blk.{l}."
+            for hf_name, k in (("attention.self.query", "attn_q"), ("attention.self.key", "attn_k"),
+                               ("attention.self.value", "attn_v"), ("attention.output.dense", "attn_output"),
+                               ("attention.output.LayerNorm", "attn_res_norm"),
+                               ("intermediate.dense", "ffn_up"), ("output.dense", "ffn_down"),
+                               ("output.LayerNorm", "ffn_res_norm")):
+                out[b + k], out[b + k + "_b"] = g(p + hf_name + ".weight"), g(p + hf_name + ".bias")
+        return out
+    # RoPE decoders
+    out["tok_embd"], out["out_norm"] = g("model.embed_tokens.weight"), g("model.norm.weight")
+    if not cfg.tie_word_embeddings:
+        out["lm_head"] = g("lm_head.weight")
+    names = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+             "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+             "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+             "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+    if mt in ("gemma2", "gemma3_text"):
+        names.update({"post_attention_layernorm": "attn_post_norm", "pre_feedforward_layernorm": "ffn_norm",
+                      "post_feedforward_layernorm": "ffn_post_norm"})
+    else:
+        names["post_attention_layernorm"] = "ffn_norm"
+    H, G = f["n_heads"], f["n_kv_heads"]
+    for l in range(L):
+        for hf_name, k in names.items():
+            for suffix, tail in (("weight", ""), ("bias", "_b")):
+                name = f"model.layers.{l}.{hf_name}.{suffix}"
+                if name not in params:
+                    continue
+                a = g(name)
+                if gguf_layout and mt == "llama" and k in ("attn_q", "attn_k"):
+                    a = llama_cpp_permute(a, H, H if k == "attn_q" else G)
+                out[f"blk.{l}.{k}{tail}"] = np.ascontiguousarray(a)
+    return out
+
+
+@contextlib.contextmanager
+def torch_single_thread():
+    """torch on one thread for the tiny reference models (restored after): their ops are far
+    too small to gain from threads, and on a shared machine OpenMP's waiting threads slow each
+    op by orders of magnitude (40 ms instead of 0.1 ms for a 40x64 @ 64x64 linear)."""
+    torch = require("torch")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)

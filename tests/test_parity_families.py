@@ -32,8 +32,15 @@ import sinklab as sl  # noqa: E402
 SPECS = rm.FAMILY_SPECS
 ST_CASES = [(n, "st") for n in SPECS]
 GGUF_CASES = [(n, "gguf") for n, s in SPECS.items() if s.gguf_arch]
-QUANT_CASES = [("qwen2", "gguf-Q8_0"), ("gemma2", "gguf-F16"), ("gemma3_gguf", "gguf-Q8_0")]
+QUANT_CASES = [("qwen2", "gguf-Q8_0"), ("gemma2", "gguf-F16"), ("gemma3_gguf", "gguf-Q8_0"),
+               ("gpt2", "gguf-Q8_0")]
 ALL_CASES = ST_CASES + GGUF_CASES + QUANT_CASES
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_one_thread():
+    with rm.torch_single_thread():
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -196,8 +203,10 @@ def test_reference_gguf_roundtrip_transformers(store, name):
     for fmt in ("gguf", "gguf-Q8_0"):
         path = store.path(name, fmt)
         kw = {}
-        if s.gguf_arch == "qwen3":
-            # transformers' qwen3 GGUF config map lacks attention.key_length (head_dim 24 here)
+        if s.gguf_arch in ("qwen3", "gpt2"):
+            # transformers' GGUF config maps lack qwen3's attention.key_length (head_dim 24
+            # here) and read gpt2's context_length into n_ctx, not n_positions: give the
+            # config, the weights still come from the file
             kw["config"] = rm.family_config(s, gguf=True)
         m = transformers.AutoModelForCausalLM.from_pretrained(
             str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager", **kw)
@@ -227,6 +236,11 @@ def test_reference_gguf_roundtrip_transformers(store, name):
     assert val(f"{arch}.block_count") == f["n_layers"]
     assert val(f"{arch}.embedding_length") == f["d_model"]
     assert val(f"{arch}.attention.head_count") == f["n_heads"]
+    if arch == "gpt2":
+        assert val("gpt2.feed_forward_length") == 4 * f["d_model"]
+        assert val("gpt2.attention.layer_norm_epsilon") == pytest.approx(cfg.layer_norm_epsilon)
+        assert val("gpt2.context_length") == cfg.n_positions
+        return
     assert val(f"{arch}.attention.head_count_kv") == f["n_kv_heads"]
     assert val(f"{arch}.feed_forward_length") == cfg.intermediate_size
     if arch.startswith("gemma"):
