@@ -5,6 +5,7 @@
 #define PY_ARRAY_UNIQUE_SYMBOL sinklab_ARRAY_API
 #include <numpy/arrayobject.h>
 
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -273,9 +274,9 @@ static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
     return 1;
 }
 
-/* Every per-layer tensor: its field in sl_layer_weights and sl_layer_grads, its canonical key
- * (blk.N.<key>), and its shape in terms of d, qd = H*hd, kvd = G*hd and F (numpy order (out, in)). */
-#define LAYER_TENSORS(X)              \
+/* The parameter gradients loss_grad fills: field of sl_layer_grads, canonical key, shape in
+ * terms of d, qd = H*hd, kvd = G*hd and F (numpy order (out, in)). */
+#define GRAD_TENSORS(X)               \
     X(attn_norm, "attn_norm", 1, d, 0) \
     X(wq, "attn_q", 2, qd, d)          \
     X(wk, "attn_k", 2, kvd, d)         \
@@ -286,77 +287,241 @@ static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
     X(w_up, "ffn_up", 2, F, d)         \
     X(w_down, "ffn_down", 2, d, F)
 
-/* Fetches tensors[name], checks dtype float32 and exact shape, keeps a reference. */
-static const float *weight(PyObject *tensors, PyObject *keep, const char *name, int ndim, npy_intp d0,
-                           npy_intp d1) {
+/* Reads tensors[name] (NULL with no error when absent and optional) and records the name as used. */
+static PyObject *tensor_item(PyObject *tensors, PyObject *used, const char *name, int required) {
     PyObject *o = PyDict_GetItemString(tensors, name);
     if (!o) {
-        PyErr_Format(PyExc_KeyError, "missing tensor %s", name);
+        if (required) PyErr_Format(PyExc_KeyError, "missing tensor %s", name);
         return NULL;
     }
-    npy_intp dims[2] = {d0, d1};
-    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 0);
-    if (!a || PyList_Append(keep, o) < 0) return NULL;
-    return PyArray_DATA(a);
+    PyObject *key = PyUnicode_FromString(name);
+    if (!key || PySet_Add(used, key) < 0) {
+        Py_XDECREF(key);
+        return NULL;
+    }
+    Py_DECREF(key);
+    return o;
 }
 
-static PyObject *py_model_new(PyObject *self, PyObject *args) {
-    (void)self;
-    PyObject *cfg, *tensors;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &cfg, &PyDict_Type, &tensors)) return NULL;
-    model_handle *h = PyMem_Calloc(1, sizeof *h);
-    if (!h) return PyErr_NoMemory();
-    sl_model *m = &h->model;
-    PyObject *capsule = NULL;
-    int64_t layout = 0;
-    if (!(h->keep = PyList_New(0))) goto fail;
+/* A float32 tensor of exactly dims (a -1 entry: any size), kept alive by `keep`. *out stays NULL
+ * when the tensor is absent and optional; returns 0 with an exception set on error. */
+static int float_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, int ndim,
+                        const npy_intp *dims, int required, const float **out) {
+    *out = NULL;
+    PyObject *o = tensor_item(tensors, used, name, required);
+    if (!o) return !PyErr_Occurred();
+    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 0);
+    if (!a || PyList_Append(keep, o) < 0) return 0;
+    *out = PyArray_DATA(a);
+    return 1;
+}
+
+static int vector_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp n,
+                         int required, const float **out) {
+    npy_intp dims[1] = {n};
+    return float_tensor(tensors, used, keep, name, 1, dims, required, out);
+}
+
+/* A matrix (rows, cols): a float32 array, or a tuple (ggml_type, 1-D uint8 array of the file's
+ * bytes) kept resident and decoded inside the products. w->data stays NULL when absent and optional. */
+static int matrix_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp rows,
+                         npy_intp cols, int required, sl_weight *w) {
+    memset(w, 0, sizeof *w);
+    PyObject *o = tensor_item(tensors, used, name, required);
+    if (!o) return !PyErr_Occurred();
+    if (!PyTuple_Check(o)) {
+        npy_intp dims[2] = {rows, cols};
+        PyArrayObject *a = check_array(o, name, NPY_FLOAT32, 2, dims, 0);
+        if (!a || PyList_Append(keep, o) < 0) return 0;
+        *w = sl_weight_f32(PyArray_DATA(a), rows, cols);
+        return 1;
+    }
+    int type;
+    PyObject *raw;
+    if (!PyArg_ParseTuple(o, "iO;a quantized tensor is (ggml_type: int, data: uint8 array)", &type, &raw)) return 0;
+    PyArrayObject *a = check_array(raw, name, NPY_UINT8, 1, NULL, 0);
+    if (!a || PyList_Append(keep, raw) < 0) return 0;
+    if (sl_weight_init(w, type, PyArray_DATA(a), PyArray_DIM(a, 0), rows, cols) != SL_OK) {
+        PyErr_Format(PyExc_ValueError, "tensor %s: %s", name, sl_last_error());
+        return 0;
+    }
+    return 1;
+}
+
+/* A norm's weight (d) and optional bias "<name>_b"; absent weight: no such norm. */
+static int norm_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp d, sl_norm *n) {
+    char bias[96];
+    snprintf(bias, sizeof bias, "%s_b", name);
+    return vector_tensor(tensors, used, keep, name, d, 0, &n->w) && vector_tensor(tensors, used, keep, bias, d, 0, &n->b);
+}
+
+static int cfg_float(PyObject *cfg, const char *key, double dflt, float *out) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    double x = v && v != Py_None ? PyFloat_AsDouble(v) : dflt;
+    if (x == -1.0 && PyErr_Occurred()) return 0;
+    *out = (float)x;
+    return 1;
+}
+
+static int cfg_small_int(PyObject *cfg, const char *key, int dflt, int *out) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    long x = v && v != Py_None ? PyLong_AsLong(v) : dflt;
+    if (x == -1 && PyErr_Occurred()) return 0;
+    if (x < 0 || x > 64) {
+        PyErr_Format(PyExc_ValueError, "model config %s=%ld is out of range", key, x);
+        return 0;
+    }
+    *out = (int)x;
+    return 1;
+}
+
+/* config["window"]: None or a list of n_layers sliding-window lengths (0: full attention). */
+static int cfg_windows(PyObject *cfg, sl_layer_weights *layers, int64_t L) {
+    PyObject *v = PyDict_GetItemString(cfg, "window");
+    if (!v || v == Py_None) return 1;
+    if (!PyList_Check(v) || PyList_GET_SIZE(v) != L) {
+        PyErr_Format(PyExc_ValueError, "model config window must be None or a list of %lld ints", (long long)L);
+        return 0;
+    }
+    for (int64_t l = 0; l < L; l++) {
+        long long x = PyLong_AsLongLong(PyList_GET_ITEM(v, l));
+        if (x == -1 && PyErr_Occurred()) return 0;
+        if (x < 0) {
+            PyErr_Format(PyExc_ValueError, "model config window[%lld]=%lld is negative", (long long)l, x);
+            return 0;
+        }
+        layers[l].window = x;
+    }
+    return 1;
+}
+
+static int model_config(PyObject *cfg, sl_model *m) {
+    int64_t layout;
     if (!cfg_int(cfg, "n_layers", &m->n_layers) || !cfg_int(cfg, "n_heads", &m->n_heads) ||
         !cfg_int(cfg, "n_kv_heads", &m->n_kv_heads) || !cfg_int(cfg, "d_model", &m->d_model) ||
         !cfg_int(cfg, "head_dim", &m->head_dim) || !cfg_int(cfg, "d_ff", &m->d_ff) ||
         !cfg_int(cfg, "vocab_size", &m->vocab_size))
-        goto fail;
+        return 0;
     PyObject *eps = PyDict_GetItemString(cfg, "norm_eps"), *lay = PyDict_GetItemString(cfg, "rope_layout");
     if (!eps || !lay) {
         PyErr_SetString(PyExc_KeyError, "model config needs norm_eps and rope_layout");
-        goto fail;
+        return 0;
     }
     m->norm_eps = (float)PyFloat_AsDouble(eps);
     layout = PyLong_AsLongLong(lay);
-    if (PyErr_Occurred()) goto fail;
+    if (PyErr_Occurred()) return 0;
     if (layout != SL_ROPE_HALF_SPLIT && layout != SL_ROPE_ADJACENT) {
         PyErr_Format(PyExc_ValueError, "rope_layout must be 0 or 1, got %lld", (long long)layout);
-        goto fail;
+        return 0;
     }
     m->rope_layout = (int)layout;
     if (m->n_heads % m->n_kv_heads || m->head_dim % 2) {
         PyErr_Format(PyExc_ValueError, "n_heads (%lld) must be a multiple of n_kv_heads (%lld) and head_dim even",
                      (long long)m->n_heads, (long long)m->n_kv_heads);
-        goto fail;
+        return 0;
     }
-    const npy_intp d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const npy_intp F = m->d_ff, V = m->vocab_size;
-    if (!(m->rope_inv_freq = weight(tensors, h->keep, "rope_inv_freq", 1, m->head_dim / 2, 0)) ||
-        !(m->tok_embd = weight(tensors, h->keep, "tok_embd", 2, V, d)) ||
-        !(m->out_norm = weight(tensors, h->keep, "out_norm", 1, d, 0)) ||
-        !(m->lm_head = weight(tensors, h->keep, "lm_head", 2, V, d)))
+    return cfg_small_int(cfg, "norm_kind", SL_NORM_RMS, &m->norm_kind) && cfg_small_int(cfg, "act", SL_ACT_SWIGLU, &m->act) &&
+           cfg_small_int(cfg, "bidirectional", 0, &m->bidirectional) && cfg_float(cfg, "embd_scale", 1.0, &m->embd_scale) &&
+           cfg_float(cfg, "attn_scale", 1.0 / sqrt((double)m->head_dim), &m->attn_scale) &&
+           cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap);
+}
+
+static int global_tensors(PyObject *tensors, PyObject *used, PyObject *keep, sl_model *m) {
+    const npy_intp d = m->d_model, V = m->vocab_size;
+    npy_intp pos_dims[2] = {-1, d};
+    if (!matrix_tensor(tensors, used, keep, "tok_embd", V, d, 1, &m->tok_embd) ||
+        !matrix_tensor(tensors, used, keep, "lm_head", V, d, 0, &m->lm_head) ||
+        !float_tensor(tensors, used, keep, "pos_embd", 2, pos_dims, 0, &m->pos_embd) ||
+        !vector_tensor(tensors, used, keep, "type_embd", d, 0, &m->type_embd) ||
+        !norm_tensor(tensors, used, keep, "embd_norm", d, &m->embd_norm) ||
+        !norm_tensor(tensors, used, keep, "out_norm", d, &m->out_norm))
+        return 0;
+    if (m->pos_embd) m->n_pos = PyArray_DIM((PyArrayObject *)PyDict_GetItemString(tensors, "pos_embd"), 0);
+    return 1;
+}
+
+static int layer_tensors(PyObject *tensors, PyObject *used, PyObject *keep, const sl_model *m, int64_t l,
+                         const float *rope, int rope_shared, sl_layer_weights *lw) {
+    const npy_intp d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv_heads * hd, F = m->d_ff;
+    char n[64];
+#define NAME(key) (snprintf(n, sizeof n, "blk.%lld." key, (long long)l), n)
+    int ok = norm_tensor(tensors, used, keep, NAME("attn_norm"), d, &lw->attn_norm) &&
+             norm_tensor(tensors, used, keep, NAME("attn_post_norm"), d, &lw->attn_post_norm) &&
+             norm_tensor(tensors, used, keep, NAME("attn_res_norm"), d, &lw->attn_res_norm) &&
+             norm_tensor(tensors, used, keep, NAME("ffn_norm"), d, &lw->ffn_norm) &&
+             norm_tensor(tensors, used, keep, NAME("ffn_post_norm"), d, &lw->ffn_post_norm) &&
+             norm_tensor(tensors, used, keep, NAME("ffn_res_norm"), d, &lw->ffn_res_norm) &&
+             vector_tensor(tensors, used, keep, NAME("attn_q_norm"), hd, 0, &lw->attn_q_norm) &&
+             vector_tensor(tensors, used, keep, NAME("attn_k_norm"), hd, 0, &lw->attn_k_norm) &&
+             matrix_tensor(tensors, used, keep, NAME("attn_q"), qd, d, 1, &lw->wq) &&
+             matrix_tensor(tensors, used, keep, NAME("attn_k"), kvd, d, 1, &lw->wk) &&
+             matrix_tensor(tensors, used, keep, NAME("attn_v"), kvd, d, 1, &lw->wv) &&
+             matrix_tensor(tensors, used, keep, NAME("attn_output"), d, qd, 1, &lw->wo) &&
+             vector_tensor(tensors, used, keep, NAME("attn_q_b"), qd, 0, &lw->bq) &&
+             vector_tensor(tensors, used, keep, NAME("attn_k_b"), kvd, 0, &lw->bk) &&
+             vector_tensor(tensors, used, keep, NAME("attn_v_b"), kvd, 0, &lw->bv) &&
+             vector_tensor(tensors, used, keep, NAME("attn_output_b"), d, 0, &lw->bo) &&
+             matrix_tensor(tensors, used, keep, NAME("ffn_gate"), F, d, 0, &lw->w_gate) &&
+             matrix_tensor(tensors, used, keep, NAME("ffn_up"), F, d, 1, &lw->w_up) &&
+             matrix_tensor(tensors, used, keep, NAME("ffn_down"), d, F, 1, &lw->w_down) &&
+             vector_tensor(tensors, used, keep, NAME("ffn_gate_b"), F, 0, &lw->b_gate) &&
+             vector_tensor(tensors, used, keep, NAME("ffn_up_b"), F, 0, &lw->b_up) &&
+             vector_tensor(tensors, used, keep, NAME("ffn_down_b"), d, 0, &lw->b_down);
+#undef NAME
+    lw->rope_inv_freq = rope ? rope + (rope_shared ? 0 : l * (hd / 2)) : NULL;
+    return ok;
+}
+
+/* The first key of tensors that no field read (a typo, or a tensor of a feature not built). */
+static int no_unknown_tensors(PyObject *tensors, PyObject *used) {
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(tensors, &pos, &key, &value)) {
+        int in = PySet_Contains(used, key);
+        if (in < 0) return 0;
+        if (!in) {
+            PyErr_Format(PyExc_ValueError, "unknown tensor %R: not part of the canonical schema", key);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *py_model_new(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *cfg, *tensors, *used = NULL;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &cfg, &PyDict_Type, &tensors)) return NULL;
+    model_handle *h = PyMem_Calloc(1, sizeof *h);
+    if (!h) return PyErr_NoMemory();
+    sl_model *m = &h->model;
+    PyObject *capsule = NULL;
+    if (!(h->keep = PyList_New(0)) || !(used = PySet_New(NULL)) || !model_config(cfg, m)) goto fail;
+    /* rope_inv_freq: (n_layers, hd/2), one row per layer, or (hd/2) shared by every layer. */
+    PyObject *rope_o = PyDict_GetItemString(tensors, "rope_inv_freq");
+    const int rope_shared = rope_o && PyArray_Check(rope_o) && PyArray_NDIM((PyArrayObject *)rope_o) == 1;
+    npy_intp rope_dims[2] = {rope_shared ? m->head_dim / 2 : m->n_layers, m->head_dim / 2};
+    const float *rope;
+    if (!float_tensor(tensors, used, h->keep, "rope_inv_freq", rope_shared ? 1 : 2, rope_dims, 0, &rope) ||
+        !global_tensors(tensors, used, h->keep, m))
         goto fail;
     if (!(h->layers = PyMem_Calloc((size_t)m->n_layers, sizeof *h->layers))) {
         PyErr_NoMemory();
         goto fail;
     }
-    for (int64_t l = 0; l < m->n_layers; l++) {
-        sl_layer_weights *lw = &h->layers[l];
-        char name[64];
-#define W(field, key, nd, a, b)                                             \
-    snprintf(name, sizeof name, "blk.%lld." key, (long long)l);            \
-    if (!(lw->field = weight(tensors, h->keep, name, nd, a, b))) goto fail;
-        LAYER_TENSORS(W)
-#undef W
-    }
+    for (int64_t l = 0; l < m->n_layers; l++)
+        if (!layer_tensors(tensors, used, h->keep, m, l, rope, rope_shared, &h->layers[l])) goto fail;
+    if (!cfg_windows(cfg, h->layers, m->n_layers) || !no_unknown_tensors(tensors, used)) goto fail;
     m->layers = h->layers;
+    if (sl_model_check(m) != SL_OK) {
+        PyErr_Format(PyExc_ValueError, "%s", sl_last_error());
+        goto fail;
+    }
+    Py_DECREF(used);
     capsule = PyCapsule_New(h, "sinklab.model", handle_destroy);
     if (capsule) return capsule;
+    used = NULL;
 fail:
+    Py_XDECREF(used);
     Py_XDECREF(h->keep);
     PyMem_Free(h->layers);
     PyMem_Free(h);
@@ -729,7 +894,7 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
 #define G(field, key, nd, a, b)                                  \
     snprintf(name, sizeof name, "blk.%lld." key, (long long)l); \
     ok = ok && (lg[l].field = grad_buffer(grads, name, nd, a, b)) != NULL;
-        LAYER_TENSORS(G)
+        GRAD_TENSORS(G)
 #undef G
     }
     double loss = 0.0;

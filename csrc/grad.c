@@ -16,6 +16,7 @@
 
 #include "attention.h"
 #include "jacobian.h"
+#include "quant.h"
 #include "ops.h"
 #include "sgemm.h"
 #include "sl_common.h"
@@ -100,13 +101,47 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     return SL_OK;
 }
 
-static sl_attn_shape attn_shape(const sl_model *m, int64_t T) {
+static sl_attn_shape attn_shape(const sl_model *m, const sl_layer_weights *lw, int64_t T) {
     sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim,
-                       .scale = (float)(1.0 / sqrt((double)m->head_dim))};
+                       .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
+                       .softcap = m->attn_softcap};
     return s;
 }
 
+/* A weight as float32: its own data, or a decoded copy (*owned = 1) the caller frees. */
+static const float *weight_f32(const sl_weight *w, int *owned) {
+    *owned = 0;
+    if (w->type == SL_GGML_F32) return (const float *)w->data;
+    float *f = sl_alloc_floats_uninit(w->rows * w->cols);
+    if (f && sl_dequantize(w->type, w->data, w->rows * w->row_bytes, f, w->rows * w->cols, 1) != SL_OK) {
+        sl_free(f);
+        return NULL;
+    }
+    *owned = f != NULL;
+    return f;
+}
+
+/* Parts of the descriptor the derivatives below do not follow yet: an error naming the first. */
+static int check_differentiable(const sl_model *m) {
+    const sl_layer_weights *lw = &m->layers[0];
+    const char *what = m->norm_kind != SL_NORM_RMS ? "LayerNorm"
+                       : m->act != SL_ACT_SWIGLU ? "activations other than SwiGLU"
+                       : (lw->bq || lw->bk || lw->bv || lw->bo || lw->b_gate || lw->b_up || lw->b_down) ? "biases"
+                       : (lw->attn_q_norm || lw->attn_k_norm) ? "QK-norm"
+                       : (lw->attn_post_norm.w || lw->ffn_post_norm.w) ? "post-norms"
+                       : (lw->attn_res_norm.w || lw->ffn_res_norm.w || !lw->attn_norm.w || !lw->ffn_norm.w) ? "post-LN blocks"
+                       : (m->embd_scale != 1.0f || m->pos_embd || m->type_embd || m->embd_norm.w) ? "this embedding"
+                       : m->final_softcap > 0.0f ? "final soft-capping"
+                       : !lw->rope_inv_freq ? "models without RoPE"
+                       : NULL;
+    return what ? sl_fail(SL_ERR_VALUE, "gradients: %s not supported yet", what) : SL_OK;
+}
+
 /* Applies RoPE's backward (inverse rotation) or its JVP (the rotation) to B sequences of rows. */
+static void rope_tables_for(const sl_model *m, const sl_layer_weights *lw, grad_bufs *g) {
+    sl_rope_tables(g->cosv, g->sinv, lw->rope_inv_freq, g->T, m->head_dim / 2);
+}
+
 static void rope_rows(const sl_model *m, const grad_bufs *g, float *x, int64_t stride, int64_t heads, int inverse) {
     for (int64_t b = 0; b < g->B; b++) {
         float *xb = x + b * g->T * stride;
@@ -165,17 +200,17 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
-        SL_TRY(sl_sgemm(0, 0, rows, F, d, dx, d, lw->w_down, F, g->dact, F, 0, 1));
+        SL_TRY(sl_linear_nn(rows, dx, d, &lw->w_down, g->dact, F, 0, 1));
         if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dx, g->act));
         sl_swiglu_backward(g->dg, g->du, g->dact, g->dh_dg, g->dh_du, rows * F, T * F);
-        SL_TRY(sl_sgemm(0, 0, rows, d, F, g->dg, F, lw->w_gate, d, dxn, d, 0, 1));
-        SL_TRY(sl_sgemm(0, 0, rows, d, F, g->du, F, lw->w_up, d, dxn, d, 1, 1));
+        SL_TRY(sl_linear_nn(rows, g->dg, F, &lw->w_gate, dxn, d, 0, 1));
+        SL_TRY(sl_linear_nn(rows, g->du, F, &lw->w_up, dxn, d, 1, 1));
         if (lg) {
             SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
             SL_TRY(weight_grad(lg->w_up, F, d, rows, g->du, lt->xn2));
         }
         /* The residual path: d/dh = dy + n2's backward of dxn. */
-        sl_rmsnorm_backward(dx, 1, lg ? lg->ffn_norm : NULL, dxn, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
+        sl_rmsnorm_backward(dx, 1, lg ? lg->ffn_norm : NULL, dxn, lt->h, lw->ffn_norm.w, lt->rstd2, rows, T, d);
     }
     return SL_OK;
 }
@@ -184,23 +219,24 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
                               grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model;
     const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const sl_attn_shape s = attn_shape(m, T);
-    SL_TRY(sl_sgemm(0, 0, rows, qd, d, g->dx, d, lw->wo, qd, g->dz, qd, 0, 1));
+    const sl_attn_shape s = attn_shape(m, lw, T);
+    rope_tables_for(m, lw, g);
+    SL_TRY(sl_linear_nn(rows, g->dx, d, &lw->wo, g->dz, qd, 0, 1));
     if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, g->dx, lt->z));
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
                                  aiv));
     rope_rows(m, g, g->dq, qd, m->n_heads, 1);
     rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 1);
-    SL_TRY(sl_sgemm(0, 0, rows, d, qd, g->dq, qd, lw->wq, d, g->dxn, d, 0, 1));
-    SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dk, kvd, lw->wk, d, g->dxn, d, 1, 1));
-    SL_TRY(sl_sgemm(0, 0, rows, d, kvd, g->dv, kvd, lw->wv, d, g->dxn, d, 1, 1));
+    SL_TRY(sl_linear_nn(rows, g->dq, qd, &lw->wq, g->dxn, d, 0, 1));
+    SL_TRY(sl_linear_nn(rows, g->dk, kvd, &lw->wk, g->dxn, d, 1, 1));
+    SL_TRY(sl_linear_nn(rows, g->dv, kvd, &lw->wv, g->dxn, d, 1, 1));
     if (lg) {
         SL_TRY(weight_grad(lg->wq, qd, d, rows, g->dq, lt->xn1));
         SL_TRY(weight_grad(lg->wk, kvd, d, rows, g->dk, lt->xn1));
         SL_TRY(weight_grad(lg->wv, kvd, d, rows, g->dv, lt->xn1));
     }
-    sl_rmsnorm_backward(g->dx, 1, lg ? lg->attn_norm : NULL, g->dxn, lt->x, lw->attn_norm, lt->rstd1, rows, T, d);
+    sl_rmsnorm_backward(g->dx, 1, lg ? lg->attn_norm : NULL, g->dxn, lt->x, lw->attn_norm.w, lt->rstd1, rows, T, d);
     return SL_OK;
 }
 
@@ -235,6 +271,8 @@ static int64_t lowest_requested(const sl_vjp_out *out, int64_t at) {
 }
 
 static int check_directions(const sl_model *m, int64_t at, int64_t B, const void *dirs, const char *what) {
+    SL_TRY(sl_model_check(m));
+    SL_TRY(check_differentiable(m));
     if (at < 0 || at > m->n_layers)
         return sl_fail(SL_ERR_VALUE, "%s: layer %lld outside [0, %lld]", what, (long long)at, (long long)m->n_layers);
     if (B < 1 || !dirs) return sl_fail(SL_ERR_VALUE, "%s: need at least one direction", what);
@@ -248,7 +286,7 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     const int64_t low = lowest_requested(out, at), d = m->d_model;
     grad_bufs g;
     SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, at, 0));
-    int rc = sl_model_forward_tape(m, ids, T, at, g.tapes, iv, NULL, g.cosv, g.sinv);
+    int rc = sl_model_forward_tape(m, ids, T, at, g.tapes, iv, NULL, NULL);
     if (rc == SL_OK) {
         memcpy(g.dx, cot, (size_t)(B * T * d) * sizeof(float));
         rc = record_layer(out, at, &g, d);
@@ -304,6 +342,9 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
                        const sl_intervention *iv, double *loss, const sl_model_grads *pg) {
     if (!pg || !pg->tok_embd || !pg->out_norm || !pg->lm_head || !pg->layers)
         return sl_fail(SL_ERR_VALUE, "loss: every parameter gradient buffer is needed");
+    SL_TRY(sl_model_check(m));
+    SL_TRY(check_differentiable(m));
+    if (!m->lm_head.data) return sl_fail(SL_ERR_VALUE, "loss: the model has no LM head");
     const int64_t d = m->d_model, V = m->vocab_size, L = m->n_layers;
     grad_bufs g;
     SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, 1, L, 1));
@@ -312,18 +353,24 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
     float *logits = sl_mul_size(T, V, &n_logits) ? sl_alloc_floats(n_logits) : NULL;
     int rc = (!xf || !rstd || !logits) ? sl_fail(SL_ERR_MEMORY, "loss: cannot allocate the logits (%lld x %lld)",
                                                   (long long)T, (long long)V)
-                                       : sl_model_forward_tape(m, ids, T, L, g.tapes, iv, g.dx, g.cosv, g.sinv);
+                                       : sl_model_forward_tape(m, ids, T, L, g.tapes, iv, g.dx, NULL);
     if (rc == SL_OK) {
         /* dx holds resid[L]; xf its final norm; the logits become their gradient in place. */
-        sl_rmsnorm(xf, rstd, g.dx, m->out_norm, T, d, m->norm_eps);
-        rc = sl_sgemm(0, 1, T, V, d, xf, d, m->lm_head, d, logits, V, 0, 1);
+        sl_rmsnorm(xf, rstd, g.dx, m->out_norm.w, T, d, m->norm_eps);
+        rc = sl_linear_nt(T, xf, d, &m->lm_head, logits, V, 0, 1);
     }
     if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, loss);
     if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
-    if (rc == SL_OK) rc = sgemm_long_k(0, T, d, V, logits, V, m->lm_head, d, g.dxn, d, 0);
+    if (rc == SL_OK) {
+        int owned = 0;
+        const float *head = weight_f32(&m->lm_head, &owned);
+        rc = head ? sgemm_long_k(0, T, d, V, logits, V, head, d, g.dxn, d, 0)
+                  : sl_fail(SL_ERR_MEMORY, "loss: cannot decode the LM head");
+        if (owned) sl_free((float *)head);
+    }
     if (rc == SL_OK) {
         memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float)); /* resid[L], the final norm's input */
-        sl_rmsnorm_backward(g.dx, 0, pg->out_norm, g.dxn, xf, m->out_norm, rstd, T, T, d);
+        sl_rmsnorm_backward(g.dx, 0, pg->out_norm, g.dxn, xf, m->out_norm.w, rstd, T, T, d);
     }
     for (int64_t l = L - 1; l >= 0 && rc == SL_OK; l--) rc = layer_backward(m, iv, l, &g, &pg->layers[l]);
     if (rc == SL_OK) sl_embed_backward(pg->tok_embd, g.dx, ids, T, d);
@@ -342,16 +389,17 @@ static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl
                          const sl_attn_intervention *aiv) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model;
     const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const sl_attn_shape s = attn_shape(m, T);
-    sl_rmsnorm_jvp(g->dxn, g->dx, lt->x, lw->attn_norm, lt->rstd1, rows, T, d);
-    SL_TRY(sl_sgemm(0, 1, rows, qd, d, g->dxn, d, lw->wq, d, g->dq, qd, 0, 1));
-    SL_TRY(sl_sgemm(0, 1, rows, kvd, d, g->dxn, d, lw->wk, d, g->dk, kvd, 0, 1));
-    SL_TRY(sl_sgemm(0, 1, rows, kvd, d, g->dxn, d, lw->wv, d, g->dv, kvd, 0, 1));
+    const sl_attn_shape s = attn_shape(m, lw, T);
+    rope_tables_for(m, lw, g);
+    sl_rmsnorm_jvp(g->dxn, g->dx, lt->x, lw->attn_norm.w, lt->rstd1, rows, T, d);
+    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wq, g->dq, qd, 0, 1));
+    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wk, g->dk, kvd, 0, 1));
+    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wv, g->dv, kvd, 0, 1));
     rope_rows(m, g, g->dq, qd, m->n_heads, 0);
     rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 0);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
-    SL_TRY(sl_sgemm(0, 1, rows, d, qd, g->dz, qd, lw->wo, qd, g->dxn, d, 0, 1));
+    SL_TRY(sl_linear_nt(rows, g->dz, qd, &lw->wo, g->dxn, d, 0, 1));
     sl_add_inplace(g->dx, g->dxn, rows * d);
     return SL_OK;
 }
@@ -362,11 +410,11 @@ static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
-        sl_rmsnorm_jvp(dxn, dx, lt->h, lw->ffn_norm, lt->rstd2, rows, T, d);
-        SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_gate, d, g->dg, F, 0, 1));
-        SL_TRY(sl_sgemm(0, 1, rows, F, d, dxn, d, lw->w_up, d, g->du, F, 0, 1));
+        sl_rmsnorm_jvp(dxn, dx, lt->h, lw->ffn_norm.w, lt->rstd2, rows, T, d);
+        SL_TRY(sl_linear_nt(rows, dxn, d, &lw->w_gate, g->dg, F, 0, 1));
+        SL_TRY(sl_linear_nt(rows, dxn, d, &lw->w_up, g->du, F, 0, 1));
         sl_swiglu_jvp(g->dact, g->dg, g->du, g->dh_dg, g->dh_du, rows * F, T * F);
-        SL_TRY(sl_sgemm(0, 1, rows, d, F, g->dact, F, lw->w_down, F, dxn, d, 0, 1));
+        SL_TRY(sl_linear_nt(rows, g->dact, F, &lw->w_down, dxn, d, 0, 1));
         sl_add_inplace(dx, dxn, rows * d);
     }
     return SL_OK;
@@ -378,7 +426,7 @@ int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     const int64_t L = m->n_layers, d = m->d_model;
     grad_bufs g;
     SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, L, 0));
-    int rc = sl_model_forward_tape(m, ids, T, L, g.tapes, iv, NULL, g.cosv, g.sinv);
+    int rc = sl_model_forward_tape(m, ids, T, L, g.tapes, iv, NULL, NULL);
     if (rc == SL_OK) memcpy(g.dx, tangent, (size_t)(B * T * d) * sizeof(float));
     if (rc == SL_OK && tout && tout[at]) memcpy(tout[at], g.dx, (size_t)(B * T * d) * sizeof(float));
     for (int64_t l = at; l < L && rc == SL_OK; l++) {

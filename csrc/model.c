@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "ops.h"
+#include "quant.h"
 #include "sgemm.h"
 #include "sl_common.h"
 
@@ -27,7 +28,7 @@
  * before they are read in every call, so nothing is zeroed and a cached workspace needs no
  * clearing. */
 enum { WS_X, WS_XB, WS_Q, WS_K, WS_V, WS_ATT, WS_GATE, WS_UP, WS_COS, WS_SIN, WS_COSB, WS_SINB,
-       WS_VT, WS_PART, WS_SCRATCH, WS_IDX, WS_N };
+       WS_FREQ, WS_VT, WS_PART, WS_SCRATCH, WS_IDX, WS_N };
 
 struct sl_workspace {
     float *buf[WS_N];
@@ -90,6 +91,8 @@ int64_t sl_ws_cache_bytes(sl_ws_cache *c) {
 typedef struct {
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *cosv, *sinv; /* (rows, ·) */
     float *cosb, *sinb;                                        /* (T, hd/2): positions 0..T-1 */
+    float *freq;                                               /* (hd/2): what cosb/sinb were made of */
+    int freq_valid;
     sl_attn_batch ab;                                          /* B, T_pad, off, len, scratch */
     float **lists;                                             /* 4*B: ab's per-layer pointers */
 } acts;
@@ -116,29 +119,70 @@ static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int
     a->ab.task_off = idx + 2 * B + 1, a->ab.part_off = idx + 3 * B + 2;
     a->lists = (float **)(idx + 4 * B + 2);
     a->ab.importance = need_importance ? a->lists : NULL; /* only read for its NULL-ness below */
-    const sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim, .scale = 1.0f};
+    const sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim,
+                             .scale = 1.0f, .bidirectional = m->bidirectional};
     int64_t att[3], per_row[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half};
     sl_attn_batch_floats(&s, &a->ab, sl_num_threads(), att);
     a->ab.importance = NULL;
     for (int i = 0; i < WS_COSB; i++)
         if (!sl_mul_size(per_row[i], rows, &need[i])) return sl_fail(SL_ERR_MEMORY, "forward: size overflow");
     need[WS_COSB] = need[WS_SINB] = T * half;
+    need[WS_FREQ] = half;
     need[WS_VT] = att[0], need[WS_PART] = att[1], need[WS_SCRATCH] = att[2];
     SL_TRY(ws_reserve(w, need, 0, WS_IDX));
     a->x = w->buf[WS_X], a->xb = w->buf[WS_XB], a->q = w->buf[WS_Q], a->k = w->buf[WS_K];
     a->v = w->buf[WS_V], a->att = w->buf[WS_ATT], a->gate = w->buf[WS_GATE], a->up = w->buf[WS_UP];
     a->cosv = w->buf[WS_COS], a->sinv = w->buf[WS_SIN], a->cosb = w->buf[WS_COSB], a->sinb = w->buf[WS_SINB];
+    a->freq = w->buf[WS_FREQ], a->freq_valid = 0;
     a->ab.vt = w->buf[WS_VT], a->ab.partial = (double *)w->buf[WS_PART], a->ab.scratch = w->buf[WS_SCRATCH];
     return SL_OK;
 }
 
-static int check_model(const sl_model *m) {
+/* Whether layer l has each optional piece, as a bit set, so all layers can be compared. */
+static unsigned layer_features(const sl_layer_weights *lw) {
+    const void *opt[] = {lw->attn_norm.w, lw->attn_norm.b, lw->attn_post_norm.w, lw->attn_post_norm.b,
+                         lw->attn_res_norm.w, lw->attn_res_norm.b, lw->ffn_norm.w, lw->ffn_norm.b,
+                         lw->ffn_post_norm.w, lw->ffn_post_norm.b, lw->ffn_res_norm.w, lw->ffn_res_norm.b,
+                         lw->attn_q_norm, lw->attn_k_norm, lw->bq, lw->bk, lw->bv, lw->bo, lw->w_gate.data,
+                         lw->b_gate, lw->b_up, lw->b_down, lw->rope_inv_freq};
+    unsigned f = 0;
+    for (unsigned i = 0; i < sizeof opt / sizeof opt[0]; i++) f |= (unsigned)(opt[i] != NULL) << i;
+    return f;
+}
+
+static int is_gated(int act) { return act == SL_ACT_SWIGLU || act == SL_ACT_GEGLU_TANH; }
+
+int sl_model_check(const sl_model *m) {
     if (m->n_layers <= 0 || m->n_heads <= 0 || m->n_kv_heads <= 0 || m->d_model <= 0 ||
         m->head_dim <= 0 || m->head_dim % 2 || m->d_ff <= 0 || m->vocab_size <= 0 ||
         m->n_heads % m->n_kv_heads)
         return sl_fail(SL_ERR_VALUE, "forward: inconsistent model dimensions");
+    if (m->norm_kind != SL_NORM_RMS && m->norm_kind != SL_NORM_LAYER)
+        return sl_fail(SL_ERR_VALUE, "model: norm kind %d is neither RMSNorm (0) nor LayerNorm (1)", m->norm_kind);
+    if (m->act < SL_ACT_SWIGLU || m->act > SL_ACT_GELU_ERF)
+        return sl_fail(SL_ERR_VALUE, "model: unknown activation %d", m->act);
+    if (m->rope_layout != SL_ROPE_HALF_SPLIT && m->rope_layout != SL_ROPE_ADJACENT)
+        return sl_fail(SL_ERR_VALUE, "model: rope_layout must be 0 or 1, got %d", m->rope_layout);
+    if (!(m->attn_softcap >= 0.0f) || !(m->final_softcap >= 0.0f) || !(m->attn_scale > 0.0f) ||
+        !(m->embd_scale > 0.0f))
+        return sl_fail(SL_ERR_VALUE, "model: attention scale and embedding scale must be > 0, soft-caps >= 0");
+    if (m->pos_embd && m->n_pos <= 0) return sl_fail(SL_ERR_VALUE, "model: learned positions need n_pos > 0");
+    if (!m->layers) return sl_fail(SL_ERR_VALUE, "model: no layers");
+    const unsigned f0 = layer_features(&m->layers[0]);
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        const sl_layer_weights *lw = &m->layers[l];
+        if (layer_features(lw) != f0)
+            return sl_fail(SL_ERR_VALUE, "model: layer %lld has a different set of optional tensors than layer 0",
+                           (long long)l);
+        if ((lw->w_gate.data != NULL) != is_gated(m->act))
+            return sl_fail(SL_ERR_VALUE, "model: layer %lld: the activation %s a gate projection", (long long)l,
+                           is_gated(m->act) ? "needs" : "takes no");
+        if (lw->window < 0) return sl_fail(SL_ERR_VALUE, "model: layer %lld has a negative window", (long long)l);
+    }
     return SL_OK;
 }
+
+int64_t sl_model_max_positions(const sl_model *m) { return m->pos_embd ? m->n_pos : INT64_MAX; }
 
 /* Rejects a zero_first_value code the kernel does not know before any layer runs, naming where. */
 static int check_intervention(const sl_model *m, const sl_intervention *iv) {
@@ -230,64 +274,163 @@ static void tape_copy(float *dst, const float *src, int64_t rows, int64_t d) {
     if (dst) memcpy(dst, src, (size_t)(rows * d) * sizeof(float));
 }
 
+/* out = norm(x) over `rows` rows of width d with the model's norm kind; mean/rstd may be NULL. */
+static void norm_rows(const sl_model *m, const sl_norm *n, float *out, float *mean, float *rstd, const float *x,
+                      int64_t rows, int64_t d) {
+    if (m->norm_kind == SL_NORM_LAYER)
+        sl_layernorm(out, mean, rstd, x, n->w, n->b, rows, d, m->norm_eps);
+    else
+        sl_rmsnorm(out, rstd, x, n->w, rows, d, m->norm_eps);
+}
+
+/* y = x Wᵀ + b over `rows` rows (b may be NULL). */
+static int linear(int64_t rows, const float *x, const sl_weight *w, const float *b, float *y) {
+    SL_TRY(sl_linear_nt(rows, x, w->cols, w, y, w->rows, 0, 1));
+    if (b) sl_bias_add(y, b, rows, w->rows, w->rows);
+    return SL_OK;
+}
+
+/* The end of a block: s = the block's output in `out` (rows, d); out = post_norm(out); x += out;
+ * x = res_norm(x), saving each norm's input and statistics when a tape asks. */
+static void block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
+                         int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
+                         float *r_rstd) {
+    const int64_t d = m->d_model;
+    if (post->w) {
+        tape_copy(t_in, out, rows, d);
+        norm_rows(m, post, out, t_mean, t_rstd, out, rows, d);
+    }
+    sl_add_inplace(x, out, rows * d);
+    if (res->w) {
+        tape_copy(r_in, x, rows, d);
+        norm_rows(m, res, x, r_mean, r_rstd, x, rows, d);
+    }
+}
+
+/* RoPE tables for each packed row from this layer's frequencies, rebuilt only when they differ
+ * from the frequencies the current tables were made with (Gemma 3 alternates two bases). */
+static void rope_for_layer(const sl_model *m, const sl_layer_weights *lw, acts *w) {
+    const int64_t half = m->head_dim / 2, T = w->ab.T_pad;
+    if (w->freq_valid && !memcmp(w->freq, lw->rope_inv_freq, (size_t)half * sizeof(float))) return;
+    memcpy(w->freq, lw->rope_inv_freq, (size_t)half * sizeof(float));
+    w->freq_valid = 1;
+    sl_rope_tables(w->cosb, w->sinb, lw->rope_inv_freq, T, half);
+    for (int64_t b = 0; b < w->ab.B; b++) {
+        const int64_t n = w->ab.len[b], off = w->ab.off[b];
+        memcpy(w->cosv + off * half, w->cosb, (size_t)(n * half) * sizeof(float));
+        memcpy(w->sinv + off * half, w->sinb, (size_t)(n * half) * sizeof(float));
+    }
+}
+
+/* q (rows, heads*hd) after its bias: the QK-norm per head (when norm_w), then RoPE (when the
+ * layer has frequencies), saving the pre-norm rows and statistics when a tape asks. */
+static void position_heads(const sl_model *m, const sl_layer_weights *lw, acts *w, float *q, int64_t heads,
+                           const float *norm_w, float *t_pre, float *t_rstd) {
+    const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim;
+    if (norm_w) {
+        tape_copy(t_pre, q, rows, heads * hd);
+        sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
+    }
+    if (lw->rope_inv_freq) sl_rope_apply(q, rows, heads * hd, heads, hd, w->cosv, w->sinv, m->rope_layout);
+}
+
+/* Head h's share of the W_O product (z_h W_O[:, h]ᵀ, no bias) for all rows into xb, for every head
+ * a sequence asks for; a quantized W_O has its hd columns decoded into `cols` first. */
+static int capture_head_out(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap,
+                            int64_t l) {
+    const int64_t L = m->n_layers, d = m->d_model, hd = m->head_dim, H = m->n_heads, qd = H * hd;
+    const int64_t rows = w->ab.off[w->ab.B];
+    int any = 0;
+    for (int64_t b = 0; b < w->ab.B && cap && cap->head_out; b++) any |= cap_at(cap->head_out, L, b, l) != NULL;
+    if (!any) return SL_OK;
+    const int f32 = lw->wo.type == SL_GGML_F32;
+    float *cols = f32 ? NULL : sl_alloc_floats_uninit(d * hd);
+    if (!f32 && !cols) return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a head's W_O columns");
+    int rc = SL_OK;
+    for (int64_t h = 0; h < H && rc == SL_OK; h++) {
+        const float *wo = (const float *)lw->wo.data + h * hd;
+        int64_t ld = qd;
+        if (!f32) {
+            rc = sl_weight_cols(&lw->wo, h * hd, hd, cols);
+            wo = cols, ld = hd;
+        }
+        if (rc == SL_OK) rc = sl_sgemm_nt(rows, d, hd, w->att + h * hd, qd, wo, ld, w->xb, d, 0, 1);
+        if (rc == SL_OK) capture_rows(cap->head_out, L, l, h * w->ab.T_pad * d, w, w->xb, d);
+    }
+    sl_free(cols);
+    return rc;
+}
+
 /* With a tape (lt != NULL, one sequence) the layer's activations are written straight into it
- * (q, k, v, z, gate, up) or copied there (x, the norm outputs, h), for the backward and the JVP. */
+ * (q, k, v, z, gate, up) or copied there (the norms' inputs and outputs), for the backward and
+ * the JVP. */
 static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap,
                            int64_t l, const sl_attn_intervention *aiv, sl_layer_tape *lt) {
     const int64_t d = m->d_model, hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads, L = m->n_layers;
     const int64_t qd = H * hd, kvd = G * hd, rows = w->ab.off[w->ab.B];
     const int adjacent = m->rope_layout == SL_ROPE_ADJACENT;
     acts view = *w;
+    sl_layer_tape none = {0};
     if (lt) {
         view.q = lt->q, view.k = lt->k, view.v = lt->v, view.att = lt->z;
         w = &view;
         tape_copy(lt->x, w->x, rows, d);
+    } else {
+        lt = &none;
     }
-    sl_rmsnorm(w->xb, lt ? lt->rstd1 : NULL, w->x, lw->attn_norm, rows, d, m->norm_eps);
-    if (lt) tape_copy(lt->xn1, w->xb, rows, d);
-    SL_TRY(sl_sgemm_nt(rows, qd, d, w->xb, d, lw->wq, d, w->q, qd, 0, 1));
-    SL_TRY(sl_sgemm_nt(rows, kvd, d, w->xb, d, lw->wk, d, w->k, kvd, 0, 1));
-    SL_TRY(sl_sgemm_nt(rows, kvd, d, w->xb, d, lw->wv, d, w->v, kvd, 0, 1));
-    /* cosv/sinv hold each packed row's own position, so one call rotates every sequence. */
-    sl_rope_apply(w->q, rows, qd, H, hd, w->cosv, w->sinv, m->rope_layout);
-    sl_rope_apply(w->k, rows, kvd, G, hd, w->cosv, w->sinv, m->rope_layout);
+    const float *a = w->x;
+    if (lw->attn_norm.w) {
+        norm_rows(m, &lw->attn_norm, w->xb, lt->mean1, lt->rstd1, w->x, rows, d);
+        if (lt->xn1 != lt->x) tape_copy(lt->xn1, w->xb, rows, d);
+        a = w->xb;
+    }
+    SL_TRY(linear(rows, a, &lw->wq, lw->bq, w->q));
+    SL_TRY(linear(rows, a, &lw->wk, lw->bk, w->k));
+    SL_TRY(linear(rows, a, &lw->wv, lw->bv, w->v));
+    if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
+    position_heads(m, lw, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
+    position_heads(m, lw, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
     if (cap) {
         capture_heads(cap->q, L, l, w, w->q, qd, H, hd, adjacent);
         capture_heads(cap->k, L, l, w, w->k, kvd, G, hd, adjacent);
         capture_heads(cap->v, L, l, w, w->v, kvd, G, hd, 0); /* V rows are never permuted */
     }
     layer_lists(w, m, cap, l);
-    sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd, .scale = (float)(1.0 / sqrt((double)hd))};
+    const sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd,
+                             .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
+                             .softcap = m->attn_softcap};
     SL_TRY(sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv));
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
-    /* Head h's share of the W_O product, from its hd columns of W_O, for all rows at once into
-     * xb (free until the W_O product): summed over heads it is attn_out up to rounding (a
-     * different summation order over the H*hd inputs). */
-    int any_head = 0;
-    for (int64_t b = 0; b < w->ab.B && cap && cap->head_out; b++) any_head |= cap_at(cap->head_out, L, b, l) != NULL;
-    for (int64_t h = 0; h < H && any_head; h++) {
-        SL_TRY(sl_sgemm_nt(rows, d, hd, w->att + h * hd, qd, lw->wo + h * hd, qd, w->xb, d, 0, 1));
-        capture_rows(cap->head_out, L, l, h * w->ab.T_pad * d, w, w->xb, d);
-    }
-    SL_TRY(sl_sgemm_nt(rows, d, qd, w->att, qd, lw->wo, qd, w->xb, d, 0, 1));
+    SL_TRY(capture_head_out(m, lw, w, cap, l));
+    SL_TRY(linear(rows, w->att, &lw->wo, lw->bo, w->xb));
+    block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean, lt->o_rstd,
+                 lt->hr, lt->hr_mean, lt->hr_rstd);
+    /* What the block adds to the stream (after the post-norm; before a residual norm). */
     if (cap) capture_rows(cap->attn_out, L, l, 0, w, w->xb, d);
-    sl_add_inplace(w->x, w->xb, rows * d);
-    if (lt) tape_copy(lt->h, w->x, rows, d);
+    tape_copy(lt->h, w->x, rows, d);
     return SL_OK;
 }
 
 static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap, int64_t l,
                      sl_layer_tape *lt) {
     const int64_t d = m->d_model, F = m->d_ff, rows = w->ab.off[w->ab.B];
-    float *gate = lt ? lt->gate : w->gate, *up = lt ? lt->up : w->up;
-    sl_rmsnorm(w->xb, lt ? lt->rstd2 : NULL, w->x, lw->ffn_norm, rows, d, m->norm_eps);
-    if (lt) tape_copy(lt->xn2, w->xb, rows, d);
-    SL_TRY(sl_sgemm_nt(rows, F, d, w->xb, d, lw->w_gate, d, gate, F, 0, 1));
-    SL_TRY(sl_sgemm_nt(rows, F, d, w->xb, d, lw->w_up, d, up, F, 0, 1));
-    sl_swiglu(w->gate, gate, up, rows * F); /* the workspace's gate buffer holds the activation */
-    SL_TRY(sl_sgemm_nt(rows, d, F, w->gate, F, lw->w_down, F, w->xb, d, 0, 1));
+    sl_layer_tape none = {0};
+    if (!lt) lt = &none;
+    float *gate = lt->gate ? lt->gate : w->gate, *up = lt->up ? lt->up : w->up;
+    const float *a = w->x;
+    if (lw->ffn_norm.w) {
+        norm_rows(m, &lw->ffn_norm, w->xb, lt->mean2, lt->rstd2, w->x, rows, d);
+        if (lt->xn2 != lt->h) tape_copy(lt->xn2, w->xb, rows, d);
+        a = w->xb;
+    }
+    if (lw->w_gate.data) SL_TRY(linear(rows, a, &lw->w_gate, lw->b_gate, gate));
+    SL_TRY(linear(rows, a, &lw->w_up, lw->b_up, up));
+    /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up). */
+    sl_mlp_act(m->act, w->gate, lw->w_gate.data ? gate : NULL, up, rows * F);
+    SL_TRY(linear(rows, w->gate, &lw->w_down, lw->b_down, w->xb));
+    block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean, lt->mo_rstd,
+                 lt->yr, lt->yr_mean, lt->yr_rstd);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);
-    sl_add_inplace(w->x, w->xb, rows * d);
     return SL_OK;
 }
 
@@ -298,10 +441,13 @@ static void capture_resid(const sl_model *m, const sl_capture *cap, int64_t l, c
 /* Checks shared by every entry point that runs the model on ids: B rows of T ids each. */
 static int check_run(const sl_model *m, const int64_t *ids, int64_t B, int64_t T, const int64_t *lengths,
                      const sl_intervention *iv) {
-    SL_TRY(check_model(m));
+    SL_TRY(sl_model_check(m));
     SL_TRY(check_intervention(m, iv));
     if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
     if (B <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty batch");
+    if (T > sl_model_max_positions(m))
+        return sl_fail(SL_ERR_VALUE, "forward: %lld tokens, but the model's learned positions cover %lld",
+                       (long long)T, (long long)m->n_pos);
     for (int64_t b = 0; b < B && lengths; b++)
         if (lengths[b] < 1 || lengths[b] > T)
             return sl_fail(SL_ERR_VALUE, "forward: lengths[%lld]=%lld outside [1, %lld]", (long long)b,
@@ -321,17 +467,30 @@ static int check_run(const sl_model *m, const int64_t *ids, int64_t B, int64_t T
     return SL_OK;
 }
 
+/* x (n, d) = the embedding of ids[0..n): tok_embd[id] * embd_scale (+ type_embd) (+ pos_embd[t]),
+ * then embd_norm (its input and statistics saved when et asks). */
+static int embed(const sl_model *m, float *x, const int64_t *ids, int64_t n, sl_embd_tape *et) {
+    const int64_t d = m->d_model;
+    SL_TRY(sl_weight_rows(&m->tok_embd, ids, n, x));
+    if (m->embd_scale != 1.0f)
+        for (int64_t i = 0; i < n * d; i++) x[i] *= m->embd_scale;
+    for (int64_t t = 0; t < n && m->type_embd; t++)
+        for (int64_t i = 0; i < d; i++) x[t * d + i] += m->type_embd[i];
+    if (m->pos_embd) sl_add_inplace(x, m->pos_embd, n * d);
+    if (m->embd_norm.w) {
+        if (et) tape_copy(et->in, x, n, d);
+        norm_rows(m, &m->embd_norm, x, et ? et->mean : NULL, et ? et->rstd : NULL, x, n, d);
+    }
+    return SL_OK;
+}
+
 /* Layers [0, n_run) on the embedded ids (row stride T), leaving resid[n_run] in w->x. */
 static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts *w, const sl_capture *cap,
-                      const sl_intervention *iv, sl_layer_tape *tapes) {
-    const int64_t d = m->d_model, half = m->head_dim / 2, T = w->ab.T_pad;
-    sl_rope_tables(w->cosb, w->sinb, m->rope_inv_freq, T, half);
-    for (int64_t b = 0; b < w->ab.B; b++) {
-        const int64_t n = w->ab.len[b], off = w->ab.off[b];
-        sl_embed(w->x + off * d, m->tok_embd, ids + b * T, n, d);
-        memcpy(w->cosv + off * half, w->cosb, (size_t)(n * half) * sizeof(float));
-        memcpy(w->sinv + off * half, w->sinb, (size_t)(n * half) * sizeof(float));
-    }
+                      const sl_intervention *iv, sl_layer_tape *tapes, sl_embd_tape *et) {
+    const int64_t d = m->d_model;
+    w->freq_valid = 0;
+    for (int64_t b = 0; b < w->ab.B; b++)
+        SL_TRY(embed(m, w->x + w->ab.off[b] * d, ids + b * w->ab.T_pad, w->ab.len[b], et));
     for (int64_t l = 0; l < n_run; l++) {
         capture_resid(m, cap, l, w);
         sl_attn_intervention aiv;
@@ -356,13 +515,18 @@ static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
         r += n;
         ragged |= n != nl;
     }
-    sl_rmsnorm(w->xb, NULL, w->xb, m->out_norm, r, d, m->norm_eps);
-    if (!ragged) return sl_sgemm_nt(r, V, d, w->xb, d, m->lm_head, d, cap->logits, V, 0, 1);
+    if (m->out_norm.w) norm_rows(m, &m->out_norm, w->xb, NULL, NULL, w->xb, r, d);
+    if (!ragged) {
+        SL_TRY(sl_linear_nt(r, w->xb, d, &m->lm_head, cap->logits, V, 0, 1));
+        if (m->final_softcap > 0.0f) sl_softcap(cap->logits, r * V, m->final_softcap);
+        return SL_OK;
+    }
     r = 0;
     for (int64_t b = 0; b < w->ab.B; b++) {
         const int64_t n = w->ab.len[b] > from ? w->ab.len[b] - from : 0;
         float *out = cap->logits + b * nl * V;
-        if (n > 0) SL_TRY(sl_sgemm_nt(n, V, d, w->xb + r * d, d, m->lm_head, d, out, V, 0, 1));
+        if (n > 0) SL_TRY(sl_linear_nt(n, w->xb + r * d, d, &m->lm_head, out, V, 0, 1));
+        if (n > 0 && m->final_softcap > 0.0f) sl_softcap(out, n * V, m->final_softcap);
         memset(out + n * V, 0, (size_t)((nl - n) * V) * sizeof(float));
         r += n;
     }
@@ -376,11 +540,13 @@ int sl_model_forward_batch(const sl_model *m, const int64_t *ids, int64_t B, int
     if (cap && cap->logits && (cap->logits_from < 0 || cap->logits_from >= T))
         return sl_fail(SL_ERR_VALUE, "forward: logits_from=%lld outside [0, %lld)",
                        (long long)cap->logits_from, (long long)T);
+    if (cap && cap->logits && !m->lm_head.data)
+        return sl_fail(SL_ERR_VALUE, "forward: the model has no LM head, so no logits");
     sl_workspace *ws = ws_take(cache);
     if (!ws) return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate the workspace");
     acts w;
     int rc = acts_bind(&w, ws, m, B, T, lengths, cap && cap->importance);
-    if (rc == SL_OK) rc = run_layers(m, ids, m->n_layers, &w, cap, iv, NULL);
+    if (rc == SL_OK) rc = run_layers(m, ids, m->n_layers, &w, cap, iv, NULL, NULL);
     if (rc == SL_OK) capture_resid(m, cap, m->n_layers, &w);
     if (rc == SL_OK && cap && cap->logits) rc = logits_head(m, &w, cap);
     ws_put(cache, ws);
@@ -395,17 +561,35 @@ int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_
 /* ------------------------------------------------------------------------------------------
  * Tapes: what the backward and the JVP read of the forward. */
 
-/* Floats of each tape field for T tokens, in the order of sl_layer_tape's fields. */
-static void tape_sizes(const sl_model *m, int64_t sizes[12]) {
-    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const int64_t per_token[12] = {d, d, 1, qd, kvd, kvd, qd, d, d, 1, m->d_ff, m->d_ff};
-    memcpy(sizes, per_token, sizeof per_token);
+/* The tape's fields with their floats per token (0: unused by this model, left NULL), in one
+ * table so sizing and binding cannot disagree. Features are layer 0's (sl_model_check makes every
+ * layer alike). */
+enum { TAPE_FIELDS = 30 };
+static void tape_table(const sl_model *m, sl_layer_tape *lt, float **fields[TAPE_FIELDS], int64_t sizes[TAPE_FIELDS]) {
+    const sl_layer_weights *lw = &m->layers[0];
+    const int64_t d = m->d_model, H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
+    const int64_t F = m->d_ff, ln = m->norm_kind == SL_NORM_LAYER;
+    const int64_t n1 = lw->attn_norm.w != NULL, n2 = lw->ffn_norm.w != NULL, qn = lw->attn_q_norm != NULL;
+    const int64_t kn = lw->attn_k_norm != NULL, p1 = lw->attn_post_norm.w != NULL, r1 = lw->attn_res_norm.w != NULL;
+    const int64_t p2 = lw->ffn_post_norm.w != NULL, r2 = lw->ffn_res_norm.w != NULL;
+    const int64_t gated = lw->w_gate.data != NULL;
+    float **f[TAPE_FIELDS] = {&lt->x, &lt->xn1, &lt->mean1, &lt->rstd1, &lt->qr, &lt->kr, &lt->q_rstd, &lt->k_rstd,
+                              &lt->q, &lt->k, &lt->v, &lt->z, &lt->o, &lt->o_mean, &lt->o_rstd, &lt->hr,
+                              &lt->hr_mean, &lt->hr_rstd, &lt->h, &lt->xn2, &lt->mean2, &lt->rstd2, &lt->gate,
+                              &lt->up, &lt->mo, &lt->mo_mean, &lt->mo_rstd, &lt->yr, &lt->yr_mean, &lt->yr_rstd};
+    const int64_t n[TAPE_FIELDS] = {d, n1 * d, n1 * ln, n1, qn * qd, kn * kvd, qn * H, kn * G,
+                                    qd, kvd, kvd, qd, p1 * d, p1 * ln, p1, r1 * d,
+                                    r1 * ln, r1, d, n2 * d, n2 * ln, n2, gated * F,
+                                    F, p2 * d, p2 * ln, p2, r2 * d, r2 * ln, r2};
+    memcpy(fields, f, sizeof f);
+    memcpy(sizes, n, sizeof n);
 }
-
 int64_t sl_layer_tape_floats(const sl_model *m, int64_t T) {
-    int64_t sizes[12], total = 0, n;
-    tape_sizes(m, sizes);
-    for (int i = 0; i < 12; i++) {
+    sl_layer_tape lt;
+    float **fields[TAPE_FIELDS];
+    int64_t sizes[TAPE_FIELDS], total = 0, n;
+    tape_table(m, &lt, fields, sizes);
+    for (int i = 0; i < TAPE_FIELDS; i++) {
         if (!sl_mul_size(sizes[i], T, &n) || n > INT64_MAX - 16 - total) return -1;
         total += (n + 15) / 16 * 16; /* each field 64-byte aligned */
     }
@@ -413,20 +597,22 @@ int64_t sl_layer_tape_floats(const sl_model *m, int64_t T) {
 }
 
 int sl_layer_tape_bind(const sl_model *m, int64_t T, float *buf, sl_layer_tape *lt) {
-    int64_t sizes[12];
-    tape_sizes(m, sizes);
-    float **fields[12] = {&lt->x, &lt->xn1, &lt->rstd1, &lt->q, &lt->k, &lt->v, &lt->z, &lt->h, &lt->xn2,
-                          &lt->rstd2, &lt->gate, &lt->up};
-    for (int i = 0; i < 12; i++) {
-        *fields[i] = buf;
+    float **fields[TAPE_FIELDS];
+    int64_t sizes[TAPE_FIELDS];
+    memset(lt, 0, sizeof *lt);
+    tape_table(m, lt, fields, sizes);
+    for (int i = 0; i < TAPE_FIELDS; i++) {
+        *fields[i] = sizes[i] ? buf : NULL;
         buf += (sizes[i] * T + 15) / 16 * 16;
     }
+    /* Without a pre-norm, what the products read is the stream itself. */
+    if (!lt->xn1) lt->xn1 = lt->x;
+    if (!lt->xn2) lt->xn2 = lt->h;
     return SL_OK;
 }
 
 int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int64_t n_run,
-                          sl_layer_tape *tapes, const sl_intervention *iv, float *x_out, float *cosv,
-                          float *sinv) {
+                          sl_layer_tape *tapes, const sl_intervention *iv, float *x_out, sl_embd_tape *et) {
     SL_TRY(check_run(m, ids, 1, T, NULL, iv));
     if (n_run < 0 || n_run > m->n_layers)
         return sl_fail(SL_ERR_VALUE, "forward: %lld layers asked of a model with %lld", (long long)n_run,
@@ -435,11 +621,8 @@ int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int6
     if (!ws) return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate the workspace");
     acts w;
     int rc = acts_bind(&w, ws, m, 1, T, NULL, 0);
-    if (rc == SL_OK) rc = run_layers(m, ids, n_run, &w, NULL, iv, tapes);
-    const int64_t d = m->d_model, half = m->head_dim / 2;
-    if (rc == SL_OK && x_out) memcpy(x_out, w.x, (size_t)(T * d) * sizeof(float));
-    if (rc == SL_OK && cosv) memcpy(cosv, w.cosv, (size_t)(T * half) * sizeof(float));
-    if (rc == SL_OK && sinv) memcpy(sinv, w.sinv, (size_t)(T * half) * sizeof(float));
+    if (rc == SL_OK) rc = run_layers(m, ids, n_run, &w, NULL, iv, tapes, et);
+    if (rc == SL_OK && x_out) memcpy(x_out, w.x, (size_t)(T * m->d_model) * sizeof(float));
     ws_destroy(ws);
     return rc;
 }

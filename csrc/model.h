@@ -1,4 +1,4 @@
-/* The LLaMA-family transformer forward pass with capture of what the paper measures. */
+/* The transformer forward pass (every supported family) with capture of what the paper measures. */
 #ifndef SL_MODEL_H
 #define SL_MODEL_H
 
@@ -6,22 +6,62 @@
 #include <stdint.h>
 
 #include "attention.h"
+#include "ops.h"
+#include "sgemm.h"
+
+/* The architecture is data: one block structure covers the LLaMA, Mistral, Qwen2/3, Gemma 1-3,
+ * GPT-2 and BERT families, each feature switched on by a descriptor field or by an optional
+ * tensor being present (NULL when absent). Layer l, with every optional piece shown:
+ *
+ *   a = norm(x; attn_norm)                     (skipped when attn_norm is NULL: BERT)
+ *   q = Wq a + bq,  k = Wk a + bk,  v = Wv a + bv
+ *   q, k = rmsnorm per head (attn_q_norm, attn_k_norm)          (QK-norm: Qwen3, Gemma 3)
+ *   q, k = rope(q, k; layer's inv_freq)        (when the model has rotary positions)
+ *   z = attention(q, k, v; scale, softcap, window[l], bidirectional)
+ *   o = Wo z + bo;  o = norm(o; attn_post_norm)                 (Gemma 2/3)
+ *   x = x + o;      x = norm(x; attn_res_norm)                  (post-LN: BERT)
+ *   the MLP the same way: ffn_norm, [gate], up, act, down, ffn_post_norm, ffn_res_norm.
+ *
+ * Embedding: x = tok_embd[id] * embd_scale (+ pos_embd[t]) (+ type_embd[0]), then
+ * norm(x; embd_norm) when present. Output: norm(x; out_norm) when present, logits = lm_head x,
+ * then final_softcap. A norm is RMSNorm or LayerNorm (norm_kind) for every norm of the model
+ * except the QK-norms, always RMSNorm; its weight is the multiplier itself (Gemma's 1 + w is
+ * added when the file is read), its bias (LayerNorm only) may be NULL. */
+typedef struct {
+    const float *w, *b; /* (d) each; w NULL: no such norm; b NULL: no bias */
+} sl_norm;
 
 typedef struct {
-    const float *attn_norm;              /* (d) */
-    const float *wq, *wk, *wv, *wo;      /* (H*hd, d), (G*hd, d), (G*hd, d), (d, H*hd) */
-    const float *ffn_norm;               /* (d) */
-    const float *w_gate, *w_up, *w_down; /* (F, d), (F, d), (d, F) */
+    sl_norm attn_norm, attn_post_norm, attn_res_norm;
+    sl_norm ffn_norm, ffn_post_norm, ffn_res_norm;
+    const float *attn_q_norm, *attn_k_norm; /* (hd) each, or NULL */
+    sl_weight wq, wk, wv, wo;               /* (H*hd, d), (G*hd, d), (G*hd, d), (d, H*hd) */
+    const float *bq, *bk, *bv, *bo;         /* NULL or (H*hd), (G*hd), (G*hd), (d) */
+    sl_weight w_gate, w_up, w_down;         /* (F, d), (F, d), (d, F); w_gate.data NULL: ungated */
+    const float *b_gate, *b_up, *b_down;    /* NULL or (F), (F), (d) */
+    const float *rope_inv_freq;             /* (hd/2): this layer's RoPE frequencies, or NULL */
+    int64_t window;                         /* sliding-window length, 0: full attention */
 } sl_layer_weights;
+
+enum { SL_NORM_RMS = 0, SL_NORM_LAYER = 1 };
 
 typedef struct {
     int64_t n_layers, n_heads, n_kv_heads, d_model, head_dim, d_ff, vocab_size;
     float norm_eps;
-    int rope_layout;            /* SL_ROPE_HALF_SPLIT or SL_ROPE_ADJACENT */
-    const float *rope_inv_freq; /* (head_dim/2), any frequency scaling already applied */
-    const float *tok_embd;      /* (V, d) */
-    const float *out_norm;      /* (d) */
-    const float *lm_head;       /* (V, d); may be tok_embd (tied) */
+    int norm_kind;       /* SL_NORM_RMS or SL_NORM_LAYER */
+    int act;             /* SL_ACT_* (ops.h) */
+    int rope_layout;     /* SL_ROPE_HALF_SPLIT or SL_ROPE_ADJACENT */
+    int bidirectional;   /* 0: causal decoder; 1: encoder (every query sees every key) */
+    float embd_scale;    /* multiplies the token embedding (Gemma: sqrt(d)); 1 for none */
+    float attn_scale;    /* multiplies q·k; 1/sqrt(head_dim) unless the family overrides it */
+    float attn_softcap;  /* 0: none */
+    float final_softcap; /* 0: none */
+    sl_weight tok_embd;             /* (V, d) */
+    const float *pos_embd;          /* NULL or (n_pos, d): learned absolute positions */
+    int64_t n_pos;
+    const float *type_embd;         /* NULL or (d): the token-type embedding added to every token */
+    sl_norm embd_norm, out_norm;
+    sl_weight lm_head;              /* (V, d), may share tok_embd's data; data NULL: no logits */
     const sl_layer_weights *layers; /* n_layers entries */
 } sl_model;
 
@@ -94,17 +134,31 @@ int sl_model_forward_batch(const sl_model *m, const int64_t *ids, int64_t B, int
                            const int64_t *lengths, const sl_capture *cap, const sl_intervention *iv,
                            sl_ws_cache *cache);
 
-/* One layer's saved activations (its tape), T rows each, for the backward and the JVP:
- * Q/K rows in the file's layout (as the weights), q and k after RoPE. */
+/* One layer's saved activations (its tape), T rows each, for the backward and the JVP. q and k
+ * rows are in the weights' layout, after QK-norm and RoPE. A field the model does not use is
+ * NULL (sized 0); a norm the model lacks leaves its output field pointing at its input (xn1 at x,
+ * xn2 at h). mean* fields are only used with LayerNorm. */
 typedef struct {
-    float *x;            /* (T, d) resid[l], the stream entering the layer */
-    float *xn1, *rstd1;  /* (T, d) attention-norm output, (T) its 1/rms */
-    float *q, *k, *v;    /* (T, H*hd), (T, G*hd), (T, G*hd) */
-    float *z;            /* (T, H*hd) attention output after interventions: what W_O reads */
-    float *h;            /* (T, d) the stream after the attention block */
-    float *xn2, *rstd2;  /* (T, d), (T) the MLP norm's */
-    float *gate, *up;    /* (T, F) pre-activations */
+    float *x;                    /* (T, d) resid[l], the stream entering the layer */
+    float *xn1, *mean1, *rstd1;  /* (T, d) what Q/K/V read: attn_norm(x) (x itself without it); (T), (T) */
+    float *qr, *kr;              /* (T, H*hd), (T, G*hd) q, k (with biases) before the QK-norm */
+    float *q_rstd, *k_rstd;      /* (T*H), (T*G) the QK-norm's 1/rms per row and head */
+    float *q, *k, *v;            /* (T, H*hd), (T, G*hd), (T, G*hd) */
+    float *z;                    /* (T, H*hd) attention output after interventions: what W_O reads */
+    float *o, *o_mean, *o_rstd;  /* (T, d) Wo z + bo, the attn_post_norm's input; its statistics */
+    float *hr, *hr_mean, *hr_rstd; /* (T, d) x + o, the attn_res_norm's input; its statistics */
+    float *h;                    /* (T, d) the stream after the attention block */
+    float *xn2, *mean2, *rstd2;  /* (T, d) what the MLP reads: ffn_norm(h) (h itself without it) */
+    float *gate, *up;            /* (T, F) pre-activations (with biases); gate NULL when ungated */
+    float *mo, *mo_mean, *mo_rstd; /* (T, d) Wdown act + bdown, the ffn_post_norm's input */
+    float *yr, *yr_mean, *yr_rstd; /* (T, d) h + mo, the ffn_res_norm's input */
 } sl_layer_tape;
+
+/* The embedding's tape: the sum before embd_norm and that norm's statistics (all NULL when the
+ * model has no embd_norm). */
+typedef struct {
+    float *in, *mean, *rstd; /* (T, d), (T), (T) */
+} sl_embd_tape;
 
 /* Floats one layer's tape needs for T tokens (-1 on overflow), and the binding of a tape's
  * fields to a buffer of that many floats. */
@@ -112,9 +166,15 @@ int64_t sl_layer_tape_floats(const sl_model *m, int64_t T);
 int sl_layer_tape_bind(const sl_model *m, int64_t T, float *buf, sl_layer_tape *lt);
 
 /* Runs layers [0, n_run) saving each one's tape (tapes: n_run entries); x_out (NULL or (T, d))
- * receives resid[n_run]; cosv/sinv (NULL or (T, hd/2)) the RoPE tables. */
+ * receives resid[n_run]; et (NULL, or fields of (T, d), (T), (T) floats) the embedding's tape. */
 int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int64_t n_run,
-                          sl_layer_tape *tapes, const sl_intervention *iv, float *x_out, float *cosv,
-                          float *sinv);
+                          sl_layer_tape *tapes, const sl_intervention *iv, float *x_out, sl_embd_tape *et);
+
+/* Checks the descriptor: dimensions, that every layer has the same optional tensors, and that the
+ * activation matches the presence of the gate. */
+int sl_model_check(const sl_model *m);
+
+/* The token positions a model can run: n_pos with learned positions, else no limit (INT64_MAX). */
+int64_t sl_model_max_positions(const sl_model *m);
 
 #endif
