@@ -497,3 +497,25 @@ def test_quantized_tensor_rows_share_bytes():
     assert np.array_equal(to_f32(part), part.dequantize())
     with pytest.raises(ValueError, match="needs"):
         QuantizedTensor(8, raw[:-1], a.shape)
+
+
+def test_integer_buffers_in_safetensors_are_skipped_not_fatal(hf_dirs, tmp_path):
+    """sentence-transformers' BERT files carry int64 ``embeddings.position_ids``: the file
+    still loads; a weight stored with an integer dtype is an error naming it."""
+    from safetensors.numpy import load_file, save_file
+    import shutil
+
+    model, path = hf_dirs["bert"]
+    d = tmp_path / "bert"
+    shutil.copytree(path, d)
+    (st,) = [p for p in d.iterdir() if p.suffix == ".safetensors"]
+    tensors = load_file(str(st))
+    tensors["embeddings.position_ids"] = np.arange(96, dtype=np.int64)[None]
+    save_file(tensors, str(st))
+    E, _ = expected_canonical("bert", model)
+    _, w = load_hf(d)
+    assert_canonical(w, E)
+    tensors["embeddings.LayerNorm.bias"] = tensors["embeddings.LayerNorm.bias"].astype(np.int32)
+    save_file(tensors, str(st))
+    with pytest.raises(hf_loader.SafetensorsError, match="embeddings.LayerNorm.bias has unsupported dtype I32"):
+        load_hf(d)

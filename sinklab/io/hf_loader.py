@@ -25,6 +25,10 @@ from ..families.tensors import BF16, F16, QuantizedTensor, Tensor
 
 SUPPORTED_MODEL_TYPES = families.SUPPORTED_HF_TYPES
 _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2)}
+# Other safetensors dtypes: listed (and bounds-checked) so that buffers such as BERT's int64
+# position_ids do not make a file unreadable; fetching one as a weight is an error.
+_OTHER_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
+                   "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_HEADER = 100 * 1024 * 1024
 
 
@@ -58,9 +62,9 @@ def read_safetensors(path: str) -> Dict[str, Tuple[str, Tuple[int, ...], np.ndar
             dtype, shape, (lo, hi) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
         except (KeyError, TypeError, ValueError):
             raise SafetensorsError(f"{path}: malformed header entry for {name!r}") from None
-        if dtype not in _DTYPES:
-            raise SafetensorsError(f"{path}: tensor {name} has unsupported dtype {dtype} (supported: F32, F16, BF16)")
-        itemsize = _DTYPES[dtype][1]
+        if dtype not in _DTYPES and dtype not in _OTHER_ITEMSIZE:
+            raise SafetensorsError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
+        itemsize = _DTYPES[dtype][1] if dtype in _DTYPES else _OTHER_ITEMSIZE[dtype]
         count = int(np.prod(shape, dtype=np.int64)) if shape else 1
         if any(s < 0 for s in shape) or not (0 <= lo <= hi <= data_len) or hi - lo != count * itemsize:
             raise SafetensorsError(f"{path}: tensor {name} (shape {shape}, {dtype}) has offsets {lo}..{hi} "
@@ -131,6 +135,8 @@ class HFSource:
         if name not in self.table:
             raise KeyError(f"{self.folder}: missing tensor {name!r}")
         dtype, got, raw = self.table[name]
+        if dtype not in _DTYPES:
+            raise SafetensorsError(f"{self.folder}: tensor {name} has unsupported dtype {dtype} (supported: F32, F16, BF16)")
         if got != tuple(shape):
             raise ValueError(f"{self.folder}: tensor {name} has shape {got}, expected {tuple(shape)}")
         if dtype in ("F16", "BF16") and len(got) == 2:
