@@ -503,3 +503,197 @@ def test_sentencepiece_special_tokens_and_space_prefix(tmp_path):
     assert tok.encode("hi the").tolist() == [tid["hi"], tid["▁the"]]
     assert tok.decode(tok.encode("hi the")) == "hi the"
     assert tok.decode(tok.encode(" the")) == " the"
+
+
+# ---------------------------------------------------------------------------------------------
+# The registered real models: Gemma 3 (SentencePiece-style, 262k vocabulary, byte fallback),
+# Qwen2.5 (byte-level BPE, pre "qwen2"), all-MiniLM-L6-v2 (BERT WordPiece, tokenizer.json).
+# transformers' GGUF conversion of a 262k vocabulary takes ~20 s and GGUFReader's parse of the
+# file about as long: each is built once per module.
+# ---------------------------------------------------------------------------------------------
+
+
+def _registered(name):
+    from sinklab.io import registry
+
+    try:
+        return registry.fetch(name)
+    except Exception as e:  # offline, no index, checksum mismatch
+        _unavailable(f"{name} could not be fetched: {e}")
+
+
+REAL_TEXTS = {
+    k: TEXTS[k]
+    for k in ("english", "accents", "cjk", "emoji", "combining", "space_runs", "lead_trail_spaces", "tabs",
+              "newlines", "digits", "code", "contractions", "empty", "single_space", "single_newline", "long")
+}
+GEMMA_TEXTS = {
+    **REAL_TEXTS,
+    "turns": "<start_of_turn>user\nWhy do sinks form?<end_of_turn>\n<start_of_turn>model\nBecause",
+    "bos_written": "<bos>text after a written bos<eos>",
+    "code_indent": "if x:\n        return {'a': [1, 2]}  # eight spaces\n\t\tpass",
+}
+QWEN_TEXTS = {
+    **REAL_TEXTS,
+    "chat": ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud.<|im_end|>\n"
+             "<|im_start|>user\nWrite a sort.<|im_end|>\n<|im_start|>assistant\n"),
+    "fim": "<|fim_prefix|>def add(a, b):\n<|fim_suffix|>\n    return c<|fim_middle|>",
+    "adjacent_specials": "<|endoftext|><|im_start|><|im_end|>text<|endoftext|>",
+    "numbers": "x = 1234567 + 0.000123 - 9e-10; y=[10,200,3000]",
+}
+
+
+@pytest.fixture(scope="module")
+def gemma_meta():
+    return read_metadata(_registered("gemma-3-270m"))
+
+
+@pytest.fixture(scope="module")
+def gemma_tok(gemma_meta):
+    return Tokenizer._from_gguf_metadata(gemma_meta, "gemma-3-270m")
+
+
+@pytest.fixture(scope="module")
+def gemma_hf():
+    return _hf_from_gguf(Path(_registered("gemma-3-270m")))
+
+
+@pytest.mark.parametrize("name", list(GEMMA_TEXTS))
+def test_gemma3_ids_match_transformers(name, gemma_tok, gemma_hf):
+    text = GEMMA_TEXTS[name]
+    ref = _hf_ids(gemma_hf, text)
+    assert gemma_tok.encode(text).tolist() == ref
+    assert gemma_tok.encode(text, bos=True).tolist() == [2] + ref
+    assert gemma_tok.encode(text, bos=None).tolist() == gemma_hf(text)["input_ids"]  # both add <bos>
+    assert gemma_tok.decode(ref) == gemma_hf.decode(ref)
+
+
+def _pb_varint(n):
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _pb_len(field, payload):
+    return _pb_varint(field << 3 | 2) + _pb_varint(len(payload)) + payload
+
+
+def _pb_int(field, value):
+    return _pb_varint(field << 3) + _pb_varint(value)
+
+
+def _sentencepiece_from_gguf(meta, *, unk, bos, eos, pad):
+    """A ``sentencepiece`` BPE model (ModelProto, written field by field from
+    sentencepiece_model.proto) with the GGUF's pieces, scores and types: the tokenizer the GGUF
+    was converted from, as far as llama.cpp's converter keeps it. The converter writes spaces
+    for the ``▁`` of user-defined pieces (Gemma's whitespace runs); they are turned back."""
+    import struct
+
+    out = bytearray()
+    for piece, score, ty in zip(meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.scores"],
+                                meta["tokenizer.ggml.token_type"]):
+        if ty == 4:
+            piece = piece.replace(" ", "\u2581")
+        out += _pb_len(1, _pb_len(1, piece.encode()) + _pb_varint(2 << 3 | 5) + struct.pack("<f", score)
+                       + _pb_int(3, int(ty)))
+    # TrainerSpec: model_type BPE, byte_fallback, special ids
+    out += _pb_len(2, _pb_int(3, 2) + _pb_int(35, 1) + _pb_int(40, unk) + _pb_int(41, bos) + _pb_int(42, eos)
+                   + _pb_int(43, pad))
+    # NormalizerSpec: identity, add_dummy_prefix as the GGUF says, keep whitespace, escape it as ▁
+    prefix = int(bool(meta.get("tokenizer.ggml.add_space_prefix", True)))
+    out += _pb_len(3, _pb_len(1, b"identity") + _pb_int(3, prefix) + _pb_int(4, 0) + _pb_int(5, 1))
+    return bytes(out)
+
+
+def test_gemma3_ids_match_sentencepiece(gemma_meta, gemma_tok):
+    """Against sentencepiece itself, including the whitespace runs longer than Gemma's longest
+    run token (31 spaces): sentencepiece and llama.cpp match the longest run first (40 spaces ->
+    31 + 9), while transformers' GGUF conversion turns the runs into BPE merges of equal score
+    and gives 16 + 24; there sinklab follows sentencepiece."""
+    spm = require("sentencepiece")
+    sp = spm.SentencePieceProcessor(model_proto=_sentencepiece_from_gguf(gemma_meta, unk=3, bos=2, eos=1, pad=0))
+    assert sp.get_piece_size() == gemma_tok.vocab_size == 262144
+    texts = {k: v for k, v in GEMMA_TEXTS.items() if "<" not in v}  # sentencepiece never matches control tokens
+    texts.update({f"run{n}": "x" + " " * n + "y" for n in (31, 32, 40, 63, 70)})
+    texts["runs_around"] = " " * 40 + "word" + " " * 33
+    for name, text in texts.items():
+        ids = gemma_tok.encode(text).tolist()
+        assert ids == list(sp.encode(text)), name
+        assert gemma_tok.decode(ids) == sp.decode(ids) == text, name
+    assert gemma_tok.encode(" " * 40).tolist() == [167, 145]  # '▁' * 31, '▁' * 9
+
+
+def test_gemma3_properties(gemma_tok):
+    tok = gemma_tok
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (262144, 2, 1, True)
+    for text, tid in [("<bos>", 2), ("<eos>", 1), ("<start_of_turn>", 105), ("<end_of_turn>", 106)]:
+        assert tok.encode(text).tolist() == [tid] and tok.decode([tid]) == text
+    # no "▁" prefix: add_space_prefix is false in this file, also after a control token
+    assert tok.id_to_token(int(tok.encode("hello")[0])) == "hello"
+    assert tok.encode("<start_of_turn>user").tolist() == [105, tok.token_to_id("user")]
+    # byte fallback for a character outside the vocabulary (the first such CJK extension-B one)
+    c = next(chr(cp) for cp in range(0x20000, 0x2A6E0) if tok.token_to_id(chr(cp)) is None)
+    ids = tok.encode(c).tolist()
+    assert [tok.id_to_token(i) for i in ids] == [f"<0x{b:02X}>" for b in c.encode("utf-8")]
+    assert tok.decode(ids) == c
+
+
+@pytest.fixture(scope="module")
+def qwen_tok():
+    return Tokenizer.from_gguf(_registered("qwen2.5-coder-0.5b-instruct"))
+
+
+@pytest.fixture(scope="module")
+def qwen_hf():
+    return _hf_from_gguf(Path(_registered("qwen2.5-coder-0.5b-instruct")))
+
+
+@pytest.mark.parametrize("name", list(QWEN_TEXTS))
+def test_qwen2_ids_match_transformers(name, qwen_tok, qwen_hf):
+    text = QWEN_TEXTS[name]
+    ref = _hf_ids(qwen_hf, text)
+    assert qwen_tok.encode(text).tolist() == ref
+    assert qwen_tok.encode(text, bos=True).tolist() == [151643] + ref
+    assert qwen_tok.encode(text, bos=None).tolist() == qwen_hf(text)["input_ids"] == ref  # no BOS by default
+    assert qwen_tok.decode(ref) == text
+
+
+def test_qwen2_properties(qwen_tok):
+    tok = qwen_tok
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (
+        151936, 151643, 151645, False)
+    for text, tid in [("<|endoftext|>", 151643), ("<|im_start|>", 151644), ("<|im_end|>", 151645)]:
+        assert tok.encode(text).tolist() == [tid]
+    assert len(tok.encode("31415926")) == 8  # the qwen2 pre-tokenizer splits digits one by one
+    assert [tok.id_to_token(i) for i in tok.encode("hello world")] == ["hello", "Ġworld"]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    d = _registered("all-minilm-l6-v2")
+    AutoTokenizer = _transformers()
+    return Tokenizer.from_hf_dir(d), AutoTokenizer.from_pretrained(str(d))
+
+
+@pytest.mark.parametrize("name", list(REAL_TEXTS) + ["special"])
+def test_bert_ids_match_transformers(name, minilm):
+    """BERT through tokenizer.json: bos=True means [CLS] first (its fixed first token); the
+    [SEP] transformers appends is not added, and the file's truncation at 128 never applies."""
+    tok, hf = minilm
+    text = TEXTS[name]
+    ref = _hf_ids(hf, text)
+    assert tok.encode(text).tolist() == ref
+    assert tok.encode(text, bos=True).tolist() == [hf.cls_token_id] + ref == hf(text)["input_ids"][:-1]
+    assert tok.encode(text, bos=None).tolist() == [hf.cls_token_id] + ref
+
+
+def test_bert_properties(minilm):
+    tok, hf = minilm
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (30522, 101, None, True)
+    assert hf.cls_token_id == 101 and hf.bos_token_id is None
+    assert tok.encode("Attention SINKS").tolist() == tok.encode("attention sinks").tolist()  # uncased
+    assert len(tok.encode(TEXTS["long"])) > 1000  # tokenizer.json truncates at 128; encode() does not
+    assert tok.decode(tok.encode("attention sinks", bos=True)) == "[CLS] attention sinks"

@@ -37,6 +37,14 @@ extra ``▁`` (``" the"`` -> ``▁▁the``), and text right after a special toke
 too (``"<s>the"`` -> ``<s> ▁the``). ``transformers`` (a ``Metaspace`` pre-tokenizer with
 ``prepend_scheme="first"``) does neither; everywhere else the ids are the same.
 
+User-defined tokens are matched longest first, as llama.cpp and ``sentencepiece`` do: Gemma 3's
+whitespace-run tokens (up to 31 spaces) split 40 spaces into 31 + 9, where ``transformers``'
+GGUF conversion, which turns the runs into BPE merges of equal score, gives 16 + 24. Checked
+against ``sentencepiece`` itself on Gemma 3's vocabulary (``tests/test_tokenizer.py``).
+
+A Hugging Face folder with no BOS but a ``[CLS]`` (BERT) uses ``[CLS]`` as its BOS: ``bos=True``
+puts it first; the trailing ``[SEP]`` is never added (see :meth:`Tokenizer.from_hf_dir`).
+
 Other deliberate choices: tokens of type 2 (``<unk>``) are not matched in the text (llama.cpp
 matches them, transformers does not); ``decode`` writes special tokens out and never applies
 llama.cpp's ``clean_spaces`` clean-up, so ``decode(encode(s)) == s`` for any text with

@@ -146,6 +146,13 @@ class Tokenizer:
         first). ``add_bos_default`` is ``tokenizer_config.json``'s ``add_bos_token`` when set,
         else whether the file's post-processor puts BOS in front of a sequence.
 
+        A tokenizer with no BOS but a ``cls_token`` (BERT and its kin) uses ``[CLS]`` as its
+        BOS: ``encode(text, bos=True)`` is ``[CLS]`` followed by the text's ids, and
+        ``add_bos_default`` is True when the post-processor puts ``[CLS]`` first (it does for
+        BERT). The trailing ``[SEP]`` that ``transformers`` also adds is never added (``encode``
+        adds no token but BOS), so ``encode(text, bos=True)`` is transformers' default encoding
+        without its last id. ``eos_token_id`` stays ``None`` for BERT.
+
         Raises:
             FileNotFoundError: there is no ``tokenizer.json``.
         """
@@ -173,6 +180,10 @@ class Tokenizer:
             return int(v) if isinstance(v, int) and not isinstance(v, bool) else None
 
         bos, eos = lookup("bos_token"), lookup("eos_token")
+        if bos is None:
+            # BERT-style encoders have no BOS but start every input with [CLS], the token their
+            # first position always held in training: that is their fixed first token.
+            bos = lookup("cls_token")
         if isinstance(tcfg.get("add_bos_token"), bool):
             add_bos = tcfg["add_bos_token"]
         else:
