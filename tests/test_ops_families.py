@@ -105,7 +105,8 @@ int main(int argc, char **argv) {
         float *x = load("x", T * d), *w = load("w", d), *b = load("b", d);
         float *dy = load("dy", rows * d), *dx = load("dx0", rows * d), *tan = load("tan", rows * d);
         float *dw = load("dw0", d), *db = load("db0", d);
-        float *out = malloc((size_t)(T * d) * sizeof(float)), *mean = malloc((size_t)T * 4), *rstd = malloc((size_t)T * 4);
+        float *out = malloc((size_t)(T * d) * sizeof(float));
+        float *mean = malloc((size_t)T * sizeof(float)), *rstd = malloc((size_t)T * sizeof(float));
         sl_layernorm(out, mean, rstd, x, w, has_b ? b : NULL, T, d, eps);
         save("out", out, T * d);
         save("mean", mean, T);
@@ -333,7 +334,9 @@ def test_layernorm_catches_unbiased_variance_and_eps(run):
     ref = ln_reference(inp, T, d, 1, eps, True, 0)
     bnd = ln_bounds(inp, ref, T, d, 1)["out"]
     xc = x - x.mean(1, keepdims=True)
-    for wrong in (xc / np.sqrt(x.var(1, ddof=1, keepdims=True) + eps) * w + b, xc / np.sqrt(x.var(1, keepdims=True)) * w + b):
+    unbiased = xc / np.sqrt(x.var(1, ddof=1, keepdims=True) + eps) * w + b
+    no_eps = xc / np.sqrt(x.var(1, keepdims=True)) * w + b
+    for wrong in (unbiased, no_eps):
         assert (np.abs(got - wrong) > bnd).any()
 
 
