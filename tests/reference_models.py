@@ -760,6 +760,8 @@ class FamilySpec:
     gguf_arch: Optional[str] = None
     gguf_hf: Dict[str, Any] = field(default_factory=dict)
     T: int = 40
+    # write config.json as pre-5.0 transformers and the Hub checkpoints do (legacy_family_config)
+    legacy_config: bool = False
 
     @property
     def causal(self) -> bool:
@@ -779,12 +781,13 @@ FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
     FamilySpec("mistral", "mistral", dict(_DEC, intermediate_size=128, num_hidden_layers=3,
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5,
                rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-               sliding_window=12, tie_word_embeddings=False), seed=12),
+               sliding_window=12, tie_word_embeddings=False), seed=12, legacy_config=True),
     # QKV biases, tied embeddings, Qwen2.5's rope base and eps
     FamilySpec("qwen2", "qwen2", dict(_DEC, intermediate_size=160, num_hidden_layers=3,
                num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6,
                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-               tie_word_embeddings=True, use_sliding_window=False), seed=13, gguf_arch="qwen2"),
+               tie_word_embeddings=True, use_sliding_window=False), seed=13, gguf_arch="qwen2",
+               legacy_config=True),
     # QK-norm, head_dim 24 != d/H = 16
     FamilySpec("qwen3", "qwen3", dict(_DEC, intermediate_size=128, num_hidden_layers=3,
                num_attention_heads=4, num_key_value_heads=2, head_dim=24, rms_norm_eps=1e-6,
@@ -803,7 +806,7 @@ FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
                hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=24,
                attn_logit_softcapping=3.0, final_logit_softcapping=6.0, sliding_window=10,
                tie_word_embeddings=True), seed=16, gguf_arch="gemma2",
-               gguf_hf=dict(query_pre_attn_scalar=16)),
+               gguf_hf=dict(query_pre_attn_scalar=16), legacy_config=True),
     # QK-norm, non-default layer_types, local rope base 20000 != global 1e6, window 10 < T,
     # query_pre_attn_scalar 32 != head_dim 24 (safetensors only: llama.cpp's metadata cannot
     # say any of the three)
@@ -823,7 +826,7 @@ FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
                                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
                hidden_activation="gelu_pytorch_tanh", query_pre_attn_scalar=32, sliding_window=10,
-               tie_word_embeddings=True), seed=18, gguf_arch="gemma3"),
+               tie_word_embeddings=True), seed=18, gguf_arch="gemma3", legacy_config=True),
     # Conv1D weights (in, out), learned positions, LayerNorm with biases, tied head
     FamilySpec("gpt2", "gpt2", dict(vocab_size=320, n_embd=64, n_layer=3, n_head=4, n_positions=64,
                n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
@@ -1061,9 +1064,46 @@ def attention_stats64(attn: np.ndarray, causal: bool = True) -> Dict[str, np.nda
 
 # ---------------------------------------------------------------------------------- files
 
-def save_family(model, directory) -> Path:
-    """save_pretrained (safetensors, fp32) plus the tiny tokenizer."""
-    return save_hf(model, directory)
+def legacy_family_config(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """A transformers-5 config.json dict in the layout of the Hub checkpoints (pre-5.0):
+    top-level rope_theta (Gemma 3: and rope_local_base_freq), torch_dtype; Gemma 2 without
+    layer_types (even layers slide), Gemma 3 with sliding_window_pattern 6 instead of
+    layer_types; Qwen2 with a sliding_window number that use_sliding_window=false disables,
+    as Qwen2.5's config.json has it."""
+    cfg = dict(cfg)
+    rp = cfg.pop("rope_parameters", None) or {}
+    if "full_attention" in rp:
+        cfg["rope_theta"] = float(rp["full_attention"]["rope_theta"])
+        cfg["rope_local_base_freq"] = float(rp["sliding_attention"]["rope_theta"])
+    elif rp:
+        cfg["rope_theta"] = float(rp["rope_theta"])
+    cfg["rope_scaling"] = None
+    if "dtype" in cfg:
+        cfg["torch_dtype"] = cfg.pop("dtype")
+    mt = cfg["model_type"]
+    if mt == "gemma2":
+        cfg.pop("layer_types", None)
+    elif mt == "gemma3_text":
+        L = cfg["num_hidden_layers"]
+        want = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(L)]
+        assert cfg.pop("layer_types") == want, "legacy Gemma 3 configs can only say pattern 6"
+        cfg["sliding_window_pattern"] = 6
+    elif mt == "qwen2":
+        assert not cfg.get("use_sliding_window")
+        cfg["sliding_window"], cfg["max_window_layers"] = 16, 21
+        cfg.pop("layer_types", None)
+    return cfg
+
+
+def save_family(model, directory, legacy_config: bool = False) -> Path:
+    """save_pretrained (safetensors, fp32) plus the tiny tokenizer; config.json in the Hub's
+    pre-5.0 layout when legacy_config."""
+    directory = save_hf(model, directory)
+    if legacy_config:
+        path = Path(directory) / "config.json"
+        path.write_text(json.dumps(legacy_family_config(json.loads(path.read_text())), indent=2,
+                                   sort_keys=True))
+    return directory
 
 
 def _gguf_base_metadata(w, cfg, facts, qtype: str, name: str) -> None:
@@ -1290,7 +1330,7 @@ class FamilyModels:
         if key not in self._path:
             spec = FAMILY_SPECS[name]
             if fmt == "st":
-                p = save_family(self.hf(name, "st"), self.root / name)
+                p = save_family(self.hf(name, "st"), self.root / name, legacy_config=spec.legacy_config)
             else:
                 qtype = fmt.split("-", 1)[1] if "-" in fmt else "F32"
                 # write from the unrounded weights: the writer quantizes

@@ -303,6 +303,24 @@ def test_jacobian(store, log, name):
 
 # ============================================================================ loss_and_grad
 
+def compare_param_grads(log, case, name, got, want):
+    """Each parameter gradient within the bound of its own max, except the key bias of a model
+    without RoPE (GPT-2): it shifts every score of a query by the same q.b_k, which softmax
+    ignores, so its true gradient is exactly 0 and the reference holds float32 rounding
+    (~1e-8); there the bound is 1e-4 of the same layer's query-bias gradient."""
+    rope = SPECS[name].family not in ("gpt2", "bert")
+    for k in want:
+        g = np.asarray(got[k])
+        assert g.dtype == np.float32, f"{case} {k}: dtype {g.dtype}"
+        if not rope and k.endswith(".attn_k_b"):
+            scale = float(np.max(np.abs(want[k[:-len("attn_k_b")] + "attn_q_b"])))
+            assert float(np.max(np.abs(g))) <= rm.RTOL * scale, (
+                f"{case} {k}: max|grad| {np.max(np.abs(g)):.2e} > {rm.RTOL:g} * {scale:.2e} "
+                "(the key bias cannot change the attention without RoPE)")
+            continue
+        log.compare(case, k, g, want[k])
+
+
 @pytest.mark.parametrize("name,fmt", LM_CASES, ids=[f"{n}-{f}" for n, f in LM_CASES])
 def test_loss_and_grad(store, log, name, fmt):
     hf, model = store.hf(name, fmt), store.sl(name, fmt)
@@ -315,11 +333,9 @@ def test_loss_and_grad(store, log, name, fmt):
     assert sorted(grads) == sorted(want), (
         f"{case}: keys differ: missing {sorted(set(want) - set(grads))}, "
         f"extra {sorted(set(grads) - set(want))}")
+    compare_param_grads(log, case, name, grads, want)
     for k in want:
-        g = np.asarray(grads[k])
-        assert g.dtype == np.float32, f"{case} {k}: dtype {g.dtype}"
-        log.compare(case, k, g, want[k])
-        assert g.shape == np.shape(model.weights[k]), k
+        assert np.shape(grads[k]) == np.shape(model.weights[k]), k
 
 
 @pytest.mark.parametrize("name", ["gemma2", "gpt2"])
@@ -333,8 +349,7 @@ def test_loss_and_grad_targets(store, log, name):
     loss, grads = model.loss_and_grad(ids, targets=targets)
     want_loss, want = ref_loss_and_grad(hf, ids, targets)
     assert abs(loss - want_loss) <= 1e-4 * abs(want_loss), (loss, want_loss)
-    for k in want:
-        log.compare(f"loss_and_grad targets {name}", k, np.asarray(grads[k]), want[k])
+    compare_param_grads(log, f"loss_and_grad targets {name}", name, grads, want)
 
 
 # ============================================================================ sensitivity

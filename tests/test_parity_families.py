@@ -160,6 +160,27 @@ def test_reference_windows_and_hooks(store):
         np.testing.assert_array_equal(torch.stack(out.attentions, 1)[0].numpy(), ref["attn"])
 
 
+@pytest.mark.parametrize("name", list(SPECS))
+def test_reference_folder_is_the_reference(store, name):
+    """transformers reading the safetensors folder (config.json in the 5.x or the Hub's legacy
+    layout) builds the reference model: same config facts, same forward."""
+    s = SPECS[name]
+    path = store.path(name, "st")
+    cls = getattr(transformers, rm.FAMILY_CLASSES[s.family][1])
+    transformers.logging.set_verbosity_error()
+    m = cls.from_pretrained(str(path), dtype=torch.float32, attn_implementation="eager")
+    m.eval()
+    ref = store.hf(name)
+    assert rm.config_facts(m.config) == rm.config_facts(ref.config)
+    if s.legacy_config:
+        cfg = json.loads((path / "config.json").read_text())
+        assert "rope_parameters" not in cfg and "torch_dtype" in cfg
+    ids = _ids(name, seed=9)
+    a, b = rm.family_forward(m, ids), rm.family_forward(ref, ids)
+    for k in b:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=f"{name} {k}")
+
+
 FEATURE_TOGGLES = [
     ("mistral", {"sliding_window": None}, "sliding window"),
     ("gemma2", {"attn_logit_softcapping": None}, "attention soft-cap"),
