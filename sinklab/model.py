@@ -91,21 +91,7 @@ def _core_tensors(weights: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _new_core_model(config: Dict[str, Any], weights: Dict[str, Any]):
-    try:
-        return _core.model_new(config, _core_tensors(weights))
-    except (ValueError, TypeError, KeyError) as e:
-        # TEMPORARY (issue 10, until the family-aware core lands): the LLaMA-only core takes
-        # one rope_inv_freq row and fp32 matrices only.
-        legacy = {k: (v.dequantize() if isinstance(v, QuantizedTensor) else v) for k, v in weights.items()}
-        if "lm_head" in weights and weights["lm_head"] is weights["tok_embd"]:
-            legacy["lm_head"] = legacy["tok_embd"]
-        inv = legacy.get("rope_inv_freq")
-        if inv is not None and inv.ndim == 2:
-            legacy["rope_inv_freq"] = np.ascontiguousarray(inv[0])
-        try:
-            return _core.model_new(config, legacy)
-        except Exception:
-            raise e from None
+    return _core.model_new(config, _core_tensors(weights))
 
 
 def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
