@@ -192,3 +192,49 @@ def test_not_a_model(tmp_path):
         sl.load(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match="config.json"):
         sl.load(tmp_path)
+
+
+# ------------------------------------------------------------------ weights kept quantized
+def test_quantized_matrices_stay_in_file_form(tmp_path):
+    """A Q8_0 GGUF: matrices stay Q8_0 bytes inside the memory map (no fp32 copy at load),
+    Model.weight decodes one exactly as gguf's reference decoder does, norms are float32."""
+    from sinklab.families.tensors import QuantizedTensor
+
+    spec = SPECS["mha"]
+    assert spec.q8_ok
+    p = write_gguf(make_hf_model(spec), tmp_path / "q8.gguf", "Q8_0")
+    m = sl.load(p)
+    q = m.weights["blk.0.attn_q"]
+    assert isinstance(q, QuantizedTensor) and q.type_name == "Q8_0" and q.shape == (spec.n_heads * spec.head_dim, spec.d_model)
+    base = q.data
+    while base is not None and not isinstance(base, np.memmap):
+        base = base.base
+    assert isinstance(base, np.memmap)                                # a view of the file, not a copy
+    assert q.nbytes == q.shape[0] * q.shape[1] // 32 * 34              # 34 bytes per 32 values
+    ref = gguf.quants.dequantize(np.asarray(q.data).reshape(q.shape[0], -1), gguf.GGMLQuantizationType.Q8_0)
+    w = m.weight("blk.0.attn_q")
+    assert w.dtype == np.float32 and np.array_equal(w, ref.reshape(q.shape))
+    assert m.weights["blk.0.attn_norm"].dtype == np.float32
+    assert m.weights["rope_inv_freq"].shape == (spec.n_layers, spec.head_dim // 2)
+    assert "llama family" in repr(m) and "Q8_0" in repr(m)
+    with pytest.raises(KeyError, match="blk.9.attn_q"):
+        m.weight("blk.9.attn_q")
+
+
+def test_model_without_lm_head_has_no_logits(tmp_path):
+    """BERT: the default capture leaves logits out; asking for them names the reason."""
+    transformers = require("transformers")
+    require("torch")
+    cfg = transformers.BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                  intermediate_size=64, max_position_embeddings=40)
+    transformers.BertModel(cfg).eval().save_pretrained(tmp_path / "bert", safe_serialization=True)
+    m = sl.load(tmp_path / "bert")
+    assert not m.has_lm_head and "bert family" in repr(m)
+    tr = m.run([3, 7, 9, 11])
+    assert tr.logits is None and tr.attn.shape == (2, 4, 4, 4) and tr.resid.shape == (3, 4, 32)
+    for call in (lambda: m.run([3, 7], capture=("resid", "logits")), lambda: m.capture_bytes(4, "logits"),
+                 lambda: m.loss_and_grad([3, 7, 9])):
+        with pytest.raises(ValueError, match="no LM head"):
+            call()
+    with pytest.raises(ValueError, match="exceeds the model's context length 40"):
+        m.run(np.zeros(41, np.int64))
