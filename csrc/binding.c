@@ -275,17 +275,48 @@ static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
 }
 
 /* The parameter gradients loss_grad fills: field of sl_layer_grads, canonical key, shape in
- * terms of d, qd = H*hd, kvd = G*hd and F (numpy order (out, in)). */
-#define GRAD_TENSORS(X)               \
-    X(attn_norm, "attn_norm", 1, d, 0) \
-    X(wq, "attn_q", 2, qd, d)          \
-    X(wk, "attn_k", 2, kvd, d)         \
-    X(wv, "attn_v", 2, kvd, d)         \
-    X(wo, "attn_output", 2, d, qd)     \
-    X(ffn_norm, "ffn_norm", 1, d, 0)   \
-    X(w_gate, "ffn_gate", 2, F, d)     \
-    X(w_up, "ffn_up", 2, F, d)         \
-    X(w_down, "ffn_down", 2, d, F)
+ * terms of d, qd = H*hd, kvd = G*hd, hd and F (numpy order (out, in)), and whether layer lw has
+ * the tensor (a buffer is taken only then). */
+#define GRAD_TENSORS(X)                                                    \
+    X(attn_norm, "attn_norm", 1, d, 0, lw->attn_norm.w)                    \
+    X(attn_norm_b, "attn_norm_b", 1, d, 0, lw->attn_norm.b)                \
+    X(wq, "attn_q", 2, qd, d, lw->wq.data)                                 \
+    X(wk, "attn_k", 2, kvd, d, lw->wk.data)                                \
+    X(wv, "attn_v", 2, kvd, d, lw->wv.data)                                \
+    X(wo, "attn_output", 2, d, qd, lw->wo.data)                            \
+    X(bq, "attn_q_b", 1, qd, 0, lw->bq)                                    \
+    X(bk, "attn_k_b", 1, kvd, 0, lw->bk)                                   \
+    X(bv, "attn_v_b", 1, kvd, 0, lw->bv)                                   \
+    X(bo, "attn_output_b", 1, d, 0, lw->bo)                                \
+    X(attn_q_norm, "attn_q_norm", 1, hd, 0, lw->attn_q_norm)               \
+    X(attn_k_norm, "attn_k_norm", 1, hd, 0, lw->attn_k_norm)               \
+    X(attn_post_norm, "attn_post_norm", 1, d, 0, lw->attn_post_norm.w)     \
+    X(attn_post_norm_b, "attn_post_norm_b", 1, d, 0, lw->attn_post_norm.b) \
+    X(attn_res_norm, "attn_res_norm", 1, d, 0, lw->attn_res_norm.w)        \
+    X(attn_res_norm_b, "attn_res_norm_b", 1, d, 0, lw->attn_res_norm.b)    \
+    X(ffn_norm, "ffn_norm", 1, d, 0, lw->ffn_norm.w)                       \
+    X(ffn_norm_b, "ffn_norm_b", 1, d, 0, lw->ffn_norm.b)                   \
+    X(w_gate, "ffn_gate", 2, F, d, lw->w_gate.data)                        \
+    X(w_up, "ffn_up", 2, F, d, lw->w_up.data)                              \
+    X(w_down, "ffn_down", 2, d, F, lw->w_down.data)                        \
+    X(b_gate, "ffn_gate_b", 1, F, 0, lw->b_gate)                           \
+    X(b_up, "ffn_up_b", 1, F, 0, lw->b_up)                                 \
+    X(b_down, "ffn_down_b", 1, d, 0, lw->b_down)                           \
+    X(ffn_post_norm, "ffn_post_norm", 1, d, 0, lw->ffn_post_norm.w)        \
+    X(ffn_post_norm_b, "ffn_post_norm_b", 1, d, 0, lw->ffn_post_norm.b)    \
+    X(ffn_res_norm, "ffn_res_norm", 1, d, 0, lw->ffn_res_norm.w)           \
+    X(ffn_res_norm_b, "ffn_res_norm_b", 1, d, 0, lw->ffn_res_norm.b)
+
+/* The same for the model-wide tensors: field of sl_model_grads, key, shape, presence in m. */
+#define GRAD_GLOBALS(X)                                       \
+    X(tok_embd, "tok_embd", 2, V, d, m->tok_embd.data)        \
+    X(lm_head, "lm_head", 2, V, d, m->lm_head.data)           \
+    X(out_norm, "out_norm", 1, d, 0, m->out_norm.w)           \
+    X(out_norm_b, "out_norm_b", 1, d, 0, m->out_norm.b)       \
+    X(pos_embd, "pos_embd", 2, m->n_pos, d, m->pos_embd)      \
+    X(type_embd, "type_embd", 1, d, 0, m->type_embd)          \
+    X(embd_norm, "embd_norm", 1, d, 0, m->embd_norm.w)        \
+    X(embd_norm_b, "embd_norm_b", 1, d, 0, m->embd_norm.b)
 
 /* Reads tensors[name] (NULL with no error when absent and optional) and records the name as used. */
 static PyObject *tensor_item(PyObject *tensors, PyObject *used, const char *name, int required) {
@@ -854,8 +885,8 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
-/* grads[name], a writable float32 array shaped like the weight of that name. */
-static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp d0, npy_intp d1) {
+/* grads[name], a writable float32 array shaped like the weight of that name; *n_used counts it. */
+static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp d0, npy_intp d1, Py_ssize_t *n_used) {
     PyObject *o = PyDict_GetItemString(grads, name);
     if (!o) {
         PyErr_Format(PyExc_KeyError, "grads has no buffer for %s", name);
@@ -863,6 +894,7 @@ static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp 
     }
     npy_intp dims[2] = {d0, d1};
     PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
+    if (a) ++*n_used;
     return a ? PyArray_DATA(a) : NULL;
 }
 
@@ -881,22 +913,42 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     npy_intp tdims[1] = {T};
     PyArrayObject *targets = check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
     if (!targets) return NULL;
-    const npy_intp d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const npy_intp d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv_heads * hd;
     const npy_intp F = m->d_ff, V = m->vocab_size;
+    if (!m->lm_head.data) {
+        PyErr_SetString(PyExc_ValueError, "loss: the model has no LM head");
+        return NULL;
+    }
     sl_layer_grads *lg = PyMem_Calloc((size_t)L, sizeof *lg);
     if (!lg) return PyErr_NoMemory();
-    sl_model_grads pg = {NULL, NULL, NULL, lg};
+    sl_model_grads pg;
+    memset(&pg, 0, sizeof pg);
+    pg.layers = lg;
     sl_intervention iv = {NULL, NULL, NULL};
-    int ok = (pg.tok_embd = grad_buffer(grads, "tok_embd", 2, V, d)) && (pg.out_norm = grad_buffer(grads, "out_norm", 1, d, 0)) &&
-             (pg.lm_head = grad_buffer(grads, "lm_head", 2, V, d)) && interventions(m, mask_o, zero_o, scale_o, &iv);
+    /* A buffer per tensor the model has; a tied head's key may name the embedding's buffer. */
+    Py_ssize_t used = 0;
+    int ok = 1;
+#define G(field, key, nd, a, b, present) \
+    if (ok && (present)) ok = (pg.field = grad_buffer(grads, key, nd, a, b, &used)) != NULL;
+    GRAD_GLOBALS(G)
+#undef G
     for (npy_intp l = 0; l < L && ok; l++) {
+        const sl_layer_weights *lw = &m->layers[l];
         char name[64];
-#define G(field, key, nd, a, b)                                  \
-    snprintf(name, sizeof name, "blk.%lld." key, (long long)l); \
-    ok = ok && (lg[l].field = grad_buffer(grads, name, nd, a, b)) != NULL;
+#define G(field, key, nd, a, b, present)                                              \
+    if (ok && (present)) {                                                             \
+        snprintf(name, sizeof name, "blk.%lld." key, (long long)l);                    \
+        ok = (lg[l].field = grad_buffer(grads, name, nd, a, b, &used)) != NULL;        \
+    }
         GRAD_TENSORS(G)
 #undef G
     }
+    if (ok && used != PyDict_Size(grads)) {
+        PyErr_Format(PyExc_ValueError, "grads has %zd entries, but the model has %zd trainable tensors: "
+                     "an entry names a tensor the model lacks", PyDict_Size(grads), used);
+        ok = 0;
+    }
+    ok = ok && interventions(m, mask_o, zero_o, scale_o, &iv);
     double loss = 0.0;
     int rc = SL_OK;
     sl_ctx ctx;

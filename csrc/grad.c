@@ -1,13 +1,17 @@
 /* Reverse- and forward-mode derivatives of the transformer, layer by layer over the tape that
  * sl_model_forward_tape saves (model.h), with the ops' own backward/JVP kernels (ops.h,
- * attention.h). Layer l, as the forward computes it:
- *   h = x + Wo·z,   z = attention(rope(Wq·n1(x)), rope(Wk·n1(x)), Wv·n1(x))
- *   y = h + Wdown·(silu(Wgate·n2(h)) * Wup·n2(h))
+ * attention.h). Layer l, as the forward computes it (every optional piece shown, model.h):
+ *   a = n1(x);  q = rope(qn(Wq a + bq)),  k = rope(kn(Wk a + bk)),  v = Wv a + bv
+ *   h = r1(x + p1(Wo·attention(q, k, v) + bo))
+ *   y = r2(h + p2(Wdown·act(Wgate·n2(h) + bg, Wup·n2(h) + bu) + bd))
+ * (n: pre-norms, qn/kn: per-head QK-norms, p: post-norms, r: post-LN residual norms.)
  * A batch of B directions (cotangents or tangents) for one sequence is held as B*T rows, so each
  * linear layer's derivative is one product with B*T rows: the d cotangents of a Jacobian cost one
  * GEMM per weight, not d calls. Memory: the tape (sl_layer_tape_floats per layer), the layer's
  * probabilities (H*T*T floats, recomputed per layer) and about (2d + 2*H*hd + 2*G*hd) floats per
- * row of directions (2 more H*hd when kv heads are shared, for per-head partials); the MLP's F-wide buffers are taken a few sequences at a time. */
+ * row of directions (2 more H*hd when kv heads are shared, for per-head partials; H*hd more with
+ * QK-norm, d more with post-norms or post-LN in the forward mode); the MLP's F-wide buffers are
+ * taken a few sequences at a time. */
 #include "grad.h"
 
 #include <math.h>
@@ -32,12 +36,14 @@ typedef struct {
     float *act;                           /* (T, F), parameter gradients only */
     float *dh_dg, *dh_du;                 /* (T, F): the SwiGLU partials of the current layer */
     float *pk, *pv;                       /* (B*T, H*hd): per-head dk, dv when kv heads are shared */
+    float *dr;                            /* (B*T, H*hd): the QK-norm's out-of-place result, or NULL */
+    float *ds;                            /* (B*T, d): the JVP's post-norm scratch, or NULL */
     sl_layer_tape *tapes;
 } grad_bufs;
 
 static void grad_bufs_free(grad_bufs *g) {
     float **p[] = {&g->tape_buf, &g->cosv, &g->sinv, &g->probs, &g->dx, &g->dz, &g->dq, &g->dk, &g->dv,
-                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du, &g->pk, &g->pv};
+                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du, &g->pk, &g->pv, &g->dr, &g->ds};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         sl_free(*p[i]);
         *p[i] = NULL;
@@ -52,8 +58,10 @@ static int mul3(int64_t a, int64_t b, int64_t c, int64_t *out) {
     return sl_mul_size(a, b, &ab) && sl_mul_size(ab, c, out);
 }
 
-/* Tapes for n_tape layers and direction buffers for B directions; params: the (T, F) activation. */
-static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B, int64_t n_tape, int params) {
+/* Tapes for n_tape layers and direction buffers for B directions; params: the (T, F) activation;
+ * scratch: the forward mode's (B*T, d) post-norm buffer. */
+static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B, int64_t n_tape, int params,
+                           int scratch) {
     memset(g, 0, sizeof *g);
     const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
     const int64_t F = m->d_ff, H = m->n_heads, half = m->head_dim / 2;
@@ -88,11 +96,17 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     const int shared = m->n_heads != m->n_kv_heads;
     g->pk = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
     g->pv = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
+    const sl_layer_weights *lw = &m->layers[0];
+    const int qk_norm = lw->attn_q_norm || lw->attn_k_norm;
+    const int post = scratch && (lw->attn_post_norm.w || lw->ffn_post_norm.w || lw->attn_res_norm.w ||
+                                 lw->ffn_res_norm.w);
+    g->dr = qk_norm ? sl_alloc_floats_uninit(n_qd) : NULL;
+    g->ds = post ? sl_alloc_floats_uninit(n_d) : NULL;
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
         !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act) ||
-        !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv))) {
+        !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv)) || (qk_norm && !g->dr) || (post && !g->ds)) {
         grad_bufs_free(g);
-        double gb = 4.0 * ((double)per_layer * (double)n_tape + 2.0 * (double)n_d + 4.0 * (double)n_qd +
+        double gb = 4.0 * ((double)per_layer * (double)n_tape + 3.0 * (double)n_d + 5.0 * (double)n_qd +
                            2.0 * (double)n_kvd + 3.0 * (double)n_f + (double)n_probs) / 1e9;
         return sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %.2f GB for T=%lld and %lld directions "
                        "(fewer directions at once, or fewer tokens)", gb, (long long)T, (long long)B);
@@ -121,28 +135,15 @@ static const float *weight_f32(const sl_weight *w, int *owned) {
     return f;
 }
 
-/* Parts of the descriptor the derivatives below do not follow yet: an error naming the first. */
-static int check_differentiable(const sl_model *m) {
-    const sl_layer_weights *lw = &m->layers[0];
-    const char *what = m->norm_kind != SL_NORM_RMS ? "LayerNorm"
-                       : m->act != SL_ACT_SWIGLU ? "activations other than SwiGLU"
-                       : (lw->bq || lw->bk || lw->bv || lw->bo || lw->b_gate || lw->b_up || lw->b_down) ? "biases"
-                       : (lw->attn_q_norm || lw->attn_k_norm) ? "QK-norm"
-                       : (lw->attn_post_norm.w || lw->ffn_post_norm.w) ? "post-norms"
-                       : (lw->attn_res_norm.w || lw->ffn_res_norm.w || !lw->attn_norm.w || !lw->ffn_norm.w) ? "post-LN blocks"
-                       : (m->embd_scale != 1.0f || m->pos_embd || m->type_embd || m->embd_norm.w) ? "this embedding"
-                       : m->final_softcap > 0.0f ? "final soft-capping"
-                       : !lw->rope_inv_freq ? "models without RoPE"
-                       : NULL;
-    return what ? sl_fail(SL_ERR_VALUE, "gradients: %s not supported yet", what) : SL_OK;
+/* RoPE tables of the layer's frequencies for positions 0..T-1 (layers without RoPE: none). */
+static void rope_tables_for(const sl_model *m, const sl_layer_weights *lw, grad_bufs *g) {
+    if (lw->rope_inv_freq) sl_rope_tables(g->cosv, g->sinv, lw->rope_inv_freq, g->T, m->head_dim / 2);
 }
 
 /* Applies RoPE's backward (inverse rotation) or its JVP (the rotation) to B sequences of rows. */
-static void rope_tables_for(const sl_model *m, const sl_layer_weights *lw, grad_bufs *g) {
-    sl_rope_tables(g->cosv, g->sinv, lw->rope_inv_freq, g->T, m->head_dim / 2);
-}
-
-static void rope_rows(const sl_model *m, const grad_bufs *g, float *x, int64_t stride, int64_t heads, int inverse) {
+static void rope_rows(const sl_model *m, const sl_layer_weights *lw, const grad_bufs *g, float *x, int64_t stride,
+                      int64_t heads, int inverse) {
+    if (!lw->rope_inv_freq) return;
     for (int64_t b = 0; b < g->B; b++) {
         float *xb = x + b * g->T * stride;
         if (inverse)
@@ -150,6 +151,40 @@ static void rope_rows(const sl_model *m, const grad_bufs *g, float *x, int64_t s
         else
             sl_rope_apply(xb, g->T, stride, heads, m->head_dim, g->cosv, g->sinv, m->rope_layout);
     }
+}
+
+/* dx (+)= J^T dy of the model's norm kind at input x (T rows, statistics mean/rstd), over `rows`
+ * rows of directions; dw, db (each NULL or d) += its weight and bias gradients. */
+static void norm_backward(const sl_model *m, const sl_norm *n, float *dx, int accumulate, float *dw, float *db,
+                          const float *dy, const float *x, const float *mean, const float *rstd, int64_t rows,
+                          int64_t T, int64_t d) {
+    if (m->norm_kind == SL_NORM_LAYER)
+        sl_layernorm_backward(dx, accumulate, dw, db, dy, x, n->w, mean, rstd, rows, T, d);
+    else
+        sl_rmsnorm_backward(dx, accumulate, dw, dy, x, n->w, rstd, rows, T, d);
+}
+
+/* dy = J dx of the model's norm kind at input x. */
+static void norm_jvp(const sl_model *m, const sl_norm *n, float *dy, const float *dx, const float *x,
+                     const float *mean, const float *rstd, int64_t rows, int64_t T, int64_t d) {
+    if (m->norm_kind == SL_NORM_LAYER)
+        sl_layernorm_jvp(dy, dx, x, n->w, mean, rstd, rows, T, d);
+    else
+        sl_rmsnorm_jvp(dy, dx, x, n->w, rstd, rows, T, d);
+}
+
+/* The per-head QK-norm (always RMSNorm) of `heads` heads per row, in place on the directions d
+ * (B*T rows of heads*hd, laid out as B*T*heads rows of hd) through the scratch dr: its backward
+ * (dw += the weight gradient) or its JVP. pre/rstd: the tape's pre-norm rows and statistics. */
+static void qk_norm(const sl_model *m, const grad_bufs *g, float *dd, const float *w, float *dw, const float *pre,
+                    const float *rstd, int64_t heads, int backward) {
+    const int64_t hd = m->head_dim, rows = g->B * g->T * heads;
+    if (!w) return;
+    if (backward)
+        sl_rmsnorm_backward(g->dr, 0, dw, dd, pre, w, rstd, rows, g->T * heads, hd);
+    else
+        sl_rmsnorm_jvp(g->dr, dd, pre, w, rstd, rows, g->T * heads, hd);
+    memcpy(dd, g->dr, (size_t)(rows * hd) * sizeof(float));
 }
 
 /* Reduction length per block of the products whose K is long. */
@@ -192,25 +227,57 @@ static int weight_grad(float *dw, int64_t out, int64_t in, int64_t rows, const f
  * Reverse mode. g->dx holds the gradient w.r.t. the layer's output on entry and w.r.t. its input
  * (resid[l]) on exit. Parameter gradients (lg, B == 1 only) use the tape's inputs of each product. */
 
+/* The end of a block backwards, on `rows` rows of directions: dx holds the gradient w.r.t. the
+ * block's output (after its residual norm) and receives the gradient w.r.t. the residual sum's
+ * stream input; returns where the gradient w.r.t. the block's own product output (before its
+ * post-norm) lies: dx itself, or dxn when a post-norm sits in between. Norm parameter gradients
+ * go to the four buffers (NULL: not asked). */
+static float *block_output_backward(const sl_model *m, const sl_norm *post, const sl_norm *res, float *dx,
+                                    float *dxn, int64_t rows, int64_t T, const float *p_in, const float *p_mean,
+                                    const float *p_rstd, const float *r_in, const float *r_mean,
+                                    const float *r_rstd, float *dpw, float *dpb, float *drw, float *drb) {
+    const int64_t d = m->d_model;
+    if (res->w) { /* post-LN: both the stream and the block output see the norm's backward */
+        norm_backward(m, res, dxn, 0, drw, drb, dx, r_in, r_mean, r_rstd, rows, T, d);
+        memcpy(dx, dxn, (size_t)(rows * d) * sizeof(float));
+    }
+    if (!post->w) return dx;
+    norm_backward(m, post, dxn, 0, dpw, dpb, dx, p_in, p_mean, p_rstd, rows, T, d);
+    return dxn;
+}
+
 static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
                         sl_layer_grads *lg) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
-    if (lg) sl_swiglu(g->act, lt->gate, lt->up, T * F);
-    sl_swiglu_partials(g->dh_dg, g->dh_du, lt->gate, lt->up, T * F);
+    const int gated = lw->w_gate.data != NULL;
+    const float *gate = gated ? lt->gate : NULL;
+    if (lg) sl_mlp_act(m->act, g->act, gate, lt->up, T * F);
+    sl_mlp_act_partials(m->act, gated ? g->dh_dg : NULL, g->dh_du, gate, lt->up, T * F);
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
-        SL_TRY(sl_linear_nn(rows, dx, d, &lw->w_down, g->dact, F, 0, 1));
-        if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dx, g->act));
-        sl_swiglu_backward(g->dg, g->du, g->dact, g->dh_dg, g->dh_du, rows * F, T * F);
-        SL_TRY(sl_linear_nn(rows, g->dg, F, &lw->w_gate, dxn, d, 0, 1));
-        SL_TRY(sl_linear_nn(rows, g->du, F, &lw->w_up, dxn, d, 1, 1));
+        const float *dm = block_output_backward(
+            m, &lw->ffn_post_norm, &lw->ffn_res_norm, dx, dxn, rows, T, lt->mo, lt->mo_mean, lt->mo_rstd, lt->yr,
+            lt->yr_mean, lt->yr_rstd, lg ? lg->ffn_post_norm : NULL, lg ? lg->ffn_post_norm_b : NULL,
+            lg ? lg->ffn_res_norm : NULL, lg ? lg->ffn_res_norm_b : NULL);
+        SL_TRY(sl_linear_nn(rows, dm, d, &lw->w_down, g->dact, F, 0, 1));
+        if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dm, g->act));
+        if (lg && lg->b_down) sl_bias_backward(lg->b_down, dm, rows, d, d);
+        sl_swiglu_backward(gated ? g->dg : NULL, g->du, g->dact, gated ? g->dh_dg : NULL, g->dh_du, rows * F, T * F);
+        if (gated) SL_TRY(sl_linear_nn(rows, g->dg, F, &lw->w_gate, dxn, d, 0, 1));
+        SL_TRY(sl_linear_nn(rows, g->du, F, &lw->w_up, dxn, d, gated, 1));
         if (lg) {
-            SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
+            if (gated) SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
             SL_TRY(weight_grad(lg->w_up, F, d, rows, g->du, lt->xn2));
+            if (lg->b_gate) sl_bias_backward(lg->b_gate, g->dg, rows, F, F);
+            if (lg->b_up) sl_bias_backward(lg->b_up, g->du, rows, F, F);
         }
         /* The residual path: d/dh = dy + n2's backward of dxn. */
-        sl_rmsnorm_backward(dx, 1, lg ? lg->ffn_norm : NULL, dxn, lt->h, lw->ffn_norm.w, lt->rstd2, rows, T, d);
+        if (lw->ffn_norm.w)
+            norm_backward(m, &lw->ffn_norm, dx, 1, lg ? lg->ffn_norm : NULL, lg ? lg->ffn_norm_b : NULL, dxn, lt->h,
+                          lt->mean2, lt->rstd2, rows, T, d);
+        else
+            sl_add_inplace(dx, dxn, rows * d);
     }
     return SL_OK;
 }
@@ -218,16 +285,23 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
 static int attention_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt,
                               grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model;
-    const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
     const sl_attn_shape s = attn_shape(m, lw, T);
     rope_tables_for(m, lw, g);
-    SL_TRY(sl_linear_nn(rows, g->dx, d, &lw->wo, g->dz, qd, 0, 1));
-    if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, g->dx, lt->z));
+    const float *dout = block_output_backward(
+        m, &lw->attn_post_norm, &lw->attn_res_norm, g->dx, g->dxn, rows, T, lt->o, lt->o_mean, lt->o_rstd, lt->hr,
+        lt->hr_mean, lt->hr_rstd, lg ? lg->attn_post_norm : NULL, lg ? lg->attn_post_norm_b : NULL,
+        lg ? lg->attn_res_norm : NULL, lg ? lg->attn_res_norm_b : NULL);
+    SL_TRY(sl_linear_nn(rows, dout, d, &lw->wo, g->dz, qd, 0, 1));
+    if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, dout, lt->z));
+    if (lg && lg->bo) sl_bias_backward(lg->bo, dout, rows, d, d);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
                                  aiv));
-    rope_rows(m, g, g->dq, qd, m->n_heads, 1);
-    rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 1);
+    rope_rows(m, lw, g, g->dq, qd, H, 1);
+    rope_rows(m, lw, g, g->dk, kvd, G, 1);
+    qk_norm(m, g, g->dq, lw->attn_q_norm, lg ? lg->attn_q_norm : NULL, lt->qr, lt->q_rstd, H, 1);
+    qk_norm(m, g, g->dk, lw->attn_k_norm, lg ? lg->attn_k_norm : NULL, lt->kr, lt->k_rstd, G, 1);
     SL_TRY(sl_linear_nn(rows, g->dq, qd, &lw->wq, g->dxn, d, 0, 1));
     SL_TRY(sl_linear_nn(rows, g->dk, kvd, &lw->wk, g->dxn, d, 1, 1));
     SL_TRY(sl_linear_nn(rows, g->dv, kvd, &lw->wv, g->dxn, d, 1, 1));
@@ -235,8 +309,15 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
         SL_TRY(weight_grad(lg->wq, qd, d, rows, g->dq, lt->xn1));
         SL_TRY(weight_grad(lg->wk, kvd, d, rows, g->dk, lt->xn1));
         SL_TRY(weight_grad(lg->wv, kvd, d, rows, g->dv, lt->xn1));
+        if (lg->bq) sl_bias_backward(lg->bq, g->dq, rows, qd, qd);
+        if (lg->bk) sl_bias_backward(lg->bk, g->dk, rows, kvd, kvd);
+        if (lg->bv) sl_bias_backward(lg->bv, g->dv, rows, kvd, kvd);
     }
-    sl_rmsnorm_backward(g->dx, 1, lg ? lg->attn_norm : NULL, g->dxn, lt->x, lw->attn_norm.w, lt->rstd1, rows, T, d);
+    if (lw->attn_norm.w)
+        norm_backward(m, &lw->attn_norm, g->dx, 1, lg ? lg->attn_norm : NULL, lg ? lg->attn_norm_b : NULL, g->dxn,
+                      lt->x, lt->mean1, lt->rstd1, rows, T, d);
+    else
+        sl_add_inplace(g->dx, g->dxn, rows * d);
     return SL_OK;
 }
 
@@ -272,7 +353,6 @@ static int64_t lowest_requested(const sl_vjp_out *out, int64_t at) {
 
 static int check_directions(const sl_model *m, int64_t at, int64_t B, const void *dirs, const char *what) {
     SL_TRY(sl_model_check(m));
-    SL_TRY(check_differentiable(m));
     if (at < 0 || at > m->n_layers)
         return sl_fail(SL_ERR_VALUE, "%s: layer %lld outside [0, %lld]", what, (long long)at, (long long)m->n_layers);
     if (B < 1 || !dirs) return sl_fail(SL_ERR_VALUE, "%s: need at least one direction", what);
@@ -285,7 +365,7 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     if (out) out->spectral_iters = 0;
     const int64_t low = lowest_requested(out, at), d = m->d_model;
     grad_bufs g;
-    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, at, 0));
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, at, 0, 0));
     int rc = sl_model_forward_tape(m, ids, T, at, g.tapes, iv, NULL, NULL);
     if (rc == SL_OK) {
         memcpy(g.dx, cot, (size_t)(B * T * d) * sizeof(float));
@@ -338,28 +418,93 @@ static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64
     return SL_OK;
 }
 
+/* The parameter gradient buffers pg must hold for m (one per tensor the model has): an error
+ * naming the first one missing. */
+static int check_grads(const sl_model *m, const sl_model_grads *pg) {
+    if (!pg || !pg->tok_embd || !pg->lm_head || !pg->layers)
+        return sl_fail(SL_ERR_VALUE, "loss: the gradient buffers of tok_embd, lm_head and the layers are needed");
+    const void *have[] = {m->out_norm.w, m->out_norm.b, m->pos_embd, m->type_embd, m->embd_norm.w, m->embd_norm.b};
+    const float *buf[] = {pg->out_norm, pg->out_norm_b, pg->pos_embd, pg->type_embd, pg->embd_norm, pg->embd_norm_b};
+    const char *name[] = {"out_norm", "out_norm_b", "pos_embd", "type_embd", "embd_norm", "embd_norm_b"};
+    for (size_t i = 0; i < sizeof have / sizeof have[0]; i++)
+        if (have[i] && !buf[i]) return sl_fail(SL_ERR_VALUE, "loss: no gradient buffer for %s", name[i]);
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        const sl_layer_weights *lw = &m->layers[l];
+        const sl_layer_grads *lg = &pg->layers[l];
+        const void *lhave[] = {lw->attn_norm.w, lw->attn_norm.b, lw->wq.data, lw->wk.data, lw->wv.data, lw->wo.data,
+                               lw->bq, lw->bk, lw->bv, lw->bo, lw->attn_q_norm, lw->attn_k_norm,
+                               lw->attn_post_norm.w, lw->attn_post_norm.b, lw->attn_res_norm.w, lw->attn_res_norm.b,
+                               lw->ffn_norm.w, lw->ffn_norm.b, lw->w_gate.data, lw->w_up.data, lw->w_down.data,
+                               lw->b_gate, lw->b_up, lw->b_down, lw->ffn_post_norm.w, lw->ffn_post_norm.b,
+                               lw->ffn_res_norm.w, lw->ffn_res_norm.b};
+        const float *lbuf[] = {lg->attn_norm, lg->attn_norm_b, lg->wq, lg->wk, lg->wv, lg->wo, lg->bq, lg->bk, lg->bv,
+                               lg->bo, lg->attn_q_norm, lg->attn_k_norm, lg->attn_post_norm, lg->attn_post_norm_b,
+                               lg->attn_res_norm, lg->attn_res_norm_b, lg->ffn_norm, lg->ffn_norm_b, lg->w_gate,
+                               lg->w_up, lg->w_down, lg->b_gate, lg->b_up, lg->b_down, lg->ffn_post_norm,
+                               lg->ffn_post_norm_b, lg->ffn_res_norm, lg->ffn_res_norm_b};
+        for (size_t i = 0; i < sizeof lhave / sizeof lhave[0]; i++)
+            if (lhave[i] && !lbuf[i])
+                return sl_fail(SL_ERR_VALUE, "loss: layer %lld lacks a gradient buffer (tensor %d of sl_layer_grads)",
+                               (long long)l, (int)i);
+    }
+    return SL_OK;
+}
+
+/* The embedding's backward from dx = the gradient w.r.t. resid[0] (overwritten), with tmp (T, d)
+ * scratch: embd_norm's backward, then pos_embd's rows 0..T-1, type_embd's sum over positions and
+ * tok_embd's rows (times embd_scale). */
+static void embed_backward(const sl_model *m, const sl_model_grads *pg, const int64_t *ids, int64_t T, float *dx,
+                           float *tmp, const sl_embd_tape *et) {
+    const int64_t d = m->d_model;
+    float *de = dx;
+    if (m->embd_norm.w) {
+        norm_backward(m, &m->embd_norm, tmp, 0, pg->embd_norm, pg->embd_norm_b, dx, et->in, et->mean, et->rstd, T, T,
+                      d);
+        de = tmp;
+    }
+    if (m->pos_embd) sl_add_inplace(pg->pos_embd, de, T * d);
+    if (m->type_embd) sl_bias_backward(pg->type_embd, de, T, d, d);
+    if (m->embd_scale != 1.0f)
+        for (int64_t i = 0; i < T * d; i++) de[i] *= m->embd_scale;
+    sl_embed_backward(pg->tok_embd, de, ids, T, d);
+}
+
 int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
                        const sl_intervention *iv, double *loss, const sl_model_grads *pg) {
-    if (!pg || !pg->tok_embd || !pg->out_norm || !pg->lm_head || !pg->layers)
-        return sl_fail(SL_ERR_VALUE, "loss: every parameter gradient buffer is needed");
     SL_TRY(sl_model_check(m));
-    SL_TRY(check_differentiable(m));
+    SL_TRY(check_grads(m, pg));
     if (!m->lm_head.data) return sl_fail(SL_ERR_VALUE, "loss: the model has no LM head");
     const int64_t d = m->d_model, V = m->vocab_size, L = m->n_layers;
+    const float cap = m->final_softcap;
+    const int en = m->embd_norm.w != NULL;
     grad_bufs g;
-    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, 1, L, 1));
-    int64_t n_logits, n_x;
-    float *xf = sl_mul_size(T, d, &n_x) ? sl_alloc_floats(n_x) : NULL, *rstd = sl_alloc_floats(T);
-    float *logits = sl_mul_size(T, V, &n_logits) ? sl_alloc_floats(n_logits) : NULL;
-    int rc = (!xf || !rstd || !logits) ? sl_fail(SL_ERR_MEMORY, "loss: cannot allocate the logits (%lld x %lld)",
-                                                  (long long)T, (long long)V)
-                                       : sl_model_forward_tape(m, ids, T, L, g.tapes, iv, g.dx, NULL);
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, 1, L, 1, 0));
+    int64_t n_logits = 0, n_x = 0;
+    int ok = sl_mul_size(T, d, &n_x) && sl_mul_size(T, V, &n_logits);
+    float *xf = ok ? sl_alloc_floats(n_x) : NULL, *mean = sl_alloc_floats(T), *rstd = sl_alloc_floats(T);
+    float *logits = ok ? sl_alloc_floats(n_logits) : NULL;
+    float *capped = ok && cap > 0.0f ? sl_alloc_floats(n_logits) : NULL; /* the soft-capped logits */
+    sl_embd_tape et = {en && ok ? sl_alloc_floats(n_x) : NULL, en ? sl_alloc_floats(T) : NULL,
+                       en ? sl_alloc_floats(T) : NULL};
+    int rc = (!xf || !mean || !rstd || !logits || (cap > 0.0f && !capped) || (en && (!et.in || !et.mean || !et.rstd)))
+                 ? sl_fail(SL_ERR_MEMORY, "loss: cannot allocate the logits (%lld x %lld)", (long long)T, (long long)V)
+                 : sl_model_forward_tape(m, ids, T, L, g.tapes, iv, g.dx, en ? &et : NULL);
     if (rc == SL_OK) {
         /* dx holds resid[L]; xf its final norm; the logits become their gradient in place. */
-        sl_rmsnorm(xf, rstd, g.dx, m->out_norm.w, T, d, m->norm_eps);
+        if (m->out_norm.w && m->norm_kind == SL_NORM_LAYER)
+            sl_layernorm(xf, mean, rstd, g.dx, m->out_norm.w, m->out_norm.b, T, d, m->norm_eps);
+        else if (m->out_norm.w)
+            sl_rmsnorm(xf, rstd, g.dx, m->out_norm.w, T, d, m->norm_eps);
+        else
+            memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float));
         rc = sl_linear_nt(T, xf, d, &m->lm_head, logits, V, 0, 1);
     }
+    if (rc == SL_OK && capped) {
+        sl_softcap(logits, T * V, cap);
+        memcpy(capped, logits, (size_t)(T * V) * sizeof(float));
+    }
     if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, loss);
+    if (rc == SL_OK && capped) sl_softcap_backward(logits, logits, capped, T * V, cap);
     if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
     if (rc == SL_OK) {
         int owned = 0;
@@ -368,15 +513,16 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
                   : sl_fail(SL_ERR_MEMORY, "loss: cannot decode the LM head");
         if (owned) sl_free((float *)head);
     }
-    if (rc == SL_OK) {
+    if (rc == SL_OK && m->out_norm.w) {
         memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float)); /* resid[L], the final norm's input */
-        sl_rmsnorm_backward(g.dx, 0, pg->out_norm, g.dxn, xf, m->out_norm.w, rstd, T, T, d);
+        norm_backward(m, &m->out_norm, g.dx, 0, pg->out_norm, pg->out_norm_b, g.dxn, xf, mean, rstd, T, T, d);
+    } else if (rc == SL_OK) {
+        memcpy(g.dx, g.dxn, (size_t)(T * d) * sizeof(float));
     }
     for (int64_t l = L - 1; l >= 0 && rc == SL_OK; l--) rc = layer_backward(m, iv, l, &g, &pg->layers[l]);
-    if (rc == SL_OK) sl_embed_backward(pg->tok_embd, g.dx, ids, T, d);
-    sl_free(xf);
-    sl_free(rstd);
-    sl_free(logits);
+    if (rc == SL_OK) embed_backward(m, pg, ids, T, g.dx, g.dxn, &et);
+    float *owned[] = {xf, mean, rstd, logits, capped, et.in, et.mean, et.rstd};
+    for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) sl_free(owned[i]);
     grad_bufs_free(&g);
     return rc;
 }
@@ -385,37 +531,67 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
  * Forward mode. g->dx holds the tangent of the layer's input on entry and of its output on exit;
  * each addition to the stream is formed on its own first, then added, as in the forward. */
 
+/* The end of a block forwards: dout (rows, d) the tangent of the block's product output;
+ * dx += post_norm'(dout), then dx = res_norm'(dx), through the scratch ds. */
+static void block_output_jvp(const sl_model *m, const sl_norm *post, const sl_norm *res, float *dx, const float *dout,
+                             float *ds, int64_t rows, int64_t T, const float *p_in, const float *p_mean,
+                             const float *p_rstd, const float *r_in, const float *r_mean, const float *r_rstd) {
+    const int64_t d = m->d_model;
+    if (post->w) {
+        norm_jvp(m, post, ds, dout, p_in, p_mean, p_rstd, rows, T, d);
+        dout = ds;
+    }
+    sl_add_inplace(dx, dout, rows * d);
+    if (res->w) {
+        norm_jvp(m, res, ds, dx, r_in, r_mean, r_rstd, rows, T, d);
+        memcpy(dx, ds, (size_t)(rows * d) * sizeof(float));
+    }
+}
+
 static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
                          const sl_attn_intervention *aiv) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model;
-    const int64_t qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
     const sl_attn_shape s = attn_shape(m, lw, T);
     rope_tables_for(m, lw, g);
-    sl_rmsnorm_jvp(g->dxn, g->dx, lt->x, lw->attn_norm.w, lt->rstd1, rows, T, d);
-    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wq, g->dq, qd, 0, 1));
-    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wk, g->dk, kvd, 0, 1));
-    SL_TRY(sl_linear_nt(rows, g->dxn, d, &lw->wv, g->dv, kvd, 0, 1));
-    rope_rows(m, g, g->dq, qd, m->n_heads, 0);
-    rope_rows(m, g, g->dk, kvd, m->n_kv_heads, 0);
+    const float *a = g->dx;
+    if (lw->attn_norm.w) {
+        norm_jvp(m, &lw->attn_norm, g->dxn, g->dx, lt->x, lt->mean1, lt->rstd1, rows, T, d);
+        a = g->dxn;
+    }
+    SL_TRY(sl_linear_nt(rows, a, d, &lw->wq, g->dq, qd, 0, 1));
+    SL_TRY(sl_linear_nt(rows, a, d, &lw->wk, g->dk, kvd, 0, 1));
+    SL_TRY(sl_linear_nt(rows, a, d, &lw->wv, g->dv, kvd, 0, 1));
+    qk_norm(m, g, g->dq, lw->attn_q_norm, NULL, lt->qr, lt->q_rstd, H, 0);
+    qk_norm(m, g, g->dk, lw->attn_k_norm, NULL, lt->kr, lt->k_rstd, G, 0);
+    rope_rows(m, lw, g, g->dq, qd, H, 0);
+    rope_rows(m, lw, g, g->dk, kvd, G, 0);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
     SL_TRY(sl_linear_nt(rows, g->dz, qd, &lw->wo, g->dxn, d, 0, 1));
-    sl_add_inplace(g->dx, g->dxn, rows * d);
+    block_output_jvp(m, &lw->attn_post_norm, &lw->attn_res_norm, g->dx, g->dxn, g->ds, rows, T, lt->o, lt->o_mean,
+                     lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd);
     return SL_OK;
 }
 
 static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
-    sl_swiglu_partials(g->dh_dg, g->dh_du, lt->gate, lt->up, T * F);
+    const int gated = lw->w_gate.data != NULL;
+    sl_mlp_act_partials(m->act, gated ? g->dh_dg : NULL, g->dh_du, gated ? lt->gate : NULL, lt->up, T * F);
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
-        float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
-        sl_rmsnorm_jvp(dxn, dx, lt->h, lw->ffn_norm.w, lt->rstd2, rows, T, d);
-        SL_TRY(sl_linear_nt(rows, dxn, d, &lw->w_gate, g->dg, F, 0, 1));
-        SL_TRY(sl_linear_nt(rows, dxn, d, &lw->w_up, g->du, F, 0, 1));
-        sl_swiglu_jvp(g->dact, g->dg, g->du, g->dh_dg, g->dh_du, rows * F, T * F);
+        float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d, *ds = g->ds ? g->ds + b0 * T * d : NULL;
+        const float *a = dx;
+        if (lw->ffn_norm.w) {
+            norm_jvp(m, &lw->ffn_norm, dxn, dx, lt->h, lt->mean2, lt->rstd2, rows, T, d);
+            a = dxn;
+        }
+        if (gated) SL_TRY(sl_linear_nt(rows, a, d, &lw->w_gate, g->dg, F, 0, 1));
+        SL_TRY(sl_linear_nt(rows, a, d, &lw->w_up, g->du, F, 0, 1));
+        sl_swiglu_jvp(g->dact, gated ? g->dg : NULL, g->du, gated ? g->dh_dg : NULL, g->dh_du, rows * F, T * F);
         SL_TRY(sl_linear_nt(rows, g->dact, F, &lw->w_down, dxn, d, 0, 1));
-        sl_add_inplace(dx, dxn, rows * d);
+        block_output_jvp(m, &lw->ffn_post_norm, &lw->ffn_res_norm, dx, dxn, ds, rows, T, lt->mo, lt->mo_mean,
+                         lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd);
     }
     return SL_OK;
 }
@@ -425,7 +601,7 @@ int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     SL_TRY(check_directions(m, at, B, tangent, "jvp"));
     const int64_t L = m->n_layers, d = m->d_model;
     grad_bufs g;
-    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, L, 0));
+    SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, L, 0, 1));
     int rc = sl_model_forward_tape(m, ids, T, L, g.tapes, iv, NULL, NULL);
     if (rc == SL_OK) memcpy(g.dx, tangent, (size_t)(B * T * d) * sizeof(float));
     if (rc == SL_OK && tout && tout[at]) memcpy(tout[at], g.dx, (size_t)(B * T * d) * sizeof(float));

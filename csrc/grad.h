@@ -9,14 +9,23 @@
 
 /* Parameter gradients, same shapes as sl_model's weights; every buffer is added to (+=), so the
  * caller zeroes them first (or accumulates over several sequences). lm_head may point to the same
- * buffer as tok_embd (tied embeddings): both contributions are added into it, in a fixed order. */
+ * buffer as tok_embd (tied embeddings): both contributions are added into it, in a fixed order.
+ * A buffer is needed for every tensor the model has, and read for no other (NULL there). */
 typedef struct {
-    float *attn_norm, *wq, *wk, *wv, *wo, *ffn_norm, *w_gate, *w_up, *w_down;
+    float *attn_norm, *attn_norm_b, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
+    float *attn_q_norm, *attn_k_norm;
+    float *attn_post_norm, *attn_post_norm_b, *attn_res_norm, *attn_res_norm_b;
+    float *ffn_norm, *ffn_norm_b, *w_gate, *w_up, *w_down, *b_gate, *b_up, *b_down;
+    float *ffn_post_norm, *ffn_post_norm_b, *ffn_res_norm, *ffn_res_norm_b;
 } sl_layer_grads;
 
 typedef struct {
     float *tok_embd, *out_norm, *lm_head;
     sl_layer_grads *layers; /* n_layers entries */
+    float *out_norm_b;      /* (d) */
+    float *pos_embd;        /* (n_pos, d): rows >= T stay untouched */
+    float *type_embd;       /* (d) */
+    float *embd_norm, *embd_norm_b;
 } sl_model_grads;
 
 /* What the VJP returns at each layer boundary l in [0, at]; every array and entry may be NULL.

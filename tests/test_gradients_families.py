@@ -107,8 +107,24 @@ def ref_loss_and_grad(hf, ids, targets=None, gguf_layout=False):
     loss = F.cross_entropy(logits[0], torch.as_tensor(np.asarray(targets, np.int64)), ignore_index=-1)
     loss.backward()
     grads = rm.canonical_param_grads(hf, gguf_layout=gguf_layout)
+    head = hf.get_output_embeddings()
+    if "lm_head" not in grads and head.weight is not hf.get_input_embeddings().weight:
+        grads["lm_head"] = head.weight.grad.detach().numpy().astype(np.float32).copy()  # untied copy
     hf.zero_grad(set_to_none=True)
     return float(loss.detach()), grads
+
+
+def untied_head(hf):
+    """A copy of the tied model `hf` whose LM head is its own parameter holding the same values:
+    the reference for a file that stores the tied head as a separate tensor (llama.cpp's GPT-2
+    converter writes output.weight as a copy of token_embd.weight), which sinklab loads as two
+    parameters, each with its own gradient (their sum is the tied model's gradient)."""
+    import copy
+
+    u = copy.deepcopy(hf)
+    head = u.get_output_embeddings()
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())
+    return u
 
 
 def ref_sensitivity(hf, ids, target: int, layers: Sequence[int]):
@@ -326,6 +342,10 @@ def test_loss_and_grad(store, log, name, fmt):
     hf, model = store.hf(name, fmt), store.sl(name, fmt)
     ids = _ids(name, seed=3)
     loss, grads = model.loss_and_grad(ids)
+    tied_ref = hf.get_output_embeddings().weight is hf.get_input_embeddings().weight
+    if tied_ref and "lm_head" in grads:
+        np.testing.assert_array_equal(model.weight("lm_head"), model.weight("tok_embd"))
+        hf = untied_head(hf)
     want_loss, want = ref_loss_and_grad(hf, ids, gguf_layout=(fmt == "gguf"))
     assert isinstance(loss, float)
     assert abs(loss - want_loss) <= 1e-4 * abs(want_loss), (loss, want_loss)
