@@ -831,7 +831,10 @@ FAMILY_SPECS: Dict[str, FamilySpec] = {s.name: s for s in [
     FamilySpec("gpt2", "gpt2", dict(vocab_size=320, n_embd=64, n_layer=3, n_head=4, n_positions=64,
                n_inner=None, activation_function="gelu_new", layer_norm_epsilon=1e-5,
                bos_token_id=BOS_ID, eos_token_id=EOS_ID, tie_word_embeddings=True,
-               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), seed=19, gguf_arch="gpt2"),
+               resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), seed=19, gguf_arch="gpt2",
+               # llama.cpp writes output.weight as a copy of token_embd: two tensors, an
+               # untied model (as transformers' GGUF loader reads it too)
+               gguf_hf=dict(tie_word_embeddings=False)),
     # post-LN encoder, token-type embeddings, erf GELU, bidirectional, no head
     FamilySpec("bert", "bert", dict(vocab_size=320, hidden_size=64, num_hidden_layers=3,
                num_attention_heads=4, intermediate_size=128, max_position_embeddings=64,
@@ -922,6 +925,8 @@ def make_family_model(spec: FamilySpec, gguf: bool = False):
                 p.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn(p.shape, generator=g))
             else:
                 p.copy_(_init_std(name, d, qd, F) * torch.randn(p.shape, generator=g))
+        if spec.family == "gpt2" and not cfg.tie_word_embeddings:
+            model.lm_head.weight.copy_(model.transformer.wte.weight)
     model.eval()
     return model
 
@@ -1371,6 +1376,8 @@ def canonical_param_grads(model, gguf_layout: bool = False) -> Dict[str, np.ndar
         d = f["d_model"]
         out["tok_embd"], out["pos_embd"] = g("transformer.wte.weight"), g("transformer.wpe.weight")
         out["out_norm"], out["out_norm_b"] = g("transformer.ln_f.weight"), g("transformer.ln_f.bias")
+        if not cfg.tie_word_embeddings:
+            out["lm_head"] = g("lm_head.weight")
         for l in range(L):
             p, b = f"transformer.h.{l}.", f"blk.{l}."
             out[b + "attn_norm"], out[b + "attn_norm_b"] = g(p + "ln_1.weight"), g(p + "ln_1.bias")
