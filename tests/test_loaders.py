@@ -207,9 +207,11 @@ def test_quantized_matrices_stay_in_file_form(tmp_path):
     q = m.weights["blk.0.attn_q"]
     assert isinstance(q, QuantizedTensor) and q.type_name == "Q8_0" and q.shape == (spec.n_heads * spec.head_dim, spec.d_model)
     base = q.data
-    while base is not None and not isinstance(base, np.memmap):
-        base = base.base
-    assert isinstance(base, np.memmap)                                # a view of the file, not a copy
+    import mmap
+
+    while base is not None and not isinstance(base, (np.memmap, mmap.mmap)):
+        base = base.obj if isinstance(base, memoryview) else base.base
+    assert isinstance(base, (np.memmap, mmap.mmap))                   # a view of the file, not a copy
     assert q.nbytes == q.shape[0] * q.shape[1] // 32 * 34              # 34 bytes per 32 values
     ref = gguf.quants.dequantize(np.asarray(q.data).reshape(q.shape[0], -1), gguf.GGMLQuantizationType.Q8_0)
     w = m.weight("blk.0.attn_q")

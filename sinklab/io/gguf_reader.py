@@ -5,7 +5,7 @@ The reference reader (`gguf.GGUFReader`) builds a NumPy view per array element, 
 one ``bytes`` copy of the header (tens of MB at most) and takes well under a second. It reads
 only: every length and offset is checked against the file before use, so a truncated or hostile
 file raises :class:`GGUFFormatError`, never an IndexError or a huge allocation. Layout (GGUF v2/v3,
-little-endian): magic ``GGUF``, version u32, n_tensors u64, n_kv u64, then n_kv (key, type, value)
+little-endian, or big-endian throughout): magic ``GGUF``, version u32, n_tensors u64, n_kv u64, then n_kv (key, type, value)
 entries, then n_tensors (name, n_dims u32, dims u64 x n_dims, ggml type u32, offset u64) entries,
 then the data section at the next multiple of ``general.alignment`` (default 32).
 """
@@ -58,7 +58,7 @@ def _type_sizes() -> Dict[int, Tuple[int, int]]:
 
 class _Cursor:
     def __init__(self, buf: bytes, path: str) -> None:
-        self.buf, self.pos, self.path = buf, 0, path
+        self.buf, self.pos, self.path, self.order = buf, 0, path, "<"
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
@@ -66,6 +66,7 @@ class _Cursor:
                                   f"(needs {n} bytes at offset {self.pos}, file header has {len(self.buf)})")
 
     def scalar(self, fmt: str, what: str) -> Any:
+        fmt = self.order + fmt[1:]
         size = struct.calcsize(fmt)
         self.need(size, what)
         (v,) = struct.unpack_from(fmt, self.buf, self.pos)
@@ -90,12 +91,12 @@ class _Cursor:
             raise GGUFFormatError(f"{self.path}: {what} nests arrays too deeply")
         etype, n = self.scalar("<I", what), self.scalar("<Q", what)
         if etype in _NUMPY:
-            size = np.dtype(_NUMPY[etype]).itemsize
+            dtype = np.dtype(self.order + _NUMPY[etype][1:])
             if n > len(self.buf):
                 raise GGUFFormatError(f"{self.path}: {what} claims {n} elements, more than the file holds")
-            self.need(n * size, what)
-            arr = np.frombuffer(self.buf, dtype=_NUMPY[etype], count=n, offset=self.pos).copy()
-            self.pos += n * size
+            self.need(n * dtype.itemsize, what)
+            arr = np.frombuffer(self.buf, dtype=dtype, count=n, offset=self.pos).astype(dtype.newbyteorder("="))
+            self.pos += n * dtype.itemsize
             return arr.astype(bool) if etype == _BOOL else arr
         if etype == _STR:
             out: List[str] = []
@@ -123,6 +124,10 @@ class GGUFFile:
         if cur.scalar("<4s", "magic") != b"GGUF":
             raise GGUFFormatError(f"{self.path} is not a GGUF file (bad magic)")
         self.version = cur.scalar("<I", "version")
+        if self.version not in (2, 3) and struct.unpack("<I", struct.pack(">I", self.version))[0] in (2, 3):
+            cur.order = ">"  # a big-endian file (ggml's byte-order flag): numbers, not tensor data, swapped
+            self.version = struct.unpack("<I", struct.pack(">I", self.version))[0]
+        self.byte_order = cur.order
         if self.version not in (2, 3):
             raise GGUFFormatError(f"{self.path}: GGUF version {self.version} is not supported (2 or 3)")
         n_tensors, n_kv = cur.scalar("<Q", "tensor count"), cur.scalar("<Q", "metadata count")

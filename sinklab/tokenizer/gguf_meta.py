@@ -1,6 +1,6 @@
 """The tokenizer's view of a GGUF file: ``general.architecture`` and the ``tokenizer.*``
-metadata, read through ``gguf.GGUFReader`` (the one GGUF read path, shared with
-:mod:`sinklab.io.gguf_loader`), plus the small helpers that interpret it the way llama.cpp does."""
+metadata, read through :class:`sinklab.io.gguf_reader.GGUFFile` (shared with
+:mod:`sinklab.io.gguf_loader`; a ``gguf.GGUFReader`` is accepted too), plus the small helpers that interpret it the way llama.cpp does."""
 from __future__ import annotations
 
 import os
@@ -52,7 +52,8 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
     """``general.architecture`` and every ``tokenizer.*`` key of a GGUF file.
 
     Args:
-        reader_or_path: an open ``gguf.GGUFReader`` (what :func:`sinklab.load` already holds),
+        reader_or_path: an open :class:`~sinklab.io.gguf_reader.GGUFFile` (what :func:`sinklab.load`
+            already holds) or ``gguf.GGUFReader``,
             or a path to a ``.gguf`` file, opened with :func:`sinklab.io.gguf_loader.open_gguf`.
 
     Returns:
@@ -62,6 +63,10 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
         from ..io.gguf_loader import open_gguf
 
         reader_or_path = open_gguf(os.fspath(reader_or_path))
+    from ..io.gguf_reader import GGUFFile
+
+    if isinstance(reader_or_path, GGUFFile):  # values already plain: str, numbers, lists, arrays
+        return {key: value for key, value in reader_or_path.fields.items() if _wanted_key(key)}
     return {key: _field_value(field) for key, field in reader_or_path.fields.items() if _wanted_key(key)}
 
 
