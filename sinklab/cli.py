@@ -1,10 +1,15 @@
 """Command line: ``sinklab sinks MODEL`` measures the first-token attention sink;
 ``sinklab reproduce`` runs the report's analyses and writes it.
 
+``sinklab reproduce --families`` runs the cross-family study (Table 1 across the registered
+models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model's report.
+
 Global options (``--threads``, ``--quiet``, ``--debug``) go before or after the subcommand.
 Errors a user can fix (a missing path, a corrupt model file, prompts too short for
 ``--max-tokens``) print one line ``sinklab: error: ...`` to stderr and exit with status 1;
-``--debug`` shows the traceback instead.
+a model file of an architecture sinklab does not support exits with status 2 (as a usage
+error), its line naming the architecture and the supported ones. ``--debug`` shows the
+traceback instead.
 """
 from __future__ import annotations
 
@@ -19,7 +24,31 @@ DEFAULT_EPS = (0.3, 0.8)  # Gu et al.'s threshold and the one of the paper's Tab
 
 
 class CLIError(Exception):
-    """A problem with what the user asked for, reported as one line without a traceback."""
+    """A problem with what the user asked for, reported as one line without a traceback;
+    ``code``: the exit status (1, or 2 for an unsupported architecture)."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _load(name: str, quiet: bool):
+    """sinklab.load, with the loaders' "unsupported architecture ..." ValueError (it names the
+    architecture and the supported list) turned into a CLIError of exit status 2."""
+    import sinklab as sl
+
+    try:
+        return sl.load(name, quiet=quiet)
+    except ValueError as e:
+        _raise_if_unsupported(name, e)
+        raise
+
+
+def _raise_if_unsupported(name: str, e: ValueError) -> None:
+    """CLIError (status 2) when ``e`` is the loaders' unsupported-architecture error."""
+    # the wording of sinklab.families.for_hf_type / for_gguf_arch
+    if str(e).startswith("unsupported architecture"):
+        raise CLIError(f"{name}: {e}", code=2) from e
 
 
 def _read_prompts(args) -> List[str]:
@@ -54,7 +83,7 @@ def cmd_sinks(args) -> int:
 
     _check_model_arg(args.model)
     prompts = _read_prompts(args)
-    model = sl.load(args.model, quiet=args.quiet)
+    model = _load(args.model, args.quiet)
     c = model.config
     bos = not args.no_bos
     if bos and c.bos_token_id is None:
@@ -72,7 +101,8 @@ def cmd_sinks(args) -> int:
     mean_imp = study.mean  # (L, H)
     per_layer = study.layer_sink_rate(args.eps)
 
-    print(f"model: {model.name} ({c.n_layers} layers x {c.n_heads} heads)")
+    print(f"model: {model.name} ({c.family}, {c.n_layers} layers x {c.n_heads} heads"
+          f"{', bidirectional encoder: a0 averages over all queries' if c.bidirectional else ''})")
     print(f"prompts: {study.n_prompts} of {n_given}, each cut to exactly {T} tokens, "
           f"BOS: {'id %d prepended (counted in the %d)' % (c.bos_token_id, T) if bos else 'none'}")
     if dropped:
@@ -104,11 +134,26 @@ def cmd_sinks(args) -> int:
 def cmd_reproduce(args) -> int:
     from sinklab import report
 
-    _check_model_arg(args.model)
-    res = report.reproduce(args.model, out=args.out, quick=args.quick, progress=not args.quiet,
-                           eps=tuple(args.eps), bos=not args.no_bos)
+    if args.families:
+        if args.model is not None or args.no_bos or tuple(args.eps) != DEFAULT_EPS:
+            raise CLIError("--families runs its own models, with and without BOS, at eps 0.3 and 0.8: "
+                           "drop --model, --no-bos and --eps")
+        out = args.out or "sinklab-families"
+        res = report.reproduce_families(out, quick=args.quick, progress=not args.quiet)
+        print(f"wrote {os.path.join(out, 'families.md')} and families.json "
+              f"({res['meta']['seconds_total']:.0f} s)")
+        return 0
+    model = args.model or "smollm2-135m-instruct"
+    out = args.out or "sinklab-report"
+    _check_model_arg(model)
+    try:
+        res = report.reproduce(model, out=out, quick=args.quick, progress=not args.quiet,
+                               eps=tuple(args.eps), bos=not args.no_bos)
+    except ValueError as e:
+        _raise_if_unsupported(model, e)
+        raise
     secs = (res or {}).get("meta", {}).get("seconds_total")
-    print(f"wrote {os.path.join(args.out, 'report.md')} and results.json"
+    print(f"wrote {os.path.join(out, 'report.md')} and results.json"
           + (f" ({secs:.0f} s)" if secs is not None else ""))
     return 0
 
@@ -142,13 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)
     r = sub.add_parser("reproduce", help="run the report's analyses (Markdown, PNG, JSON)")
-    r.add_argument("--model", default="smollm2-135m-instruct",
+    r.add_argument("--model", default=None,
                    help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    r.add_argument("--families", action="store_true",
+                   help="instead of one model's report: Table 1 across the registered models and BOS removal "
+                        "on Gemma-3-270M and Qwen2.5-0.5B (families.md, families.json)")
     r.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS),
                    help="sink thresholds in (0, 1) (default 0.3 0.8)")
     r.add_argument("--no-bos", action="store_true", help="run the analyses without prepending the BOS token")
     r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")
-    r.add_argument("--out", default="sinklab-report", help="output folder")
+    r.add_argument("--out", default=None,
+                   help="output folder (default sinklab-report, or sinklab-families with --families)")
     _global_options(r, defaults=False)
     r.set_defaults(func=cmd_reproduce)
     return p
@@ -203,7 +252,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.debug:
             raise
         print(f"sinklab: error: {_one_line(e)}", file=sys.stderr)
-        return 1
+        return e.code if isinstance(e, CLIError) else 1
 
 
 if __name__ == "__main__":

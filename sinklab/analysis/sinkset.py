@@ -19,6 +19,15 @@ first T prompt tokens (T+1 in all).
 By default the importance comes from the C core's streaming attention statistics
 (``capture=("stats",)``, no T x T buffer); ``capture="attn"`` materialises the attention and
 applies :func:`sinklab.first_token_importance` instead (same numbers to ~1e-6).
+
+**Where the sink sits** (``keep_keys=True``, for ⟨bos⟩ removal): besides a_0, the mass every
+key k receives, m_k = 1/T * sum_i A_{i,k} over all T queries (a query that cannot see k counts
+as 0; m_0 = a_0), is kept per (prompt, layer, head). Its argmax is the head's sink position; the
+paper predicts that a model trained with a fixed ⟨bos⟩ loses its sinks when the ⟨bos⟩ is
+removed, while one trained without it moves them to whatever token comes first.
+
+For a bidirectional encoder every query sees key 0, so a_0 is the mean over all T queries (the
+same formula; no query is left out by causality).
 """
 from __future__ import annotations
 
@@ -54,6 +63,9 @@ class SinkStudy:
             prompt's first token without BOS).
         n_skipped: prompts left out as too short (``skip_short=True``).
         capture: ``"stats"`` (streaming C statistics) or ``"attn"`` (full attention).
+        key_mass: None, or (P, L, H, T) float64 with ``keep_keys=True``: m_k, the mean
+            attention key k receives over all T queries (m_0 = a_0). Not saved by :meth:`save`
+            (its summary is, in ``location``).
     """
 
     importance: np.ndarray
@@ -69,6 +81,7 @@ class SinkStudy:
     source: str = ""
     capture: str = "stats"
     meta: Dict[str, Any] = field(default_factory=dict)
+    key_mass: Optional[np.ndarray] = None
 
     # -------------------------------------------------------------- derived numbers
     @property
@@ -104,6 +117,33 @@ class SinkStudy:
         """{eps: (L,) per-layer sink rate} for every eps in ``self.eps``."""
         return {e: self.layer_sink_rate(e) for e in self.eps}
 
+    # -------------------------------------------------------------- where the sink sits
+    def _need_keys(self) -> np.ndarray:
+        if self.key_mass is None:
+            raise ValueError("this study kept only a_0; run sink_study(..., keep_keys=True)")
+        return self.key_mass
+
+    def sink_position(self) -> np.ndarray:
+        """(P, L, H) int64: per (prompt, layer, head), the key with the largest mean attention
+        m_k (the first such key on a tie)."""
+        return self._need_keys().argmax(axis=-1)
+
+    def location(self, eps: Optional[Sequence[float]] = None) -> Dict[str, Any]:
+        """Where the attention mass sits, as fractions of (prompt, layer, head) triples in [0, 1].
+
+        ``at_0`` / ``at_1`` / ``elsewhere``: the largest-mass key is position 0, position 1, or
+        another one; ``mean_max_mass``: mean of max_k m_k; ``sink_anywhere[eps]``: fraction with
+        max_k m_k > eps (a sink on any token), beside ``sink_rate`` (on position 0 only);
+        ``position_counts``: how many triples have their largest-mass key at each position."""
+        m = self._need_keys()
+        pos = m.argmax(axis=-1)
+        top = m.max(axis=-1)
+        eps_t = self.eps if eps is None else _check_eps_tuple(eps)
+        return {"at_0": float(np.mean(pos == 0)), "at_1": float(np.mean(pos == 1)),
+                "elsewhere": float(np.mean(pos > 1)), "mean_max_mass": float(top.mean()),
+                "sink_anywhere": {f"{e:g}": float(np.mean(top > e)) for e in eps_t},
+                "position_counts": np.bincount(pos.reshape(-1), minlength=m.shape[-1]).tolist()}
+
     def summary(self) -> Dict[str, Any]:
         """The headline numbers as plain JSON-able values (no per-prompt arrays)."""
         return {"model": self.model, "T": self.T, "bos": self.bos, "bos_token_id": self.bos_token_id,
@@ -111,7 +151,8 @@ class SinkStudy:
                 "n_skipped": self.n_skipped, "source": self.source, "capture": self.capture,
                 "sink_rate": {f"{e:g}": r for e, r in self.sink_rates.items()},
                 "layer_sink_rate": {f"{e:g}": v.tolist() for e, v in self.layer_rates.items()},
-                "mean_first_token_importance": float(self.importance.mean())}
+                "mean_first_token_importance": float(self.importance.mean()),
+                **({"location": self.location()} if self.key_mass is not None else {})}
 
     def __str__(self) -> str:
         rates = ", ".join(f"eps={e:g}: {100 * r:.2f}%" for e, r in self.sink_rates.items())
@@ -284,22 +325,45 @@ def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prom
     return prompts, f"{len(prompts)} user prompts"
 
 
+def key_mass_from_importance(importance: np.ndarray, bidirectional: bool) -> np.ndarray:
+    """m_k = 1/T sum_i A_{i,k} (float64, same shape) from Gu et al.'s per-key a_k = mean over the
+    T - k queries i >= k (causal: a_k (T - k) / T; bidirectional: every query sees k, m_k = a_k)."""
+    imp = np.asarray(importance, np.float64)
+    if bidirectional:
+        return imp.copy()
+    T = imp.shape[-1]
+    return imp * (T - np.arange(T)) / T
+
+
 def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str,
-             batch_bytes: Optional[int] = None) -> np.ndarray:
+             batch_bytes: Optional[int] = None,
+             keep_keys: bool = False) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T), run in batches
-    (:func:`sinklab.batching.run_each`; the same bits as one run per row)."""
-    out = np.empty((len(seqs), model.config.n_layers, model.config.n_heads), np.float64)
+    (:func:`sinklab.batching.run_each`; the same bits as one run per row), and with
+    ``keep_keys`` the (P, L, H, T) key masses m_k."""
+    c = model.config
+    P, T = len(seqs), seqs.shape[1]
+    out = np.empty((P, c.n_layers, c.n_heads), np.float64)
+    keys = np.empty((P, c.n_layers, c.n_heads, T), np.float64) if keep_keys else None
     for p, tr in run_each(model, seqs, (capture,), batch_bytes=batch_bytes, progress=progress,
                           desc=desc, unit="prompt"):
-        out[p] = tr.stats.importance[..., 0] if capture == "stats" else first_token_importance(tr.attn)
-    return out
+        if capture == "stats":
+            out[p] = tr.stats.importance[..., 0]
+            if keep_keys:
+                keys[p] = key_mass_from_importance(tr.stats.importance, c.bidirectional)
+        else:
+            out[p] = first_token_importance(tr.attn)
+            if keep_keys:
+                keys[p] = tr.attn.astype(np.float64).sum(axis=-2) / T
+    return out, keys
 
 
 # ------------------------------------------------------------------ public API
 def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                eps: Union[float, Sequence[float]] = (0.3, 0.8), bos: bool = True,
                skip_short: bool = False, bos_in_T: bool = True, capture: str = "stats",
-               progress: bool = True, batch_bytes: Optional[int] = None) -> SinkStudy:
+               progress: bool = True, batch_bytes: Optional[int] = None,
+               keep_keys: bool = False) -> SinkStudy:
     """First-token importance and sink rates of ``model`` over a prompt set (Gu et al.'s metric).
 
     Args:
@@ -319,6 +383,8 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
             of one length) run as batches of as many as fit (default
             :data:`sinklab.batching.BATCH_BYTES`, 256 MiB: 57 prompts a call with
             ``capture="attn"`` on SmolLM2-135M at T = 64). Results are bitwise the same for any cap.
+        keep_keys: also keep every key's mass m_k, (P, L, H, T) float64, for
+            :meth:`SinkStudy.sink_position` and :meth:`SinkStudy.location` (where the sink sits).
 
     Returns:
         A :class:`SinkStudy` with ``importance`` (P, L, H) float64.
@@ -335,26 +401,28 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     need = text_budget(n_seq, bos)
     keep, skipped = _select(prompts, tokens, need, T, skip_short)
     seqs = np.stack([prepare(model, tokens[i], bos, n_seq) for i in keep])
-    imp = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
-                   batch_bytes)
+    imp, keys = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
+                         batch_bytes, keep_keys)
     return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
                      bos_token=None if bos_id is None else model.detokenize([bos_id]),
                      eps=eps_t, model=model.name, first_token_ids=seqs[:, 0].copy(),
                      bos_in_T=bool(bos_in_T), n_skipped=skipped, source=source, capture=capture,
                      meta={"seq_len": int(seqs.shape[1]), "kept_prompts": keep,
-                           "n_layers": model.config.n_layers, "n_heads": model.config.n_heads})
+                           "n_layers": model.config.n_layers, "n_heads": model.config.n_heads,
+                           "bidirectional": bool(model.config.bidirectional)},
+                     key_mass=keys)
 
 
 def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                 eps: Union[float, Sequence[float]] = (0.3, 0.8), skip_short: bool = False,
                 bos_in_T: bool = True, capture: str = "stats", progress: bool = True,
-                batch_bytes: Optional[int] = None) -> BosComparison:
+                batch_bytes: Optional[int] = None, keep_keys: bool = False) -> BosComparison:
     """:func:`sink_study` of the same prompts with and without the BOS token.
 
     Both runs use exactly the same prompts: with ``skip_short`` a prompt is kept only if it is
     long enough for both (T tokens without BOS). Without BOS position 0 is each prompt's own
     first token. Arguments as for :func:`sink_study` (each condition runs in batches under
-    ``batch_bytes``).
+    ``batch_bytes``; ``keep_keys`` keeps where each head's mass sits, in both).
     """
     eps_t = _check_eps_tuple(eps)
     model.bos_id(True)
@@ -364,7 +432,7 @@ def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     keep, skipped = _select(prompts, tokens, T, T, skip_short)
     chosen = [tokens[i] for i in keep]
     kw = dict(T=T, eps=eps_t, bos_in_T=bos_in_T, capture=capture, progress=progress,
-              batch_bytes=batch_bytes)
+              batch_bytes=batch_bytes, keep_keys=keep_keys)
     with_b = sink_study(model, chosen, bos=True, **kw)
     without = sink_study(model, chosen, bos=False, **kw)
     for s in (with_b, without):
