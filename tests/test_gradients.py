@@ -1020,3 +1020,124 @@ def test_smollm2_loss_and_grad(smol, log):
         except AssertionError as e:
             failed.append(str(e))
     assert not failed, "\n".join(failed)
+
+
+# =============================================================================================
+# Families (issue 10): what tests/test_gradients_families.py (values against torch.autograd)
+# leaves out: thread-count independence, quantized residency, the gradient-buffer contract
+# =============================================================================================
+
+FAMILY_THREAD_CASES = ["gemma2", "qwen3", "gpt2", "bert"]   # post-norms+caps+windows, QK-norm, LN+biases, post-LN
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    return rm.FamilyModels(tmp_path_factory.mktemp("grad_family_models"))
+
+
+def _family_ids(name: str, T: int = 40, seed: int = 0) -> np.ndarray:
+    return rm.random_ids(rm.FAMILY_SPECS[name].hf["vocab_size"], T, seed=104729 + seed)
+
+
+def _family_calls(model, name: str) -> Dict[str, np.ndarray]:
+    """vjp / jvp with 16 directions (B*T*d above the kernels' parallel thresholds) and, with an
+    LM head, loss_and_grad."""
+    L, d = model.config.n_layers, model.config.d_model
+    ids = _family_ids(name)
+    T = len(ids)
+    out = {"vjp": model.vjp(ids, _rand((16, T, d), 1), at=(L, None)),
+           "vjp mid": model.vjp(ids, _rand((16, d), 2), at=(L, T // 2), layers=[0]),
+           "jvp": model.jvp(ids, _rand((16, T, d), 3), at=0)}
+    if model.config.has_lm_head:
+        loss, grads = model.loss_and_grad(ids)
+        out["loss"] = np.float64(loss)
+        out.update({f"grad {k}": v for k, v in grads.items()})
+    return out
+
+
+@pytest.mark.parametrize("name", FAMILY_THREAD_CASES)
+def test_family_threads_bitwise(families, name, threads_restored):
+    """Every family feature's derivative (LayerNorm, biases, QK-norm, post-norms, post-LN, GELU,
+    learned positions, token types, embedding norm and scale, soft-caps) is the same bits on 1
+    and 3 threads."""
+    model = families.sl(name, "st")
+    runs = []
+    for n in (1, 3):
+        sl.set_num_threads(n)
+        runs.append(_family_calls(model, name))
+    for k in runs[0]:
+        assert np.all(np.isfinite(runs[0][k])), k
+        assert np.array_equal(runs[0][k], runs[1][k]), f"{name} {k}: 1 vs 3 threads differ"
+
+
+def _f32_twin(model):
+    """The same model with every quantized matrix decoded to float32 (a tied head stays tied)."""
+    from sinklab.families.tensors import to_f32
+    from sinklab.model import Model
+
+    done: Dict[int, np.ndarray] = {}
+    w = {k: done.setdefault(id(v), to_f32(v)) for k, v in model.weights.items() if k != "rope_inv_freq"}
+    return Model(model.config, w, None, model.source, model.rope_layout)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "qwen2"])
+def test_family_quantized_gradients(families, log, name):
+    """A Q8_0 GGUF family model (matrices decoded block by block inside the products, also the
+    backward's x·W): loss_and_grad and vjp within the bound of torch.autograd on the HF model
+    holding the file's rounded weights, and bitwise those of the float32 model holding the
+    dequantized matrices."""
+    model = families.sl(name, "gguf-Q8_0")
+    assert any(not isinstance(v, np.ndarray) for v in model.weights.values()), "nothing stayed quantized"
+    twin = _f32_twin(model)
+    ids = _family_ids(name, seed=1)
+    loss, grads = model.loss_and_grad(ids)
+    loss2, grads2 = twin.loss_and_grad(ids)
+    assert loss == loss2
+    assert sorted(grads) == sorted(grads2)
+    for k in grads:
+        assert np.array_equal(grads[k], grads2[k]), f"{name} Q8_0 {k}: differs from its float32 twin"
+    L, d = model.config.n_layers, model.config.d_model
+    cot = _rand((d,), 5)
+    g = model.vjp(ids, cot, at=(L, -1))
+    assert np.array_equal(g, twin.vjp(ids, cot, at=(L, -1)))
+
+    hf = families.hf(name, "gguf-Q8_0")
+    hf.zero_grad(set_to_none=True)
+    _, logits = rm.family_resid(hf, ids, logits=True)
+    want_loss = F.cross_entropy(logits[0], torch.as_tensor(np.concatenate([ids[1:], [-1]])), ignore_index=-1)
+    want_loss.backward()
+    want = rm.canonical_param_grads(hf)
+    hf.zero_grad(set_to_none=True)
+    want_loss = float(want_loss.detach())
+    assert abs(loss - want_loss) <= 1e-4 * want_loss
+    assert sorted(grads) == sorted(want)
+    for k in want:
+        log.compare(f"loss_and_grad {name}/gguf-Q8_0", k, grads[k], want[k])
+
+
+def test_family_grad_buffers(families):
+    """model_loss_grad takes exactly one buffer per tensor the model has: a missing optional
+    one (a bias) is a KeyError naming it, an extra one (a tensor the model lacks) a ValueError,
+    a mis-shaped one a ValueError; the Python API allocates the right set."""
+    model = families.sl("gpt2", "st")
+    ids = _family_ids("gpt2", 12)
+    tg = np.concatenate([ids[1:], [-1]]).astype(np.int64)
+    _, grads = model.loss_and_grad(ids)
+    assert set(grads) == set(model.weights) - {"lm_head"}        # tied head: no entry of its own
+    bufs = {k: np.zeros_like(v) for k, v in grads.items()}
+    bufs["lm_head"] = bufs["tok_embd"]
+    loss = sl._core.model_loss_grad(model._handle, ids, tg, bufs)
+    for k in grads:
+        assert np.array_equal(bufs[k], grads[k]), k
+    assert np.isfinite(loss)
+    for key in ("blk.1.attn_q_b", "out_norm_b", "pos_embd"):
+        partial = {k: v for k, v in bufs.items() if k != key}
+        with pytest.raises(KeyError, match=key):
+            sl._core.model_loss_grad(model._handle, ids, tg, partial)
+    with pytest.raises(ValueError, match="lacks"):
+        sl._core.model_loss_grad(model._handle, ids, tg, dict(bufs, **{"blk.0.attn_q_norm": np.zeros(16, np.float32)}))
+    with pytest.raises(ValueError):
+        sl._core.model_loss_grad(model._handle, ids, tg, dict(bufs, **{"blk.0.ffn_up_b": np.zeros(3, np.float32)}))
+    bert = families.sl("bert", "st")
+    with pytest.raises(ValueError, match="(?i)head|logits"):
+        bert.loss_and_grad(_family_ids("bert", 12))
