@@ -226,3 +226,93 @@ def test_reproduce_rejects_bad_input(fake_reproduce, tmp_path, capsys):
     rc, _, err = run_cli(["reproduce", "--eps", "0.3", "1.2"], capsys)
     assert rc == 2 and "--eps must lie in (0, 1), got 1.2" in err
     assert fake_reproduce == []
+
+
+# ------------------------------------------------------------------ every family
+@pytest.fixture
+def cached_load(monkeypatch):
+    """sinklab.load through the session's model cache (each real model loaded once)."""
+    from model_cache import real_model
+
+    monkeypatch.setattr(sl, "load", lambda name, quiet=False: real_model(str(name)))
+    return real_model
+
+
+def _registered():
+    from model_cache import registered_names
+
+    return registered_names()
+
+
+@pytest.mark.parametrize("name", _registered())
+def test_sinks_on_every_registered_model(name, cached_load, tmp_path, capsys):
+    """`sinklab sinks NAME` on each registered model: a_0 per (layer, head) and the sink rates
+    against float64 NumPy on the model's captured attention (first T tokens, BOS first)."""
+    prompt = sl.load_passages("sinks")[1]
+    Tn = 24
+    rc, out, err = run_cli(["sinks", name, "--prompt", prompt, "--max-tokens", Tn, "--out", tmp_path, "--quiet"],
+                           capsys)
+    assert rc == 0, err
+    model = cached_load(name)
+    c = model.config
+    res = json.loads((tmp_path / "sinks.json").read_text())
+    ids = np.array([c.bos_token_id] + list(model.tokenize(prompt, bos=False))[: Tn - 1])
+    A = model.run(ids, capture="attn").attn.astype(np.float64)
+    a0 = A[:, :, :, 0].sum(axis=-1) / Tn                 # every query counts (0 where it cannot see key 0)
+    imp = np.array(res["first_token_importance_mean"])
+    assert imp.shape == (c.n_layers, c.n_heads) and np.abs(imp - a0).max() < 1e-5
+    for eps in (0.3, 0.8):
+        assert res["sink_rate"][f"{eps:g}"] == pytest.approx(float(np.mean(a0 > eps)), abs=1.0 / a0.size)
+    assert f"{c.n_layers} layers x {c.n_heads} heads" in out
+    assert ("bidirectional encoder" in out) == bool(c.bidirectional)
+    assert res["bos_token_id"] == c.bos_token_id and res["n_prompts"] == 1
+
+
+def _unsupported(kind, tmp_path):
+    if kind == "hf":
+        d = tmp_path / "mamba"
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps({"model_type": "mamba", "hidden_size": 8}))
+        return d, "mamba"
+    gguf = require("gguf")
+    path = tmp_path / "rwkv.gguf"
+    w = gguf.GGUFWriter(str(path), "rwkv6")
+    w.add_block_count(1)
+    w.add_tensor("token_embd.weight", np.zeros((4, 8), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path, "rwkv6"
+
+
+@pytest.mark.parametrize("kind", ["hf", "gguf"])
+@pytest.mark.parametrize("command", ["sinks", "reproduce"])
+def test_unsupported_architecture_exits_2(kind, command, tmp_path, capsys):
+    """A model file of another architecture: one line naming it and the supported ones, exit 2."""
+    from sinklab.families import SUPPORTED_GGUF_ARCHS, SUPPORTED_HF_TYPES
+
+    path, arch = _unsupported(kind, tmp_path)
+    argv = (["sinks", path, "--prompt", LONG[0]] if command == "sinks" else ["reproduce", "--model", path])
+    rc, _, err = run_cli(argv + ["--out", tmp_path / "o", "--quiet"], capsys)
+    assert rc == 2, err
+    assert err.count("\n") == 1 and err.startswith("sinklab: error: ") and "Traceback" not in err
+    assert f"unsupported architecture {arch!r}" in err
+    for a in (SUPPORTED_HF_TYPES if kind == "hf" else SUPPORTED_GGUF_ARCHS):
+        assert a in err
+    assert not (tmp_path / "o" / "report.md").exists()
+
+
+def test_reproduce_families_arguments(monkeypatch, tmp_path, capsys):
+    import sinklab.report
+
+    calls = []
+    monkeypatch.setattr(sinklab.report, "reproduce_families",
+                        lambda out, **kw: calls.append((out, kw)) or {"meta": {"seconds_total": 2.0}})
+    rc, out, err = run_cli(["reproduce", "--families", "--quick", "--out", tmp_path], capsys)
+    assert rc == 0, err
+    assert calls == [(str(tmp_path), dict(quick=True, progress=True))] and "families.md" in out
+    rc, _, _ = run_cli(["reproduce", "--families", "--quiet"], capsys)
+    assert rc == 0 and calls[-1] == ("sinklab-families", dict(quick=False, progress=False))
+    rc, _, err = run_cli(["reproduce", "--families", "--model", "gemma-3-270m"], capsys)
+    assert rc == 1 and "--families runs its own models" in err and len(calls) == 2

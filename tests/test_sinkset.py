@@ -184,3 +184,46 @@ def test_T_beyond_context(model):
         sinkset.sink_study(model, ["x"], T=1, progress=False)
     with pytest.raises(ValueError, match="empty"):
         sinkset.sink_study(model, [], progress=False)
+
+
+# ------------------------------------------------------------------ where the sink sits
+@pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m", "all-minilm-l6-v2"])
+@pytest.mark.parametrize("bos", [True, False], ids=["bos", "nobos"])
+def test_where_the_sink_sits_vs_float64_attention(name, bos):
+    """keep_keys: every key's mass m_k = 1/T sum_i A_ik (from the C statistics' per-key a_k), its
+    argmax and the location fractions, against float64 NumPy on the captured T x T attention
+    (for the encoder every query sees every key; for the decoders only the later ones)."""
+    from model_cache import real_model
+
+    m = real_model(name)
+    Tn, texts = 32, sp.load_passages("sinks")[:3]
+    st = sinkset.sink_study(m, texts, T=Tn, eps=(0.3, 0.8), bos=bos, keep_keys=True, progress=False)
+    ref = []
+    for text in texts:
+        ids = list(m.tokenize(text, bos=False))
+        ids = ([m.config.bos_token_id] if bos else []) + ids
+        A = m.run(np.array(ids[:Tn]), capture="attn").attn.astype(np.float64)   # (L, H, Tq, Tk)
+        if not m.config.bidirectional:
+            assert np.all(np.triu(A, 1) == 0)          # causal: no query sees a later key
+        ref.append(A.sum(axis=2) / Tn)                 # (L, H, Tk)
+    ref = np.stack(ref)
+    assert st.key_mass.shape == ref.shape
+    assert np.abs(st.key_mass - ref).max() < 1e-5
+    assert np.array_equal(st.key_mass[..., 0], st.importance)      # m_0 = a_0
+    top2 = np.sort(ref, axis=-1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > 1e-5                     # no near-tie
+    assert clear.mean() > 0.9
+    pos = ref.argmax(axis=-1)
+    assert np.array_equal(st.sink_position()[clear], pos[clear])
+    loc = st.location()
+    n = pos.size
+    assert abs(loc["at_0"] - np.mean(pos == 0)) <= (~clear).sum() / n
+    assert abs(loc["elsewhere"] - np.mean(pos > 1)) <= (~clear).sum() / n
+    assert loc["at_0"] + loc["at_1"] + loc["elsewhere"] == pytest.approx(1.0)
+    assert sum(loc["position_counts"]) == n
+    assert loc["mean_max_mass"] == pytest.approx(ref.max(axis=-1).mean(), abs=1e-5)
+    for e in (0.3, 0.8):
+        assert loc["sink_anywhere"][f"{e:g}"] == pytest.approx(np.mean(ref.max(axis=-1) > e), abs=2.0 / n)
+    assert "location" in st.summary()
+    with pytest.raises(ValueError, match="keep_keys"):
+        sinkset.sink_study(m, texts[:1], T=Tn, bos=bos, progress=False).location()
