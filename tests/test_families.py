@@ -17,12 +17,14 @@ import math
 import numpy as np
 import pytest
 
+import reference_models as rm
 from reference_models import require
 
 torch = require("torch")
 transformers = require("transformers")
 gguf = require("gguf")
 
+import sinklab as sl  # noqa: E402
 from sinklab import families  # noqa: E402
 from sinklab.families import base  # noqa: E402
 from sinklab.families.rope import layer_inv_freq  # noqa: E402
@@ -519,3 +521,13 @@ def test_integer_buffers_in_safetensors_are_skipped_not_fatal(hf_dirs, tmp_path)
     save_file(tensors, str(st))
     with pytest.raises(hf_loader.SafetensorsError, match="embeddings.LayerNorm.bias has unsupported dtype I32"):
         load_hf(d)
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gpt2", "bert", "qwen2"])
+def test_oversquashing_bound_refuses_other_blocks(tmp_path, name):
+    """The over-squashing bound's constants are derived for the LLaMA block: another family gets
+    a ValueError naming what differs, not a silently wrong bound."""
+    store = rm.FamilyModels(tmp_path)
+    model = sl.load(store.path(name, "st"))
+    with pytest.raises(ValueError, match="derived for the LLaMA block"):
+        sl.oversquashing_bound(model, np.arange(1, 9), target=-1)

@@ -455,6 +455,20 @@ def _measured_array(model: Any, ids: np.ndarray, target: int, measured: Any,
     return arr
 
 
+def _check_bound_applies(c: Any) -> None:
+    """The constants below are derived for the LLaMA block (pre-RMSNorm, SwiGLU, RoPE, no biases,
+    no post-norms, causal): on any other block they would be a wrong bound, so refuse it."""
+    differs = [what for what, bad in (
+        ("LayerNorm", c.norm_kind != "rmsnorm"), (f"the {c.act} MLP", c.act != "swiglu"),
+        ("biases", bool(c.biases)), ("bidirectional attention", c.bidirectional),
+        ("norms other than the two pre-norms", tuple(c.layer_norms) != ("attn_norm", "ffn_norm")),
+        ("attention soft-capping", c.attn_softcap > 0), ("an embedding norm", c.embd_norm),
+    ) if bad]
+    if differs:
+        raise ValueError(f"the over-squashing bound is derived for the LLaMA block; {c.arch} differs by "
+                         f"{', '.join(differs)} (the measured sensitivity, sinklab.sensitivity, works on every family)")
+
+
 def oversquashing_bound(model: Any, ids: Any, target: int = -1,
                         intervene: Optional[Intervention] = None, constants: str = "entrywise",
                         measured: Union[None, bool, np.ndarray, Any] = None, mlp: str = "fast",
@@ -488,6 +502,7 @@ def oversquashing_bound(model: Any, ids: Any, target: int = -1,
     """
     if constants not in CONSTANTS:
         raise ValueError(f"constants={constants!r}; choose from {CONSTANTS}")
+    _check_bound_applies(model.config)
     if mlp not in MLP_MODES:
         raise ValueError(f"mlp={mlp!r}; choose from {MLP_MODES}")
     t0 = time.perf_counter()
