@@ -501,8 +501,8 @@ class Model:
         ``resid[L]`` the last layer's output before the final norm), as :meth:`run` captures it.
         The C backward runs one forward (saving each layer's activations), then pushes all B
         cotangents back together, so each linear layer's backward is one product with B*T rows.
-        Positions after the last one in ``positions`` cannot influence it (the model is causal):
-        they are not computed and their gradients are exactly zero.
+        In a causal model, positions after the last one in ``positions`` cannot influence it: they
+        are not computed and their gradients are exactly zero (an encoder runs every position).
 
         Args:
             ids: token ids (T,).
@@ -530,7 +530,7 @@ class Model:
         bad = [l for l in out_layers if not 0 <= l <= layer]
         if bad:
             raise ValueError(f"layers {bad} outside [0, {layer}]: gradients exist for resid[0..{layer}]")
-        B, t_eff = cot.shape[0], int(pos.max()) + 1
+        B, t_eff = cot.shape[0], self._influence_end(int(pos.max()), T)
         self._check_bytes(self.grad_bytes(t_eff, B, layer) + 4 * B * len(out_layers) * T * d,
                           f"vjp of {B} cotangents on {T} tokens", "pass fewer cotangents at once or fewer layers=")
         full = np.zeros((B, t_eff, d), np.float32)
@@ -588,7 +588,7 @@ class Model:
             chunk: cotangents per backward call (default: all d when they fit in memory).
 
         Returns:
-            float32 (d, T, d); rows j > position are zero (causality).
+            float32 (d, T, d); in a causal model rows j > position are zero.
         """
         arr = self._sequence(ids)
         T, d = arr.shape[0], self.config.d_model
@@ -598,7 +598,7 @@ class Model:
         if wrt >= layer:
             raise ValueError(f"wrt={wrt} must be below the output layer {layer}")
         pos = int(self._positions(position, T)[0])
-        chunk = self._cotangent_chunk(pos + 1, d, layer) if chunk is None else max(1, int(chunk))
+        chunk = self._cotangent_chunk(self._influence_end(pos, T), d, layer) if chunk is None else max(1, int(chunk))
         J = np.empty((d, T, d), np.float32)
         starts = range(0, d, chunk)
         for a0 in progress_bar(starts, progress and len(starts) > 1, desc=f"jacobian ({d} cotangents)", unit="chunk"):
@@ -607,6 +607,11 @@ class Model:
             cot[np.arange(n), a0 + np.arange(n)] = 1.0
             J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt])[:, 0]
         return J
+
+    def _influence_end(self, position: int, T: int) -> int:
+        """One past the last position that can influence ``position``'s output: position + 1 in a
+        causal model, T in a bidirectional encoder."""
+        return T if self.config.bidirectional else position + 1
 
     def _cotangent_chunk(self, T: int, B: int, n_tape: int, budget: Optional[int] = None) -> int:
         """The most cotangents (<= B) whose backward fits in ``budget`` bytes (default: half the

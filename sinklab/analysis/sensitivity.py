@@ -12,8 +12,8 @@ row norms, spectral norms by Lanczos iteration on each block's J^T J (to a relat
 value below ``spectral_rtol``). ``method="estimate"`` pushes ``n_probes`` random sign vectors u instead:
 E||u^T J||^2 = ||J||_F^2 for E[u u^T] = I, so the mean over probes of ||u^T J_j^(l)||^2 is an
 unbiased estimate of every block's squared Frobenius norm at once, with its standard error from
-the spread over probes. Positions after the target cannot influence it (the model is causal) and
-are not computed: their norms are exactly 0.
+the spread over probes. In a causal model positions after the target cannot influence it and are
+not computed: their norms are exactly 0 (an encoder computes every position).
 """
 from __future__ import annotations
 
@@ -133,7 +133,7 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
         raise ValueError(f"target={target} outside [-{T}, {T}) for T={T}")
     target = int(target) % T
     sel = _layer_list(model, layers)
-    t_eff = target + 1
+    t_eff = model._influence_end(target, T)
     ids_eff = np.ascontiguousarray(arr[:t_eff])
     ivs = (intervene or Intervention()).arrays(L, model.config.n_heads)
     B = d if method == "exact" else int(n_probes)
