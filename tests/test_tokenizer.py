@@ -692,8 +692,8 @@ def test_bert_ids_match_transformers(name, minilm):
 
 def test_bert_properties(minilm):
     tok, hf = minilm
-    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (30522, 101, None, True)
-    assert hf.cls_token_id == 101 and hf.bos_token_id is None
+    assert (tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.add_bos_default) == (30522, 101, 102, True)
+    assert (hf.cls_token_id, hf.sep_token_id, hf.bos_token_id) == (101, 102, None)
     assert tok.encode("Attention SINKS").tolist() == tok.encode("attention sinks").tolist()  # uncased
     assert len(tok.encode(TEXTS["long"])) > 1000  # tokenizer.json truncates at 128; encode() does not
     assert tok.decode(tok.encode("attention sinks", bos=True)) == "[CLS] attention sinks"

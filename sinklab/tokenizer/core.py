@@ -151,7 +151,7 @@ class Tokenizer:
         ``add_bos_default`` is True when the post-processor puts ``[CLS]`` first (it does for
         BERT). The trailing ``[SEP]`` that ``transformers`` also adds is never added (``encode``
         adds no token but BOS), so ``encode(text, bos=True)`` is transformers' default encoding
-        without its last id. ``eos_token_id`` stays ``None`` for BERT.
+        without its last id. ``eos_token_id`` is then ``[SEP]`` (when the folder names one).
 
         Raises:
             FileNotFoundError: there is no ``tokenizer.json``.
@@ -184,6 +184,8 @@ class Tokenizer:
             # BERT-style encoders have no BOS but start every input with [CLS], the token their
             # first position always held in training: that is their fixed first token.
             bos = lookup("cls_token")
+            if eos is None and bos is not None:
+                eos = lookup("sep_token")  # and end it with [SEP]
         if isinstance(tcfg.get("add_bos_token"), bool):
             add_bos = tcfg["add_bos_token"]
         else:
