@@ -760,6 +760,19 @@ static PyObject *py_model_workspace_bytes(PyObject *self, PyObject *capsule) {
     return PyLong_FromLongLong((long long)sl_ws_cache_bytes(&h->cache));
 }
 
+static PyObject *py_model_tape_floats(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule;
+    long long T;
+    if (!PyArg_ParseTuple(args, "OL", &capsule, &T)) return NULL;
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    if (T < 1) return PyErr_Format(PyExc_ValueError, "T=%lld must be >= 1", T);
+    const int64_t n = sl_layer_tape_floats(&h->model, T);
+    if (n < 0) return PyErr_Format(PyExc_OverflowError, "tape size overflows for T=%lld", T);
+    return PyLong_FromLongLong((long long)n);
+}
+
 static PyObject *py_model_release_workspace(PyObject *self, PyObject *capsule) {
     (void)self;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
@@ -1010,6 +1023,8 @@ static PyMethodDef methods[] = {
      "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"
      "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0;\n"
      "other values raise ValueError), head_scale float32."},
+    {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
+     "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
     {"model_workspace_bytes", py_model_workspace_bytes, METH_O,
      "model_workspace_bytes(handle) -> bytes of the activations workspace the model keeps between forward calls."},
     {"model_release_workspace", py_model_release_workspace, METH_O,

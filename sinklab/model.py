@@ -478,17 +478,22 @@ class Model:
     def grad_bytes(self, T: int, B: int = 1, n_tape: Optional[int] = None) -> int:
         """Bytes the C backward allocates for ``B`` directions on ``T`` tokens (besides the outputs).
 
-        The tape of ``n_tape`` layers (default all): per token and layer 4*(4d + 2H*hd + 2G*hd +
-        2F + 2) bytes; the layer's attention probabilities 4*H*T*T and SwiGLU partials 4*2*T*F;
-        per direction and token 4*(2d + 2H*hd + 2G*hd) bytes (+ 4*2H*hd with grouped kv heads),
-        and the MLP's 3 F-wide buffers for up to 8192 rows.
+        The tape of ``n_tape`` layers (default all), as the C core sizes it for this architecture
+        (LLaMA: 4*(4d + 2H*hd + 2G*hd + 2F + 2) bytes per token and layer; QK-norms, post-norms
+        and LayerNorm statistics add to it); the layer's attention probabilities 4*H*T*T and MLP
+        partials 4*2*T*F; per direction and token 4*(2d + 2H*hd + 2G*hd) bytes (+ 4*2H*hd with
+        grouped kv heads, + 4*H*hd with QK-norms, + 4*d with post-norms), and the MLP's 3 F-wide
+        buffers for up to 8192 rows.
         """
         c = self.config
         qd, kvd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
         L = c.n_layers if n_tape is None else n_tape
-        tape = L * T * (4 * c.d_model + 2 * qd + 2 * kvd + 2 * c.d_ff + 2)
+        tape = L * _core.model_tape_floats(self._handle, max(int(T), 1))
         rows = B * T
-        per_row = 2 * c.d_model + 2 * qd + 2 * kvd + (2 * qd if c.n_heads != c.n_kv_heads else 0)
+        norms = set(c.layer_norms)
+        per_row = (2 * c.d_model + 2 * qd + 2 * kvd + (2 * qd if c.n_heads != c.n_kv_heads else 0)
+                   + (qd if norms & {"attn_q_norm", "attn_k_norm"} else 0)
+                   + (c.d_model if norms - {"attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"} else 0))
         return 4 * (tape + c.n_heads * T * T + 2 * T * c.d_ff + rows * per_row
                     + 3 * min(rows, max(8192 // T, 1) * T) * c.d_ff)
 
