@@ -216,13 +216,14 @@ def _mb(n: float) -> str:
 
 
 def print_memory(rows: List[Dict[str, Any]]) -> None:
-    print("\nmemory (MB; RSS = anon + file-backed; each row a fresh process; peak = VmHWM during the run)")
-    print(f"{'model':<34} {'resident':<9} {'file':>8} {'RSS load':>8} {'anon':>8} {'file-bk':>8} "
+    print("\nmemory (MB; RSS = anon + file-backed; each row a fresh process; pk load = VmHWM during load, "
+          "peak run = VmHWM during the T-token run, reset after load)")
+    print(f"{'model':<34} {'resident':<9} {'file':>8} {'RSS load':>8} {'anon':>8} {'file-bk':>8} {'pk load':>8} "
           f"{'peak run':>8} {'RSS run':>8} {'anon':>8} {'file-bk':>8} {'load s':>7}")
     for r in rows:
         a, b = r["after_load"], r["after_run"]
         print(f"{r['model'][:34]:<34} {r['resident']:<9} {_mb(r['file_bytes'])} {_mb(a['VmRSS'])} "
-              f"{_mb(a['RssAnon'])} {_mb(a['RssFile'])} {_mb(r['run_peak'])} {_mb(b['VmRSS'])} "
+              f"{_mb(a['RssAnon'])} {_mb(a['RssFile'])} {_mb(r['load_peak'])} {_mb(r['run_peak'])} {_mb(b['VmRSS'])} "
               f"{_mb(b['RssAnon'])} {_mb(b['RssFile'])} {r['load_s']:7.1f}"
               + ("" if r["run_peak_is_since_load"] else "  (peak includes load)"))
 

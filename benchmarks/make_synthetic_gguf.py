@@ -138,7 +138,8 @@ def _chunks(rng: np.random.Generator, name: str, shape: Tuple[int, ...], qtype: 
 # ----------------------------------------------------------------------------- tokenizer
 def _byte_tokens() -> List[str]:
     """GPT-2's byte-to-unicode alphabet, in byte order (LLaMA 3 spells bytes the same way)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+          + list(range(ord("®"), ord("ÿ") + 1)))
     cs, n = bs[:], 0
     for b in range(256):
         if b not in bs:
@@ -154,7 +155,8 @@ def tokenizer_fields(vocab: int) -> Dict:
     tokens = _byte_tokens() + [a + b for a, b in MERGES]
     n_normal = vocab - N_SPECIAL
     tokens += [f"<filler_{i}>" for i in range(len(tokens), n_normal)]
-    special = ["<|begin_of_text|>", "<|end_of_text|>"] + [f"<|reserved_special_token_{i}|>" for i in range(N_SPECIAL - 2)]
+    special = (["<|begin_of_text|>", "<|end_of_text|>"]
+               + [f"<|reserved_special_token_{i}|>" for i in range(N_SPECIAL - 2)])
     types = [1] * n_normal + [3] * N_SPECIAL  # NORMAL, CONTROL
     return dict(tokens=tokens + special, types=types, merges=[f"{a} {b}" for a, b in MERGES],
                 bos=n_normal, eos=n_normal + 1)
@@ -307,7 +309,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"file {gb(result['file_bytes'])}; after load RSS {gb(al['VmRSS'])} (anon {gb(al['RssAnon'])}, "
                   f"file-backed {gb(al['RssFile'])}), load peak {gb(al['VmHWM'])}; after the study RSS "
                   f"{gb(af['VmRSS'])} (anon {gb(af['RssAnon'])}, file-backed {gb(af['RssFile'])})")
-            print(f"PEAK RSS {gb(st['peak_rss'])} (budget {gb(BUDGET)}: {'OK' if st['peak_rss'] < BUDGET else 'OVER'}); "
+            verdict = "OK" if st["peak_rss"] < BUDGET else "OVER"
+            print(f"PEAK RSS {gb(st['peak_rss'])} (budget {gb(BUDGET)}: {verdict}); "
                   f"wall {st['wall_s']:.0f} s (load {st['load_s']:.0f} s, study {st['study_s']:.0f} s)")
     finally:
         if a.delete or a.smoke:
