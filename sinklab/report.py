@@ -333,6 +333,11 @@ def section_long_context(c: Context) -> Section:
                     + " — but Fig. 5 varies the *training* context, which one trained model cannot.")
     else:
         reading += "."
+    win = [w for w in (model.config.window or ()) if w > 0]
+    if win and T > min(win):
+        reading += (f" {len(win)} of its {model.config.n_layers} layers attend within a {min(win)}-token sliding "
+                    f"window, so at T = {T} most of their queries cannot see position 0 at all: a_0 there falls by "
+                    f"construction.")
     return Section(
         f"Long context (T = {T})",
         paper="Fig. 5 shows sinks growing with the pre-training context length (128 → 2048), and Thm. 3.2 predicts "
@@ -405,6 +410,16 @@ def _interventions_encoder(c: Context) -> Section:
         numbers={"where_the_sink_moves": moves})
 
 
+def _sink_moves(masked: Dict[str, Any], e: str) -> str:
+    """Whether the sink moved to the first text token once position 0 is masked (numbers decide)."""
+    imp, rate = masked["importance_first_text_token"], masked["sink_rate_first_text_token"][e]
+    if rate > 0.05:
+        return (f"the sink moves to the first text token, whose importance rises to {imp:.3f} ({_pct(rate)} sink "
+                f"heads at eps = {e}), so it does not force heads to mix.")
+    return (f"the sink does not move: the first text token's importance is only {imp:.3f} ({_pct(rate)} sink heads "
+            f"at eps = {e}), so without position 0 the heads have no sink to park their attention on.")
+
+
 def section_interventions(c: Context) -> Section:
     s, model = c.s, c.model
     if model.config.bidirectional or not model.config.has_lm_head:
@@ -448,9 +463,8 @@ def section_interventions(c: Context) -> Section:
                   if abs(d_noop) < 0.1 * max(abs(d_all), abs(d_nobos), 1e-9) or abs(d_noop) < 0.02 else
                   "the sink's contribution to other tokens is not negligible here. ")
                + f"Masking attention to position 0 in every head is the no-⟨bos⟩ run in disguise ({d_mask:+.4f} vs "
-               f"{d_nobos:+.4f}; with relative positions the rest of the computation is identical): the sink moves to "
-               f"the first text token, whose importance rises to {masked['importance_first_text_token']:.3f} "
-               f"({_pct(masked['sink_rate_first_text_token'][e])} sink heads), so it does not force heads to mix.")
+               f"{d_nobos:+.4f}; with relative positions the rest of the computation is identical): "
+               + _sink_moves(masked, e))
     return Section(
         "Interventions on the first token",
         paper="The paper reads sinks as approximate no-ops: a head that attends to ⟨bos⟩, whose value is small, "
@@ -527,6 +541,23 @@ def _kv_value_rows(summ: Dict[str, Any]) -> str:
             f"{_num(summ['median_first_value_ratio_other_kv_heads'])} |\n")
 
 
+def _perturbation_context(c: Context, frac: float) -> str:
+    """What the sink section says about this model without ⟨bos⟩, to read the perturbation by."""
+    sinks = c.shared.get("sinks")
+    if sinks is None:
+        return ""
+    e = min(c.s.eps)
+    w, wo = sinks.bos.sink_rate(e), sinks.nobos.sink_rate(e)
+    if wo < 0.5 * w:
+        return (f"Without ⟨bos⟩ this model's sinks on position 0 collapse ({_pct(w)} → {_pct(wo)} at eps = {e:g}), "
+                f"as for a model trained with a fixed ⟨bos⟩ such as the paper's Gemma"
+                + ("; the perturbation's spread follows." if frac > 0.6 else
+                   "; even so the perturbation does not spread consistently further."))
+    return (f"Without ⟨bos⟩ the first text token takes over as the sink ({_pct(w)} → {_pct(wo)} at eps = {e:g}), as "
+            f"in a model trained without a fixed ⟨bos⟩, which is the likely reason the contrast is weak here; the "
+            f"paper's Gemma relies on its ⟨bos⟩.")
+
+
 def section_perturbation(c: Context) -> Section:
     s, model = c.s, c.model
     if model.config.bidirectional:
@@ -571,12 +602,9 @@ def section_perturbation(c: Context) -> Section:
                   f"ratio {med:.3f}), against Fig. 2–3's direction")
     smoother = em["nobos"] > em["bos_text_keys"]
     reading = (spread + ". On the same keys, attention without ⟨bos⟩ is "
-               + ("smoother, as the paper finds" if smoother else
-                  "sharper, not smoother as the paper finds: without ⟨bos⟩ the first text token becomes the sink and "
-                  "concentrates the mass that ⟨bos⟩ held")
+               + ("smoother, as the paper finds" if smoother else "sharper, not smoother as the paper finds")
                + f" ({em['nobos']:.3f} vs {em['bos_text_keys']:.3f} nats; counting ⟨bos⟩ as a key gives "
-               f"{em['bos_all_keys']:.3f}). A model trained without a fixed ⟨bos⟩ uses any first token as its sink, "
-               f"which is the likely reason the contrast is weak here; the paper's Gemma relies on its ⟨bos⟩.")
+               f"{em['bos_all_keys']:.3f}). " + _perturbation_context(c, frac))
     return Section(
         "Perturbation propagation",
         paper="Fig. 2–3 (Gemma 7B, one prompt, 'greatest' → 'best'): without ⟨bos⟩ the perturbation spreads further "
@@ -1091,16 +1119,26 @@ def table1_markdown(res: Dict[str, Any]) -> str:
                     for name, (pct, layout) in TABLE1.items())
     body = head + "".join(line(r) for r in rows) + paper
     n_p = rows[0]["n_prompts"] if rows else 0
+    fams = ", ".join(dict.fromkeys(f"{r['family']} ({r['name']})" for r in rows))
+    kinds = ", ".join(f"{k}: {', '.join(r['name'] for r in rows if r['kind'] == k)}"
+                      for k in dict.fromkeys(r["kind"] for r in rows))
+    with_bos = [r["name"] for r in rows if r["tokenizer_adds_bos"]]
+    quants = " / ".join(dict.fromkeys(r["quant"] for r in rows))
+    sizes = f"{_size(min(r['params'] for r in rows))}–{_size(max(r['params'] for r in rows))}" if rows else "—"
     caption = (f"*Table 1 here.* Sink rate = the share of (prompt, layer, query head) triples whose first-token "
                f"importance a_0 (mean attention position 0 receives from the T = {rows[0]['T'] if rows else 64} "
                f"queries) exceeds eps, over {n_p} shipped passages cut to T tokens with the model's first token "
                f"prepended (counted among the T). The paper's rows are LLaMA 3.1 at eps = 0.8 (the paper's Table 1; "
                f"eps = 0.3 not given). **Confounds:** the rows here differ from each other and from the paper in "
-               f"family (LLaMA-style SmolLM2, Gemma 3, Qwen2.5 vs LLaMA 3.1), in training (base Gemma vs instruct "
-               f"SmolLM2 and Qwen2.5-Coder; only Gemma's tokenizer prepends ⟨bos⟩, so for the others the prepended "
-               f"token is one they did not see first in training), in storage (4-bit GGUF Q4_K_M / Q4_1 here, "
-               f"dequantized exactly, vs the paper's bf16) and in size (135M–1.5B here vs 8B–405B). Only "
-               f"Qwen2.5-Coder 0.5B → 1.5B is a size step within one family.")
+               f"family ({fams} vs LLaMA 3.1), in training ({kinds}; "
+               + (f"only {', '.join(with_bos)}'s tokenizer prepends ⟨bos⟩, so for the others the prepended token "
+                  f"is one they were not trained to see first" if with_bos else
+                  "no tokenizer here prepends ⟨bos⟩: the prepended token is one they were not trained to see first")
+               + f"), in storage ({quants} here, computed on the quantized weights, "
+               f"vs the paper's bf16) and in size ({sizes} here vs 8B–405B).")
+    qw = [r for r in rows if r["family"] == "qwen2"]
+    if len(qw) > 1:
+        caption += f" Only {' → '.join(r['name'] for r in sorted(qw, key=lambda r: r['params']))} is a size step within one family."
     enc = ""
     if res["encoders"]:
         enc = ("\n\nAn encoder, as an extra row (not comparable with the decoders: for a bidirectional encoder "

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("*.ipynb"))
+# The families study's saved results (`sinklab reproduce --families`), which the notebook reads
+# instead of loading every registered model.
+FAMILIES = Path(__file__).resolve().parent.parent / "notebooks" / "results"
 
 
 def jupyter():
@@ -58,6 +61,7 @@ def test_notebook_runs_in_a_kernel_and_shows_figures(path, smollm2_gguf, tmp_pat
     nbformat, NotebookClient = jupyter()
     # The kernel must not be told which backend to use: the figures must show under Jupyter's own.
     monkeypatch.delenv("MPLBACKEND", raising=False)
+    monkeypatch.setenv("SINKLAB_FAMILIES_RESULTS", str(FAMILIES / "families.json"))
     nb = nbformat.read(path, as_version=4)
     ran = copy.deepcopy(nb)
     for c in ran.cells:
@@ -71,3 +75,30 @@ def test_notebook_runs_in_a_kernel_and_shows_figures(path, smollm2_gguf, tmp_pat
     for c in figs:
         assert has_png(c), f"figure cell produced no image/png output: {c.source[:80]!r} -> " \
                            f"{json.dumps(c.outputs)[:300]}"
+    if path.name == "reproduce_paper.ipynb":  # the families section read the shipped results
+        text = json.dumps([c.outputs for c in ran.cells if c.cell_type == "code"])
+        assert "read families.json: full settings" in text
+
+
+def test_shipped_families_results():
+    """The shipped families results: every registered decoder in Table 1, the encoder row, ⟨bos⟩
+    removal on Gemma 3 and Qwen2.5-0.5B; the verdicts follow from the numbers, and the shipped
+    families.md is what the report writes from this JSON."""
+    from sinklab.report import (BOS_REMOVAL_MODELS, TABLE1_MODELS, bos_removal_verdict, families_figures,
+                                families_markdown, load_families)
+
+    res = load_families(FAMILIES / "families.json")
+    assert res["meta"]["preset"] == "full" and res["meta"]["settings"]["sink_prompts"] == 144
+    assert [r["name"] for r in res["table1"]] == list(TABLE1_MODELS)
+    assert [r["name"] for r in res["encoders"]] == ["all-minilm-l6-v2"]
+    assert list(res["bos_removal"]) == list(BOS_REMOVAL_MODELS)
+    for r in res["table1"] + res["encoders"]:
+        assert r["n_prompts"] == 144 and r["T"] == 64
+        assert 0.0 <= r["sink_rate"]["0.8"] <= r["sink_rate"]["0.3"] <= 1.0
+    for name, r in res["bos_removal"].items():
+        assert r["verdict"] == bos_removal_verdict(r, res["meta"]["settings"]["eps"]), name
+        assert set(r["passkey"]["bos"]["accuracy"]) == {"256", "512", "1024", "2048"}
+    md = (FAMILIES / "families.md").read_text(encoding="utf-8")
+    assert md == families_markdown(res, list(families_figures(res)))
+    for name in families_figures(res):
+        assert (FAMILIES / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
