@@ -42,9 +42,12 @@ ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 # in chunks of max(1, MAX_ROWS_PER_CALL // T) sequences, so the activations workspace the model
 # keeps between calls stays bounded: rows x (2d + 2H*hd + 3G*hd + 2F + hd + 8H) floats plus
 # 64*T per thread, ~200 MB for SmolLM2-135M at 8192 rows (a single sequence longer than this is
-# one call of T rows). The C core keeps at most one workspace per model, and none over 1 GiB
-# (freed after its call); _core.model_release_workspace(model._handle) frees it now.
+# one call of T rows). Wider models take fewer rows, so that a call's workspace stays near
+# WORKSPACE_BYTES (Model.max_rows_per_call: ~2,600 rows for Qwen2.5-1.5B, ~1,400 for an 8B).
+# The C core keeps at most one workspace per model, and none over 1 GiB (freed after its call);
+# _core.model_release_workspace(model._handle) frees it now.
 MAX_ROWS_PER_CALL = 8192
+WORKSPACE_BYTES = 256 << 20
 MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
 
 
@@ -255,7 +258,7 @@ class Model:
     def run(self, ids: Any, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
-            out: Optional[Trace] = None, max_rows: int = MAX_ROWS_PER_CALL) -> Trace:
+            out: Optional[Trace] = None, max_rows: Optional[int] = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -326,7 +329,7 @@ class Model:
                 and logits_from: its arrays are refilled in place and it is returned (ids,
                 lengths and meta updated), so repeated runs reuse memory whose pages are
                 already touched instead of allocating new buffers.
-            max_rows: the most B*T token rows per C call (default :data:`MAX_ROWS_PER_CALL`).
+            max_rows: the most B*T token rows per C call (default :attr:`max_rows_per_call`).
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -356,7 +359,7 @@ class Model:
         else:
             self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B), B, T, len(sel))
             bufs = {k: np.empty((B,) + shapes[k], np.float32) for k in wanted}
-        per_call = max(1, int(max_rows) // T)
+        per_call = max(1, int(self.max_rows_per_call if max_rows is None else max_rows) // T)
         starts = range(0, B, per_call)
         bar = progress_bar(starts, progress and len(starts) > 1, desc=f"forward ({B} x {T} tokens)", unit="chunk")
         for b0 in bar:
@@ -474,6 +477,16 @@ class Model:
         avail = available_memory()
         if avail is not None and nbytes > avail:
             raise MemoryError(f"{what} needs {_gb(nbytes)} but only {_gb(avail)} is available; {cheaper}")
+
+    @property
+    def max_rows_per_call(self) -> int:
+        """Token rows per forward call by default: MAX_ROWS_PER_CALL, fewer for models whose
+        activations take more than WORKSPACE_BYTES at that many rows (rows x (2d + 2H*hd + 3G*hd
+        + 2F + hd + 8H) floats)."""
+        c = self.config
+        per_row = 4 * (2 * c.d_model + 2 * c.n_heads * c.head_dim + 3 * c.n_kv_heads * c.head_dim
+                       + 2 * c.d_ff + c.head_dim + 8 * c.n_heads)
+        return max(1, min(MAX_ROWS_PER_CALL, WORKSPACE_BYTES // per_row))
 
     def grad_bytes(self, T: int, B: int = 1, n_tape: Optional[int] = None) -> int:
         """Bytes the C backward allocates for ``B`` directions on ``T`` tokens (besides the outputs).
