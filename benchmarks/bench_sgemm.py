@@ -40,13 +40,12 @@ import argparse
 import json
 import os
 import platform
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
-from machine import cpu_name
+from machine import cpu_name, lscpu_lines
 
 # (out, in) of each weight and its layer, per model.
 MODELS = {
@@ -163,20 +162,6 @@ def child(threads: int, rows: list, reps: int, seconds: float, simds: list[str])
         print(json.dumps(r), flush=True)
 
 
-def machine_lines() -> list[str]:
-    """lscpu's lines on the CPU model, cores and caches, and its SIMD flags (empty without lscpu)."""
-    if not shutil.which("lscpu"):
-        return []
-    out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    keys = ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per", "Socket(s)", "L1d", "L2", "L3")
-    lines = [ln.strip() for ln in out.splitlines() if ln.strip().startswith(keys)]
-    for ln in out.splitlines():
-        if ln.strip().startswith("Flags:"):
-            simd = [f for f in ln.split()[1:] if f.startswith(("avx", "fma", "amx"))]
-            lines.append("SIMD flags: " + " ".join(simd))
-    return lines
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
@@ -198,7 +183,7 @@ def main() -> None:
         return
 
     print(f"CPU: {cpu_name()} ({os.cpu_count()} logical CPUs)   Python {platform.python_version()}")
-    for line in machine_lines():
+    for line in lscpu_lines():
         print("  " + line)
     if hasattr(os, "getloadavg"):  # other processes on the machine make 2-thread numbers erratic
         print("load average before: %.2f %.2f %.2f" % os.getloadavg())
