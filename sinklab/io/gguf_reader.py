@@ -2,7 +2,7 @@
 
 The reference reader (`gguf.GGUFReader`) builds a NumPy view per array element, which takes
 ~25 s for Gemma 3's 262k-entry vocabulary; this one walks the same layout with ``struct`` on
-one ``bytes`` copy of the header (tens of MB at most) and takes well under a second. It reads
+the memory map itself (nothing but the values is copied) and takes about a second. It reads
 only: every length and offset is checked against the file before use, so a truncated or hostile
 file raises :class:`GGUFFormatError`, never an IndexError or a huge allocation. Layout (GGUF v2/v3,
 little-endian, or big-endian throughout): magic ``GGUF``, version u32, n_tensors u64, n_kv u64, then n_kv (key, type, value)
@@ -26,7 +26,6 @@ _SCALAR = {_U8: "<B", _I8: "<b", _U16: "<H", _I16: "<h", _U32: "<I", _I32: "<i",
 _NUMPY = {_U8: "<u1", _I8: "<i1", _U16: "<u2", _I16: "<i2", _U32: "<u4", _I32: "<i4", _F32: "<f4",
           _BOOL: "<u1", _U64: "<u8", _I64: "<i8", _F64: "<f8"}
 _MAX_DIMS = 8
-_MAX_HEADER = 1 << 31  # metadata + tensor table; real files have tens of MB
 
 
 class GGUFFormatError(ValueError):
@@ -57,13 +56,13 @@ def _type_sizes() -> Dict[int, Tuple[int, int]]:
 
 
 class _Cursor:
-    def __init__(self, buf: bytes, path: str) -> None:
+    def __init__(self, buf: Any, path: str) -> None:
         self.buf, self.pos, self.path, self.order = buf, 0, path, "<"
 
     def need(self, n: int, what: str) -> None:
         if n < 0 or self.pos + n > len(self.buf):
             raise GGUFFormatError(f"{self.path}: truncated GGUF header while reading {what} "
-                                  f"(needs {n} bytes at offset {self.pos}, file header has {len(self.buf)})")
+                                  f"(needs {n} bytes at offset {self.pos}, the file has {len(self.buf)})")
 
     def scalar(self, fmt: str, what: str) -> Any:
         fmt = self.order + fmt[1:]
@@ -119,8 +118,7 @@ class GGUFFile:
             raise GGUFFormatError(f"{self.path}: {size} bytes is too short for a GGUF header")
         with open(self.path, "rb") as f:
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        header = self._mm[:min(size, _MAX_HEADER)]
-        cur = _Cursor(header, self.path)
+        cur = _Cursor(self._mm, self.path)  # parsed in place: only what is read gets paged in
         if cur.scalar("<4s", "magic") != b"GGUF":
             raise GGUFFormatError(f"{self.path} is not a GGUF file (bad magic)")
         self.version = cur.scalar("<I", "version")
