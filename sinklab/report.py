@@ -15,6 +15,7 @@ presets); the full run follows the paper's protocol as far as one CPU allows.
 """
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
@@ -1108,14 +1109,19 @@ def table1_markdown(res: Dict[str, Any]) -> str:
     rows = res["table1"]
     eps = sorted({float(e) for r in rows + res["encoders"] for e in r["sink_rate"]})
     head = ("| model | layers × heads (KV) | parameters | kind | storage | first token | "
-            + " | ".join(f"sink rate eps={e:g}" for e in eps) + " |\n|---|---|---|---|---|---|"
-            + "---|" * len(eps) + "\n")
+            + " | ".join(f"sink rate eps={e:g}" for e in eps) + " | without ⟨bos⟩ (eps " + " / ".join(f"{e:g}" for e in eps)
+            + ") |\n|---|---|---|---|---|---|" + "---|" * (len(eps) + 1) + "\n")
+
+    def nobos(r):  # measured in the ⟨bos⟩-removal study only
+        b = res["bos_removal"].get(r["name"])
+        return "—" if b is None else " / ".join(_pct(b["sinks"][NOBOS]["sink_rate"][f"{e:g}"]) for e in eps)
+
     line = lambda r: (f"| {r['name']} ({r['family']}) | {r['n_layers']} × {r['n_heads']} ({r['n_kv_heads']}) | "  # noqa: E731
                       f"{_size(r['params'])} | {r['kind']} | {_storage(r)} | {r['bos_token']!r} "
                       f"({'prepended by its tokenizer' if r['tokenizer_adds_bos'] else 'not prepended by its tokenizer'}) | "
-                      + " | ".join(_pct(r["sink_rate"][f"{e:g}"]) for e in eps) + " |\n")
+                      + " | ".join(_pct(r["sink_rate"][f"{e:g}"]) for e in eps) + f" | {nobos(r)} |\n")
     paper = "".join(f"| {name} (the paper's Table 1) | {layout} | {name.split()[-1]} | base | bf16 | ⟨bos⟩ | "
-                    + " | ".join("—" if e != 0.8 else f"{pct:.2f}%" for e in eps) + " |\n"
+                    + " | ".join("—" if e != 0.8 else f"{pct:.2f}%" for e in eps) + " | — |\n"
                     for name, (pct, layout) in TABLE1.items())
     body = head + "".join(line(r) for r in rows) + paper
     n_p = rows[0]["n_prompts"] if rows else 0
@@ -1165,6 +1171,13 @@ def table1_reading(res: Dict[str, Any]) -> str:
         text += (f"Within one family, Qwen2.5-Coder 0.5B → 1.5B goes {_pct(a)} → {_pct(b)} "
                  + ("(up, the paper's direction). " if b > a + 0.005 else "(down, against the paper's direction). "
                     if b < a - 0.005 else "(flat). "))
+    for r in rows:
+        b = res["bos_removal"].get(r["name"])
+        if b is not None and not r["tokenizer_adds_bos"] and b["sinks"][NOBOS]["sink_rate"]["0.3"] > 2 * r["sink_rate"]["0.3"]:
+            text += (f"{r['name']}'s rate is low because of the prepended {r['bos_token']!r}, a token it was not "
+                     f"trained to see first: without it, as its tokenizer feeds it, the rate is "
+                     f"{_pct(b['sinks'][NOBOS]['sink_rate']['0.3'])} at eps = 0.3 and "
+                     f"{_pct(b['sinks'][NOBOS]['sink_rate']['0.8'])} at eps = 0.8. ")
     top = max(rows, key=lambda r: r["sink_rate"]["0.8"])
     text += (f"The highest rate here is {top['name']}'s ({_pct(top['sink_rate']['0.8'])}); with family, training and "
              f"storage all varying, these are data points beside Table 1, not a test of its size trend.")
@@ -1232,11 +1245,21 @@ def bos_removal_lines(res: Dict[str, Any]) -> List[str]:
                 f"(eps = {v['eps']:g}) {_pct(v['sink_rate_bos'])} → {_pct(v['sink_rate_nobos'])}, held-out NLL "
                 f"{nll_w:.3f} → {nll_wo:.3f} nats (perplexity ×{v['ppl_ratio']:.2f}), mean passkey accuracy "
                 f"{100 * v['passkey_mean_bos']:.0f}% → {100 * v['passkey_mean_nobos']:.0f}%; {where}. ")
+        ppl_paper = math.exp(TABLE2_CAUSAL[("yes", "text only")][1] - TABLE2_CAUSAL[("yes", "⟨bos⟩+text")][1])
+        pk_same = abs(v["passkey_mean_nobos"] - v["passkey_mean_bos"]) < 0.1
+        pk = (f" Passkey retrieval, though, stays at {100 * v['passkey_mean_nobos']:.0f}% up to "
+              f"{max(int(n) for n in r['passkey'][NOBOS]['accuracy'])} tokens, unlike RULER's 82.57 → 0.00 at 4096: "
+              f"this local task does not separate the conditions." if pk_same else "")
         if v["matches_paper_collapse"]:
-            line += ("**This matches the paper's collapse**: the sinks on position 0 vanish and quality falls "
-                     "without ⟨bos⟩." if f["tokenizer_adds_bos"] else
+            anywhere = r["sinks"][NOBOS]["location"]["sink_anywhere"].get(f"{v['eps']:g}", 1.0)
+            line += (f"**This matches the paper's collapse** in the sinks (on position 0 they vanish"
+                     + (f", and no other key takes their place: {_pct(anywhere)} of heads have any key above eps = "
+                        f"{v['eps']:g}" if anywhere < 0.5 * v["sink_rate_bos"] else "; other keys take their place")
+                     + f") and in held-out perplexity (×{v['ppl_ratio']:.1f}; the "
+                     f"paper's loss 2.69 → 7.56 is ×{ppl_paper:.0f}, on a model trained from scratch for it)." + pk
+                     if f["tokenizer_adds_bos"] else
                      "**A collapse like the paper's fixed-⟨bos⟩ rows, on a model trained without a fixed ⟨bos⟩**: "
-                     "not what Table 2 predicts.")
+                     "not what Table 2 predicts." + pk)
         elif v["sinks_collapse"]:
             line += ("**Half of the paper's collapse**: the sinks on position 0 collapse, but quality degrades "
                      "far less than the paper's loss 2.69 → 7.56 or RULER 82.57 → 0.00.")
@@ -1247,8 +1270,26 @@ def bos_removal_lines(res: Dict[str, Any]) -> List[str]:
                                             "fixed ⟨bos⟩." if f["tokenizer_adds_bos"] else
                                             "as Table 2 predicts for a model trained without a fixed ⟨bos⟩: the "
                                             "sink forms on whatever token comes first."))
+        if not f["tokenizer_adds_bos"] and (v["sink_rate_nobos"] > 2 * v["sink_rate_bos"] or v["ppl_ratio"] < 1 / 1.2):
+            line += (f" The reverse holds here: prepending {f['bos_token']!r}, a token this model was not trained to "
+                     f"see first, is what disturbs it — with it only {_pct(v['sink_rate_bos'])} of heads sink on "
+                     f"position 0 (against {_pct(v['sink_rate_nobos'])} without) and perplexity is "
+                     f"×{1 / v['ppl_ratio']:.2f} higher.")
         out.append(line)
     return out
+
+
+def _wrap(name: str, width: int = 13) -> str:
+    """A model name broken at hyphens into lines of about ``width`` characters (tick labels)."""
+    lines, cur = [], ""
+    for part in name.split("-"):
+        piece = part if not cur else "-" + part
+        if cur and len(cur) + len(piece) > width:
+            lines.append(cur + "-")
+            cur = part
+        else:
+            cur += piece
+    return "\n".join(lines + [cur])
 
 
 def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
@@ -1259,8 +1300,8 @@ def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
     figs: Dict[str, Any] = {}
     rows = res["table1"] + res["encoders"]
     if rows:
-        fig, ax = subplots(figsize=(8.5, 3.8))
-        labels = [f"{r['name']}\n{r['n_layers']}×{r['n_heads']}" for r in rows] + \
+        fig, ax = subplots(figsize=(8.5, 4.2))
+        labels = [f"{_wrap(r['name'])}\n{r['n_layers']}×{r['n_heads']}" for r in rows] + \
                  [f"{n}\n{lay.replace(' ', '')}\n(paper)" for n, (_, lay) in TABLE1.items()]
         x = np.arange(len(labels))
         for j, e in enumerate(("0.3", "0.8")):
@@ -1279,7 +1320,7 @@ def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
         figs["families_table1.png"] = fig
     bm = res["bos_removal"]
     if bm:
-        fig, axes = subplots(1, 3, figsize=(13, 3.8))
+        fig, axes = subplots(1, 3, figsize=(13, 4.8))
         for name, r in bm.items():
             for k, style in ((BOS, "-"), (NOBOS, "--")):
                 lr = np.asarray(r["sinks"][k]["layer_sink_rate"]["0.3"], float)
@@ -1287,9 +1328,9 @@ def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
         axes[0].set_xlabel("layer")
         axes[0].set_ylabel("sink rate on position 0, eps = 0.3 (%)")
         axes[0].set_ylim(-3, 103)
-        axes[0].legend(fontsize=6)
+        axes[0].legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=2)
         cats = ("at_0", "at_1", "elsewhere")
-        names = [f"{n}\n{LABELS[k]}" for n in bm for k in (BOS, NOBOS)]
+        names = [f"{_wrap(n)}\n{LABELS[k]}" for n in bm for k in (BOS, NOBOS)]
         bottom = np.zeros(len(names))
         for cat, lab in zip(cats, ("position 0", "position 1", "later")):
             vals = np.array([100 * bm[n]["sinks"][k]["location"][cat] for n in bm for k in (BOS, NOBOS)])
@@ -1308,7 +1349,7 @@ def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
         axes[2].set_xlabel("passkey sequence length (tokens)")
         axes[2].set_ylabel("passkey accuracy (%)")
         axes[2].set_ylim(-5, 105)
-        axes[2].legend(fontsize=6)
+        axes[2].legend(fontsize=6, loc="upper left", bbox_to_anchor=(0.0, -0.16), ncol=2)
         for ax in axes:
             ax.grid(alpha=0.3)
         fig.suptitle("⟨bos⟩ removed at inference", fontsize=10)
