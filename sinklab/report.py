@@ -337,8 +337,8 @@ def section_long_context(c: Context) -> Section:
     win = [w for w in (model.config.window or ()) if w > 0]
     if win and T > min(win):
         reading += (f" {len(win)} of its {model.config.n_layers} layers attend within a {min(win)}-token sliding "
-                    f"window, so at T = {T} most of their queries cannot see position 0 at all: a_0 there falls by "
-                    f"construction.")
+                    f"window, so at T = {T} {100 * (T - min(win)) / T:.0f}% of their queries cannot see position 0 "
+                    f"at all: a_0 there falls by construction.")
     return Section(
         f"Long context (T = {T})",
         paper="Fig. 5 shows sinks growing with the pre-training context length (128 → 2048), and Thm. 3.2 predicts "
