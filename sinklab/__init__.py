@@ -28,7 +28,9 @@ if "GOMP_SPINCOUNT" not in os.environ and "OMP_WAIT_POLICY" not in os.environ:
     os.environ["GOMP_SPINCOUNT"] = "3000"
 
 from . import _core  # noqa: E402
+from .families import UnsupportedArchitecture
 from .families.config import ModelConfig
+from .families.tensors import QuantizedTensor
 from .interventions import Intervention
 from .model import Model, load
 from .analysis.sinks import first_token_importance, key_importance, sink_rate
@@ -44,7 +46,8 @@ from .analysis.oversquashing import OversquashingBound, oversquashing_bound
 from .analysis.squashing_study import SquashingStudy, squashing_study
 
 __version__ = "0.1.0"
-__all__ = ["load", "Model", "ModelConfig", "Trace", "AttentionStats", "Intervention", "sink_rate", "key_importance",
+__all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchitecture", "Trace", "AttentionStats",
+           "Intervention", "sink_rate", "key_importance",
            "first_token_importance", "set_num_threads", "get_num_threads", "simd",
            "sink_study", "compare_bos", "perturb", "perturbation_study", "PerturbationStudy", "text_key_entropy",
            "rank_collapse", "prop31_check", "Prop31", "representational_collapse",

@@ -46,8 +46,9 @@ def _load(name: str, quiet: bool):
 
 def _raise_if_unsupported(name: str, e: ValueError) -> None:
     """CLIError (status 2) when ``e`` is the loaders' unsupported-architecture error."""
-    # the wording of sinklab.families.for_hf_type / for_gguf_arch
-    if str(e).startswith("unsupported architecture"):
+    from .families import UnsupportedArchitecture
+
+    if isinstance(e, UnsupportedArchitecture):
         raise CLIError(f"{name}: {e}", code=2) from e
 
 

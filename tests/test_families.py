@@ -308,7 +308,7 @@ def test_half_width_hf_matrices_stay_half(hf_dirs, tmp_path):
 
 def test_unsupported_hf_architecture(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt_neox"}))
-    with pytest.raises(ValueError, match=r"unsupported architecture 'gpt_neox'.*supported: .*gemma3.*bert"):
+    with pytest.raises(sl.UnsupportedArchitecture, match=r"unsupported architecture 'gpt_neox'.*supported: .*gemma3.*bert"):
         hf_loader.read_config(str(tmp_path))
 
 
@@ -483,8 +483,9 @@ def test_gguf_unsupported_architecture_names_the_list(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    with pytest.raises(GGUFError, match=r"unsupported architecture 'mamba' \(supported: llama, qwen2, qwen3, gemma"):
+    with pytest.raises(GGUFError, match=r"unsupported architecture 'mamba' \(supported: llama, qwen2, qwen3, gemma") as e:
         gguf_loader.read_config(gguf_loader.open_gguf(str(tmp_path / "m.gguf")))
+    assert isinstance(e.value, sl.UnsupportedArchitecture)
 
 
 def test_quantized_tensor_rows_share_bytes():

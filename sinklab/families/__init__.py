@@ -21,23 +21,30 @@ SUPPORTED_HF_TYPES: Tuple[str, ...] = tuple(t for f in FAMILIES for t in f.HF_TY
 SUPPORTED_GGUF_ARCHS: Tuple[str, ...] = tuple(a for f in FAMILIES for a in f.GGUF_ARCHS)
 
 
+class UnsupportedArchitecture(ValueError):
+    """A model file of an architecture no family module reads; the message names it and the
+    supported list."""
+
+
 def for_hf_type(model_type: str, where: str = "") -> ModuleType:
     """The family reading a Hugging Face config.json of ``model_type``; ValueError naming it
-    and the supported list otherwise."""
+    and the supported list otherwise
+    (:class:`UnsupportedArchitecture`)."""
     for f in FAMILIES:
         if model_type in f.HF_TYPES:
             return f
-    raise ValueError(f"unsupported architecture {model_type!r}{' in ' + where if where else ''} "
+    raise UnsupportedArchitecture(f"unsupported architecture {model_type!r}{' in ' + where if where else ''} "
                      f"(supported: {', '.join(SUPPORTED_HF_TYPES)})")
 
 
 def for_gguf_arch(arch: str) -> ModuleType:
     """The family reading a GGUF file of ``general.architecture`` ``arch``; ValueError naming
-    it and the supported list otherwise."""
+    it and the supported list otherwise
+    (:class:`UnsupportedArchitecture`)."""
     for f in FAMILIES:
         if arch in f.GGUF_ARCHS:
             return f
-    raise ValueError(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})")
+    raise UnsupportedArchitecture(f"unsupported architecture {arch!r} (supported: {', '.join(SUPPORTED_GGUF_ARCHS)})")
 
 
 def family_of(name: str) -> ModuleType:

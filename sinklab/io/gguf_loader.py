@@ -32,6 +32,10 @@ class GGUFError(ValueError):
     """A GGUF file that is truncated, corrupted, or describes something sinklab cannot run."""
 
 
+class UnsupportedGGUFArchitecture(GGUFError, families.UnsupportedArchitecture):
+    """A GGUF file whose ``general.architecture`` no family reads."""
+
+
 def _type_name(type_id: int) -> str:
     try:
         from gguf import GGMLQuantizationType
@@ -87,8 +91,8 @@ def family_of(reader):
     unsupported one and the supported list)."""
     try:
         return families.for_gguf_arch(_field(reader, "general.architecture"))
-    except ValueError as e:
-        raise GGUFError(str(e)) from None
+    except families.UnsupportedArchitecture as e:
+        raise UnsupportedGGUFArchitecture(str(e)) from None
 
 
 def read_config(reader) -> ModelConfig:
