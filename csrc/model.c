@@ -335,7 +335,7 @@ static void position_heads(const sl_model *m, const sl_layer_weights *lw, acts *
 }
 
 /* Head h's share of the W_O product (z_h W_O[:, h]ᵀ, no bias) for all rows into xb, for every head
- * a sequence asks for; a quantized W_O has its hd columns decoded into `cols` first. */
+ * a sequence asks for; a quantized W_O is decoded once for all heads (its blocks span heads). */
 static int capture_head_out(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap,
                             int64_t l) {
     const int64_t L = m->n_layers, d = m->d_model, hd = m->head_dim, H = m->n_heads, qd = H * hd;
@@ -343,21 +343,19 @@ static int capture_head_out(const sl_model *m, const sl_layer_weights *lw, acts 
     int any = 0;
     for (int64_t b = 0; b < w->ab.B && cap && cap->head_out; b++) any |= cap_at(cap->head_out, L, b, l) != NULL;
     if (!any) return SL_OK;
-    const int f32 = lw->wo.type == SL_GGML_F32;
-    float *cols = f32 ? NULL : sl_alloc_floats_uninit(d * hd);
-    if (!f32 && !cols) return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a head's W_O columns");
-    int rc = SL_OK;
+    float *decoded = NULL;
+    const float *wo = (const float *)lw->wo.data;
+    if (lw->wo.type != SL_GGML_F32) {
+        if (!(decoded = sl_alloc_floats_uninit(d * qd)))
+            return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a decoded W_O");
+        wo = decoded;
+    }
+    int rc = decoded ? sl_weight_cols(&lw->wo, 0, qd, decoded) : SL_OK;
     for (int64_t h = 0; h < H && rc == SL_OK; h++) {
-        const float *wo = (const float *)lw->wo.data + h * hd;
-        int64_t ld = qd;
-        if (!f32) {
-            rc = sl_weight_cols(&lw->wo, h * hd, hd, cols);
-            wo = cols, ld = hd;
-        }
-        if (rc == SL_OK) rc = sl_sgemm_nt(rows, d, hd, w->att + h * hd, qd, wo, ld, w->xb, d, 0, 1);
+        rc = sl_sgemm_nt(rows, d, hd, w->att + h * hd, qd, wo + h * hd, qd, w->xb, d, 0, 1);
         if (rc == SL_OK) capture_rows(cap->head_out, L, l, h * w->ab.T_pad * d, w, w->xb, d);
     }
-    sl_free(cols);
+    sl_free(decoded);
     return rc;
 }
 
