@@ -122,19 +122,6 @@ static sl_attn_shape attn_shape(const sl_model *m, const sl_layer_weights *lw, i
     return s;
 }
 
-/* A weight as float32: its own data, or a decoded copy (*owned = 1) the caller frees. */
-static const float *weight_f32(const sl_weight *w, int *owned) {
-    *owned = 0;
-    if (w->type == SL_GGML_F32) return (const float *)w->data;
-    float *f = sl_alloc_floats_uninit(w->rows * w->cols);
-    if (f && sl_dequantize(w->type, w->data, w->rows * w->row_bytes, f, w->rows * w->cols, 1) != SL_OK) {
-        sl_free(f);
-        return NULL;
-    }
-    *owned = f != NULL;
-    return f;
-}
-
 /* RoPE tables of the layer's frequencies for positions 0..T-1 (layers without RoPE: none). */
 static void rope_tables_for(const sl_model *m, const sl_layer_weights *lw, grad_bufs *g) {
     if (lw->rope_inv_freq) sl_rope_tables(g->cosv, g->sinv, lw->rope_inv_freq, g->T, m->head_dim / 2);
@@ -191,13 +178,15 @@ static void qk_norm(const sl_model *m, const grad_bufs *g, float *dd, const floa
 #define SL_GRAD_K_BLOCK 2048
 
 /* C (+)= op(A) . B (B stored (K, N); A stored (M, K), or (K, M) with trans_a) for the long K of the
- * LM head's backward (the vocabulary) and of weight gradients over many positions: K is cut into
+ * LM head's backward (the vocabulary) and of weight gradients over many positions. B is floats, or
+ * (Bw != NULL, trans_a == 0) a weight of K rows in its file encoding, whose row blocks go through
+ * sl_linear_nn, so a quantized LM head is never decoded whole. K is cut into
  * fixed blocks, each block's product one float chain, the blocks (and C when accumulating) summed
  * in double in order. A single float chain over ~50k terms loses about 1e-4 relative; the blocks
  * depend on K only, so results stay the same for any thread count. */
 static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                        const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate) {
-    if (K <= SL_GRAD_K_BLOCK) return sl_sgemm(trans_a, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate, 1);
+                        const float *B, const sl_weight *Bw, int64_t ldb, float *C, int64_t ldc, int accumulate) {
+    if (K <= SL_GRAD_K_BLOCK && !Bw) return sl_sgemm(trans_a, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate, 1);
     int64_t n;
     if (!sl_mul_size(M, N, &n)) return sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
     float *part = sl_alloc_floats(n);
@@ -208,7 +197,13 @@ static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const floa
     for (int64_t k0 = 0; k0 < K && rc == SL_OK; k0 += SL_GRAD_K_BLOCK) {
         const int64_t kb = K - k0 < SL_GRAD_K_BLOCK ? K - k0 : SL_GRAD_K_BLOCK;
         const float *a = trans_a ? A + k0 * lda : A + k0;
-        rc = sl_sgemm(trans_a, 0, M, N, kb, a, lda, B + k0 * ldb, ldb, part, N, 0, 1);
+        if (Bw) {
+            const sl_weight rows = {Bw->type, (const uint8_t *)Bw->data + k0 * Bw->row_bytes, kb, Bw->cols,
+                                    Bw->row_bytes};
+            rc = sl_linear_nn(M, a, lda, &rows, part, N, 0, 1);
+        } else {
+            rc = sl_sgemm(trans_a, 0, M, N, kb, a, lda, B + k0 * ldb, ldb, part, N, 0, 1);
+        }
         for (int64_t i = 0; i < n && rc == SL_OK; i++) acc[i] += part[i];
     }
     for (int64_t i = 0; i < M && rc == SL_OK; i++)
@@ -220,7 +215,7 @@ static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const floa
 
 /* dW (out x in) += dY^T X over `rows` rows: a weight's gradient. */
 static int weight_grad(float *dw, int64_t out, int64_t in, int64_t rows, const float *dy, const float *x) {
-    return sgemm_long_k(1, out, in, rows, dy, out, x, in, dw, in, 1);
+    return sgemm_long_k(1, out, in, rows, dy, out, x, NULL, in, dw, in, 1);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -507,11 +502,9 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
     if (rc == SL_OK && capped) sl_softcap_backward(logits, logits, capped, T * V, cap);
     if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
     if (rc == SL_OK) {
-        int owned = 0;
-        const float *head = weight_f32(&m->lm_head, &owned);
-        rc = head ? sgemm_long_k(0, T, d, V, logits, V, head, d, g.dxn, d, 0)
-                  : sl_fail(SL_ERR_MEMORY, "loss: cannot decode the LM head");
-        if (owned) sl_free((float *)head);
+        const int f32 = m->lm_head.type == SL_GGML_F32;
+        rc = sgemm_long_k(0, T, d, V, logits, V, f32 ? (const float *)m->lm_head.data : NULL,
+                          f32 ? NULL : &m->lm_head, d, g.dxn, d, 0);
     }
     if (rc == SL_OK && m->out_norm.w) {
         memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float)); /* resid[L], the final norm's input */
