@@ -31,30 +31,41 @@
 typedef struct {
     int mask_first, zero_first_value;
     float scale;
+    const int64_t *key_start; /* NULL or (n): intra-document masking */
+    int keep_first;           /* key 0 visible to every query despite key_start */
     float *to_first, *entropy; /* NULL or (n) for this head */
     double *colsum;            /* NULL or (n): running sum over queries of A[i, k] */
 } head_opts;
 
-/* Keys [*lo, *hi] of query i in a sequence of n. mask_first removes key 0 from every query
- * i >= 1 that would see it; query 0 keeps it: causally it has no other key to renormalise onto,
- * and with bidirectional attention it is left as is too, so that in every mode the intervention
- * means the same ("positions after the first cannot read it") and row 0 is unchanged. */
+/* Keys [*lo, *hi] of query i in a sequence of n, and (*first) whether key 0 is visible too
+ * although lo > 0 (a fixed ⟨bos⟩ under intra-document masking). mask_first removes key 0 from
+ * every query i >= 1 that would see it; query 0 keeps it: causally it has no other key to
+ * renormalise onto, and with bidirectional attention it is left as is too, so that in every mode
+ * the intervention means the same ("positions after the first cannot read it") and row 0 is
+ * unchanged. */
 static inline void query_keys(const sl_attn_shape *s, const head_opts *o, int64_t i, int64_t n, int64_t *lo,
-                              int64_t *hi) {
+                              int64_t *hi, int *first) {
     int64_t a = 0, b = i;
     if (s->bidirectional) b = n - 1;
     else if (s->window > 0 && i - s->window + 1 > 0) a = i - s->window + 1;
+    if (o->key_start && o->key_start[i] > a) a = o->key_start[i];
+    *first = o->keep_first && a > 0 && !o->mask_first;
     if (o->mask_first && i > 0 && a == 0) a = 1;
     *lo = a, *hi = b;
 }
 
-/* Keys [*ka, *kb) that some query of the block [i0, i1) sees (before mask_first). */
-static inline void block_keys(const sl_attn_shape *s, int64_t i0, int64_t i1, int64_t n, int64_t *ka, int64_t *kb) {
+/* Keys [*ka, *kb) that some query of the block [i0, i1) sees (before mask_first): with
+ * intra-document masking and no fixed first key, the block's first document start bounds them
+ * (key_start is nondecreasing). */
+static inline void block_keys(const sl_attn_shape *s, const head_opts *o, int64_t i0, int64_t i1, int64_t n,
+                              int64_t *ka, int64_t *kb) {
     if (s->bidirectional) {
         *ka = 0, *kb = n;
         return;
     }
     *ka = s->window > 0 && i0 - s->window + 1 > 0 ? i0 - s->window + 1 : 0;
+    if (o->keep_first) *ka = 0;
+    else if (o->key_start && o->key_start[i0] > *ka) *ka = o->key_start[i0];
     *kb = i1;
 }
 
@@ -84,13 +95,24 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
     for (int64_t i = i0; i < i1; i++) {
         float *row = p + (i - i0) * ld; /* row[j - ka] is key j */
         int64_t lo, hi;
-        query_keys(s, o, i, n, &lo, &hi);
+        int first;
+        query_keys(s, o, i, n, &lo, &hi, &first);
         if (cap > 0.0f)
             for (int64_t j = lo; j <= hi; j++) row[j - ka] = capped_score(row[j - ka], s->scale, cap);
         else
             for (int64_t j = lo; j <= hi; j++) row[j - ka] *= s->scale;
-        float h = sl_softmax_entropy(row + (lo - ka), hi + 1 - lo);
-        for (int64_t j = ka; j < lo; j++) row[j - ka] = 0.0f;
+        float h;
+        if (first) { /* keys {0} ∪ [lo, hi] (ka == 0 here): key 0's score moves next to the range */
+            const float s0 = cap > 0.0f ? capped_score(row[0], s->scale, cap) : row[0] * s->scale;
+            row[lo - 1] = s0;
+            h = sl_softmax_entropy(row + lo - 1, hi + 2 - lo);
+            const float p0 = row[lo - 1];
+            for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
+            row[0] = p0;
+        } else {
+            h = sl_softmax_entropy(row + (lo - ka), hi + 1 - lo);
+            for (int64_t j = ka; j < lo; j++) row[j - ka] = 0.0f;
+        }
         for (int64_t j = hi + 1; j < kb; j++) row[j - ka] = 0.0f;
         if (capture) {
             if (ka > 0) memset(row - ka, 0, (size_t)ka * sizeof(float));
@@ -98,8 +120,10 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
         }
         if (o->entropy) o->entropy[i] = h;
         if (o->to_first) o->to_first[i] = ka == 0 ? row[0] : 0.0f;
-        if (o->colsum)
+        if (o->colsum) {
+            if (first) o->colsum[0] += row[0];
             for (int64_t j = lo; j <= hi; j++) o->colsum[j] += row[j - ka];
+        }
     }
     return SL_OK;
 }
@@ -138,8 +162,10 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
 /* Head h's options; statistics rows have stride `ld` (the padded length of the capture). */
 static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_stats *st,
                                   int64_t h, int64_t ld, double *colsum) {
-    head_opts o = {0, 0, 1.0f, NULL, NULL, NULL};
+    head_opts o = {0, 0, 1.0f, NULL, 0, NULL, NULL, NULL};
     if (iv) {
+        o.key_start = iv->key_start;
+        o.keep_first = iv->key_start && iv->keep_first;
         o.mask_first = iv->mask_first && iv->mask_first[h];
         o.zero_first_value = iv->zero_first_value ? iv->zero_first_value[h] : SL_ZFV_NONE;
         o.scale = iv->head_scale ? iv->head_scale[h] : 1.0f;
@@ -211,7 +237,7 @@ static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
     for (int64_t blk = b0; blk < b1; blk++) {
         const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < v.n ? i0 + SL_ATTN_QBLOCK : v.n;
         int64_t ka, kb;
-        block_keys(s, i0, i1, v.n, &ka, &kb);
+        block_keys(s, &o, i0, i1, v.n, &ka, &kb);
         /* Without capture, rows need only the block's kb - ka keys; the capture buffer has T_pad
          * columns, and those outside [ka, kb) (padding included) are zeroed by probs_block. */
         float *p = v.probs ? v.probs + (h * T + i0) * T + ka : scratch;
@@ -398,9 +424,9 @@ static int probs_task(void *arg, int64_t task, float *scratch) {
     const int64_t T = s->T, hd = s->head_dim, nb = n_query_blocks(T);
     const int64_t h = task / nb, b = task % nb, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t i0 = b * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    int64_t ka, kb;
-    block_keys(s, i0, i1, T, &ka, &kb);
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    int64_t ka, kb;
+    block_keys(s, &o, i0, i1, T, &ka, &kb);
     return probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, T, i0, i1, ka, kb,
                        j->probs_out + (h * T + i0) * T + ka, T, 1, T);
 }
@@ -459,7 +485,7 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
     for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
         const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0;
         int64_t ka, kb;
-        block_keys(s, i0, i1, T, &ka, &kb);
+        block_keys(s, &o, i0, i1, T, &ka, &kb);
         const int64_t nk = kb - ka;
         const float *p = j->probs + (h * T + i0) * T + ka;
         for (int64_t i = 0; i < nb; i++)
@@ -537,10 +563,10 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     const int64_t qd = H * hd, kvd = G * hd, nblk = n_query_blocks(T);
     const int64_t b = task / (H * nblk), h = (task / nblk) % H, blk = task % nblk, g = h / (H / G);
     const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    int64_t ka, kb;
-    block_keys(s, i0, i1, T, &ka, &kb);
-    const int64_t nb = i1 - i0, nk = kb - ka;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    int64_t ka, kb;
+    block_keys(s, &o, i0, i1, T, &ka, &kb);
+    const int64_t nb = i1 - i0, nk = kb - ka;
     const float *p = j->probs + (h * T + i0) * T + ka;
     const float *tq = j->dq + (b * T + i0) * qd + h * hd, *tk = j->dk + b * T * kvd + g * hd;
     const float *tv = j->dv + b * T * kvd + g * hd, *vh = j->v + g * hd;

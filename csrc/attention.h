@@ -51,6 +51,14 @@ typedef struct {
     const uint8_t *zero_first_value; /* SL_ZFV_NONE, SL_ZFV_OTHERS or SL_ZFV_ALL; any other value
                                         is an error (SL_ERR_VALUE) */
     const float *head_scale;         /* multiplies the head's output (before W_O) */
+    /* A packing mask (the paper's §5 training strategies), not an intervention on a head, but
+     * applied the same way in the forward, the probabilities, the backward and the JVP:
+     * key_start NULL or (T) entries, query i then sees only keys j >= key_start[i] of its own
+     * document (intra-document masking; 0 <= key_start[i] <= i, nondecreasing in i); with
+     * keep_first != 0 key 0 stays visible to every query as well (a fixed ⟨bos⟩ that every
+     * document may read). mask_first, when also set for a head, removes key 0 all the same. */
+    const int64_t *key_start;
+    int keep_first;
 } sl_attn_intervention;
 
 /* Streaming statistics, each NULL or (n_heads, T); computed from each block of probabilities

@@ -15,6 +15,7 @@
 #include "quant.h"
 #include "sgemm.h"
 #include "sl_common.h"
+#include "train.h"
 
 #if SL_HAVE_OPENMP
 #include <omp.h>
@@ -601,6 +602,17 @@ static int interventions(const sl_model *m, PyObject *mask_o, PyObject *zero_o, 
            intervention_array(scale_o, "head_scale", NPY_FLOAT32, m, (const void **)&iv->head_scale);
 }
 
+/* The packing mask of training: key_start None or an int64 array of T document starts (checked
+ * by the core), keep_first a fixed ⟨bos⟩ that stays visible. */
+static int packing_mask(PyObject *ks_o, int keep_first, npy_intp T, sl_intervention *iv) {
+    iv->keep_first = keep_first;
+    if (ks_o == Py_None) return 1;
+    npy_intp dims[1] = {T};
+    PyArrayObject *a = check_array(ks_o, "key_start", NPY_INT64, 1, dims, 0);
+    if (a) iv->key_start = PyArray_DATA(a);
+    return a != NULL;
+}
+
 /* Fills ptrs[b*n + l] (B*n entries) for one capture given as None; as a list of n per-layer
  * entries, None or an array of shape dims (the historical form, one sequence only); or as one
  * array of shape (B, n_sel) + dims ((n_sel,) + dims when the ids are 1-D) whose slot s is layer
@@ -666,17 +678,19 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     (void)self;
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
-                             "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", NULL};
+                             "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", "key_start",
+                             "keep_first", NULL};
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
     PyObject *q_o = Py_None, *k_o = Py_None, *v_o = Py_None, *z_o = Py_None, *head_o = Py_None;
-    PyObject *aout_o = Py_None, *mout_o = Py_None, *len_o = Py_None, *layers_o = Py_None;
+    PyObject *aout_o = Py_None, *mout_o = Py_None, *len_o = Py_None, *layers_o = Py_None, *ks_o = Py_None;
     long long logits_from = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOO", kwlist, &capsule, &ids_o, &attn_o,
+    int keep_first = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOp", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
-                                     &len_o, &layers_o))
+                                     &len_o, &layers_o, &ks_o, &keep_first))
         return NULL;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return NULL;
@@ -714,7 +728,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     cap.q = TAKE(), cap.k = TAKE(), cap.v = TAKE(), cap.z = TAKE(), cap.head_out = TAKE();
     cap.attn_out = TAKE(), cap.mlp_out = TAKE();
 #undef TAKE
-    sl_intervention iv = {NULL, NULL, NULL};
+    sl_intervention iv = {0};
     const npy_intp H = m->n_heads, G = m->n_kv_heads, hd = m->head_dim, d = m->d_model;
     npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[3] = {B, T - logits_from, m->vocab_size},
              stat_dims[2] = {H, T}, q_dims[3] = {H, T, hd}, kv_dims[3] = {G, T, hd},
@@ -729,7 +743,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
              CAPTURE(z_o, "z", z, 3, q_dims) && CAPTURE(head_o, "head_out", head_out, 3, head_dims) &&
              CAPTURE(aout_o, "attn_out", attn_out, 2, resid_dims) &&
              CAPTURE(mout_o, "mlp_out", mlp_out, 2, resid_dims) &&
-             interventions(m, mask_o, zero_o, scale_o, &iv);
+             interventions(m, mask_o, zero_o, scale_o, &iv) && packing_mask(ks_o, keep_first, T, &iv);
 #undef CAPTURE
     if (ok && logits_o != Py_None) {
         PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
@@ -845,7 +859,7 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     if (!ptrs) return PyErr_NoMemory();
     npy_intp g_dims[3] = {B, T, m->d_model}, sq_dims[2] = {B, T}, spec_dims[1] = {T};
     sl_vjp_out out = {(float **)ptrs, (double **)(ptrs + L + 1), (double **)(ptrs + 2 * (L + 1)), rtol, max_iter, 0};
-    sl_intervention iv = {NULL, NULL, NULL};
+    sl_intervention iv = {0};
     int ok = array_list(dresid_o, "dresid", L + 1, NPY_FLOAT32, 3, g_dims, ptrs) &&
              array_list(sq_o, "sqnorm", L + 1, NPY_FLOAT64, 2, sq_dims, ptrs + L + 1) &&
              array_list(spec_o, "spectral", L + 1, NPY_FLOAT64, 1, spec_dims, ptrs + 2 * (L + 1)) &&
@@ -881,7 +895,7 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     float **tout = PyMem_Calloc((size_t)(L + 1), sizeof(float *));
     if (!tout) return PyErr_NoMemory();
     npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
-    sl_intervention iv = {NULL, NULL, NULL};
+    sl_intervention iv = {0};
     int ok = capture_list(tout_o, "tout", L + 1, 3, dims, tout) && interventions(m, mask_o, zero_o, scale_o, &iv);
     int rc = SL_OK;
     sl_ctx ctx;
@@ -911,38 +925,18 @@ static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp 
     return a ? PyArray_DATA(a) : NULL;
 }
 
-static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
-    static char *kwlist[] = {"handle", "ids", "targets", "grads", "mask_first", "zero_first_value", "head_scale",
-                             NULL};
-    PyObject *capsule, *ids_o, *tg_o, *grads, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!|OOO", kwlist, &capsule, &ids_o, &tg_o, &PyDict_Type, &grads,
-                                     &mask_o, &zero_o, &scale_o))
-        return NULL;
-    PyArrayObject *ids;
-    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
-    if (!m) return NULL;
-    const npy_intp T = PyArray_DIM(ids, 0), L = m->n_layers;
-    npy_intp tdims[1] = {T};
-    PyArrayObject *targets = check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
-    if (!targets) return NULL;
-    const npy_intp d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv_heads * hd;
-    const npy_intp F = m->d_ff, V = m->vocab_size;
-    if (!m->lm_head.data) {
-        PyErr_SetString(PyExc_ValueError, "loss: the model has no LM head");
-        return NULL;
-    }
-    sl_layer_grads *lg = PyMem_Calloc((size_t)L, sizeof *lg);
-    if (!lg) return PyErr_NoMemory();
-    sl_model_grads pg;
-    memset(&pg, 0, sizeof pg);
-    pg.layers = lg;
-    sl_intervention iv = {NULL, NULL, NULL};
+/* pg (its layers lg, n_layers entries) pointing at grads[name] for every tensor m has; every
+ * entry of grads must be used. */
+static int parse_grads(const sl_model *m, PyObject *grads, sl_model_grads *pg, sl_layer_grads *lg) {
+    const npy_intp L = m->n_layers, d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd;
+    const npy_intp kvd = m->n_kv_heads * hd, F = m->d_ff, V = m->vocab_size;
+    memset(pg, 0, sizeof *pg);
+    pg->layers = lg;
     /* A buffer per tensor the model has; a tied head's key may name the embedding's buffer. */
     Py_ssize_t used = 0;
     int ok = 1;
 #define G(field, key, nd, a, b, present) \
-    if (ok && (present)) ok = (pg.field = grad_buffer(grads, key, nd, a, b, &used)) != NULL;
+    if (ok && (present)) ok = (pg->field = grad_buffer(grads, key, nd, a, b, &used)) != NULL;
     GRAD_GLOBALS(G)
 #undef G
     for (npy_intp l = 0; l < L && ok; l++) {
@@ -961,7 +955,36 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
                      "an entry names a tensor the model lacks", PyDict_Size(grads), used);
         ok = 0;
     }
-    ok = ok && interventions(m, mask_o, zero_o, scale_o, &iv);
+    return ok;
+}
+
+static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "ids", "targets", "grads", "mask_first", "zero_first_value", "head_scale",
+                             "key_start", "keep_first", NULL};
+    PyObject *capsule, *ids_o, *tg_o, *grads, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *ks_o = Py_None;
+    int keep_first = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!|OOOOp", kwlist, &capsule, &ids_o, &tg_o, &PyDict_Type, &grads,
+                                     &mask_o, &zero_o, &scale_o, &ks_o, &keep_first))
+        return NULL;
+    PyArrayObject *ids;
+    const sl_model *m = model_and_ids(capsule, ids_o, &ids);
+    if (!m) return NULL;
+    const npy_intp T = PyArray_DIM(ids, 0);
+    npy_intp tdims[1] = {T};
+    PyArrayObject *targets = check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
+    if (!targets) return NULL;
+    if (!m->lm_head.data) {
+        PyErr_SetString(PyExc_ValueError, "loss: the model has no LM head");
+        return NULL;
+    }
+    sl_layer_grads *lg = PyMem_Calloc((size_t)m->n_layers, sizeof *lg);
+    if (!lg) return PyErr_NoMemory();
+    sl_model_grads pg;
+    sl_intervention iv = {0};
+    int ok = parse_grads(m, grads, &pg, lg) && interventions(m, mask_o, zero_o, scale_o, &iv) &&
+             packing_mask(ks_o, keep_first, T, &iv);
     double loss = 0.0;
     int rc = SL_OK;
     sl_ctx ctx;
@@ -976,6 +999,159 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     if (!ok) return NULL;
     if (rc != SL_OK) return raise_status(&ctx, rc);
     return PyFloat_FromDouble(loss);
+}
+
+/* ---------------------------------------------------------------- training */
+
+static void flat_destroy(PyObject *capsule) { sl_free(PyCapsule_GetPointer(capsule, "sinklab.flat")); }
+
+/* A zeroed, 64-byte aligned buffer of n floats owned by the core, as a numpy array whose base
+ * object frees it. */
+static PyObject *flat_array(npy_intp n) {
+    float *p = sl_alloc_floats(n > 0 ? n : 1);
+    if (!p) return PyErr_NoMemory();
+    PyObject *cap = PyCapsule_New(p, "sinklab.flat", flat_destroy);
+    if (!cap) {
+        sl_free(p);
+        return NULL;
+    }
+    npy_intp dims[1] = {n};
+    PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, p);
+    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, cap) < 0) {
+        Py_XDECREF(arr);
+        Py_DECREF(cap);
+        return NULL;
+    }
+    return arr;
+}
+
+static PyObject *py_train_buffers(PyObject *self, PyObject *args) {
+    (void)self;
+    long long n, count;
+    if (!PyArg_ParseTuple(args, "LL", &n, &count)) return NULL;
+    if (n < 1 || n > ((long long)1 << 40) || count < 1 || count > 16)
+        return PyErr_Format(PyExc_ValueError, "train_buffers: need 1 <= n <= 2^40 and 1 <= count <= 16, got %lld, %lld",
+                            n, count);
+    PyObject *out = PyTuple_New((Py_ssize_t)count);
+    for (long long i = 0; out && i < count; i++) {
+        PyObject *a = flat_array((npy_intp)n);
+        if (!a) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyTuple_SET_ITEM(out, (Py_ssize_t)i, a);
+    }
+    return out;
+}
+
+/* Whether [p, p + bytes) lies inside the flat buffer base of n floats. */
+static int inside(const void *p, int64_t bytes, const float *base, int64_t n) {
+    const char *c = p, *b = (const char *)base;
+    return c >= b && bytes >= 0 && c + bytes <= b + 4 * n;
+}
+
+/* Every gradient buffer of pg in grads (n floats), and every weight of m float32 inside params:
+ * zeroing the flat gradient and updating the flat parameters then covers exactly the model. */
+static int check_flat_views(const sl_model *m, const sl_model_grads *pg, const float *params, const float *grads,
+                            int64_t n) {
+    const npy_intp L = m->n_layers, d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd;
+    const npy_intp kvd = m->n_kv_heads * hd, F = m->d_ff, V = m->vocab_size;
+    const char *bad = NULL;
+    /* The weight `present` of shape (a) or (a, b) and its gradient buffer `g`. */
+#define CHECK(g, key, nd, a, b, present)                                                        \
+    if (!bad && (present)) {                                                                     \
+        const int64_t bytes = 4 * (int64_t)(a) * ((nd) == 2 ? (int64_t)(b) : 1);                 \
+        if (!inside((g), bytes, grads, n) || !inside((present), bytes, params, n)) bad = key;    \
+    }
+#define GG(field, key, nd, a, b, present) CHECK(pg->field, key, nd, a, b, present)
+#define GL(field, key, nd, a, b, present) CHECK(pg->layers[l].field, key, nd, a, b, present)
+    GRAD_GLOBALS(GG)
+    for (npy_intp l = 0; l < L && !bad; l++) {
+        const sl_layer_weights *lw = &m->layers[l];
+        GRAD_TENSORS(GL)
+    }
+#undef GL
+#undef GG
+#undef CHECK
+    if (bad) {
+        PyErr_Format(PyExc_ValueError, "train_step: tensor %s is not a view into the flat parameter and gradient "
+                     "buffers", bad);
+        return 0;
+    }
+    const sl_weight *w[] = {&m->tok_embd, &m->lm_head};
+    for (int i = 0; i < 2; i++)
+        if (w[i]->data && w[i]->type != SL_GGML_F32) {
+            PyErr_SetString(PyExc_ValueError, "train_step: every weight must be float32 to be trained");
+            return 0;
+        }
+    for (npy_intp l = 0; l < L; l++) {
+        const sl_layer_weights *lw = &m->layers[l];
+        const sl_weight *lws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
+        for (int i = 0; i < 7; i++)
+            if (lws[i]->data && lws[i]->type != SL_GGML_F32) {
+                PyErr_SetString(PyExc_ValueError, "train_step: every weight must be float32 to be trained");
+                return 0;
+            }
+    }
+    return 1;
+}
+
+static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "grads", "params", "flat_grads", "mom", "vel", "decay", "ids", "targets",
+                             "key_start", "keep_first", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
+                             "step", NULL};
+    PyObject *capsule, *grads, *p_o, *g_o, *m_o, *v_o, *dec_o, *ids_o, *tg_o, *ks_o = Py_None;
+    int keep_first = 0;
+    sl_adamw hp = {0};
+    long long step = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
+                                     &g_o, &m_o, &v_o, &dec_o, &ids_o, &tg_o, &ks_o, &keep_first, &hp.lr, &hp.beta1,
+                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step))
+        return NULL;
+    hp.step = step;
+    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    if (!h) return NULL;
+    const sl_model *m = &h->model;
+    PyArrayObject *pa = check_array(p_o, "params", NPY_FLOAT32, 1, NULL, 1);
+    if (!pa) return NULL;
+    npy_intp fdims[1] = {PyArray_DIM(pa, 0)}, ddims[2] = {-1, 2};
+    PyArrayObject *ga = check_array(g_o, "flat_grads", NPY_FLOAT32, 1, fdims, 1);
+    PyArrayObject *ma = ga ? check_array(m_o, "mom", NPY_FLOAT32, 1, fdims, 1) : NULL;
+    PyArrayObject *va = ma ? check_array(v_o, "vel", NPY_FLOAT32, 1, fdims, 1) : NULL;
+    PyArrayObject *da = va ? check_array(dec_o, "decay", NPY_INT64, 2, ddims, 0) : NULL;
+    PyArrayObject *ids = da ? check_array(ids_o, "ids", NPY_INT64, 2, NULL, 0) : NULL;
+    if (!ids) return NULL;
+    npy_intp bdims[2] = {PyArray_DIM(ids, 0), PyArray_DIM(ids, 1)};
+    PyArrayObject *tg = check_array(tg_o, "targets", NPY_INT64, 2, bdims, 0);
+    PyArrayObject *ks = tg && ks_o != Py_None ? check_array(ks_o, "key_start", NPY_INT64, 2, bdims, 0) : NULL;
+    if (!tg || (ks_o != Py_None && !ks)) return NULL;
+    if (bdims[0] < 1 || bdims[1] < 1) return PyErr_Format(PyExc_ValueError, "ids is empty: need (B, T) with B, T >= 1");
+    if (!m->lm_head.data) return PyErr_Format(PyExc_ValueError, "train_step: the model has no LM head");
+    sl_layer_grads *lg = PyMem_Calloc((size_t)m->n_layers, sizeof *lg);
+    if (!lg) return PyErr_NoMemory();
+    sl_model_grads pg;
+    const int64_t n = PyArray_DIM(pa, 0);
+    int ok = parse_grads(m, grads, &pg, lg) &&
+             check_flat_views(m, &pg, PyArray_DATA(pa), PyArray_DATA(ga), n);
+    sl_train_state st = {PyArray_DATA(pa), PyArray_DATA(ga), PyArray_DATA(ma), PyArray_DATA(va), n,
+                         PyArray_DATA(da), PyArray_DIM(da, 0)};
+    sl_train_batch b = {bdims[0], bdims[1], PyArray_DATA(ids), PyArray_DATA(tg), ks ? PyArray_DATA(ks) : NULL,
+                        keep_first};
+    double loss = 0.0, norm = 0.0;
+    int rc = SL_OK;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    if (ok) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = sl_train_step(m, &pg, &st, &b, &hp, &loss, &norm);
+        Py_END_ALLOW_THREADS
+    }
+    sl_ctx_end(prev);
+    PyMem_Free(lg);
+    if (!ok) return NULL;
+    if (rc != SL_OK) return raise_status(&ctx, rc);
+    return Py_BuildValue("(dd)", loss, norm);
 }
 
 /* ---------------------------------------------------------------- module */
@@ -1005,6 +1181,12 @@ static PyMethodDef methods[] = {
      "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None) -> the most Lanczos steps any spectral norm took"},
     {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
      "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
+    {"train_buffers", py_train_buffers, METH_VARARGS,
+     "train_buffers(n, count) -> tuple of count zeroed float32 arrays of n elements, owned by the core "
+     "(64-byte aligned): flat parameters, gradients and Adam moments."},
+    {"train_step", (PyCFunction)(void (*)(void))py_train_step, METH_VARARGS | METH_KEYWORDS,
+     "train_step(handle, grads, params, flat_grads, mom, vel, decay, ids, targets, key_start, keep_first, lr, "
+     "beta1, beta2, eps, weight_decay, grad_clip, step) -> (loss, grad_norm): one AdamW step on a (B, T) batch."},
     {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "model_loss_grad(handle, ids, targets, grads: dict, mask_first=None, zero_first_value=None, head_scale=None) "
      "-> mean cross-entropy (nats); gradients are added into grads"},

@@ -377,39 +377,44 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
 /* ------------------------------------------------------------------------------------------
  * The language-model loss. */
 
-/* Cross-entropy of each row with a target; dlogits (in place of the logits) = (softmax -
- * onehot) / n for those rows, zero for the others. Rows in parallel, each row's loss kept and
- * the losses summed in position order (in double), so the loss is the same for any thread count. */
-static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64_t V, double *loss) {
-    int64_t n = 0;
+/* Positions with a target (targets[t] >= 0); an error for a target outside the vocabulary. */
+static int count_targets(const int64_t *targets, int64_t T, int64_t V, int64_t *n) {
+    *n = 0;
     for (int64_t t = 0; t < T; t++) {
         if (targets[t] >= V)
             return sl_fail(SL_ERR_VALUE, "loss: target %lld at position %lld is outside [0, %lld)",
                            (long long)targets[t], (long long)t, (long long)V);
-        n += targets[t] >= 0;
+        *n += targets[t] >= 0;
     }
-    if (n == 0) return sl_fail(SL_ERR_VALUE, "loss: no position has a target (all are negative)");
+    return SL_OK;
+}
+
+/* Cross-entropy of each row with a target, summed into *loss_sum (nats); dlogits (in place of
+ * the logits) = (softmax - onehot) / denom for those rows, zero for the others. Rows in
+ * parallel, each row's loss kept and the losses summed in position order (in double), so the
+ * sum is the same for any thread count. */
+static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64_t V, double denom,
+                         double *loss_sum) {
     double *row_loss = (double *)sl_alloc_floats(2 * T);
     if (!row_loss) return sl_fail(SL_ERR_MEMORY, "loss: cannot allocate %lld doubles", (long long)T);
+    const float inv = (float)(1.0 / denom);
 #pragma omp parallel for schedule(static) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
         float *row = logits + t * V;
+        row_loss[t] = 0.0;
         if (targets[t] < 0) {
             memset(row, 0, (size_t)V * sizeof(float));
             continue;
         }
-        float mx = row[0];
-        for (int64_t i = 1; i < V; i++) mx = row[i] > mx ? row[i] : mx;
-        double z = 0.0;
-        for (int64_t i = 0; i < V; i++) z += exp((double)row[i] - mx);
-        row_loss[t] = log(z) + mx - row[targets[t]];
-        for (int64_t i = 0; i < V; i++) row[i] = (float)(exp((double)row[i] - mx) / z / (double)n);
-        row[targets[t]] -= (float)(1.0 / (double)n);
+        const float x_target = row[targets[t]];
+        row_loss[t] = sl_softmax_lse(row, V) - (double)x_target;
+        for (int64_t i = 0; i < V; i++) row[i] *= inv;
+        row[targets[t]] -= inv;
     }
     double total = 0.0;
-    for (int64_t t = 0; t < T; t++) total += row_loss[t]; /* zero for rows without a target */
+    for (int64_t t = 0; t < T; t++) total += row_loss[t];
     sl_free(row_loss);
-    *loss = total / (double)n;
+    *loss_sum += total;
     return SL_OK;
 }
 
@@ -466,9 +471,23 @@ static void embed_backward(const sl_model *m, const sl_model_grads *pg, const in
 
 int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
                        const sl_intervention *iv, double *loss, const sl_model_grads *pg) {
+    int64_t n;
+    SL_TRY(count_targets(targets, T, m->vocab_size, &n));
+    if (n == 0) return sl_fail(SL_ERR_VALUE, "loss: no position has a target (all are negative)");
+    double sum = 0.0;
+    SL_TRY(sl_model_loss_grad_sum(m, ids, targets, T, iv, (double)n, &sum, pg));
+    *loss = sum / (double)n;
+    return SL_OK;
+}
+
+int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
+                           const sl_intervention *iv, double denom, double *loss_sum, const sl_model_grads *pg) {
     SL_TRY(sl_model_check(m));
     SL_TRY(check_grads(m, pg));
     if (!m->lm_head.data) return sl_fail(SL_ERR_VALUE, "loss: the model has no LM head");
+    int64_t n_targets;
+    SL_TRY(count_targets(targets, T, m->vocab_size, &n_targets));
+    if (!(denom > 0.0)) return sl_fail(SL_ERR_VALUE, "loss: the normaliser must be > 0, got %g", denom);
     const int64_t d = m->d_model, V = m->vocab_size, L = m->n_layers;
     const float cap = m->final_softcap;
     const int en = m->embd_norm.w != NULL;
@@ -498,7 +517,7 @@ int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *tar
         sl_softcap(logits, T * V, cap);
         memcpy(capped, logits, (size_t)(T * V) * sizeof(float));
     }
-    if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, loss);
+    if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, denom, loss_sum);
     if (rc == SL_OK && capped) sl_softcap_backward(logits, logits, capped, T * V, cap);
     if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
     if (rc == SL_OK) {

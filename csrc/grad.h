@@ -51,6 +51,12 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
 int sl_model_loss_grad(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
                        const sl_intervention *iv, double *loss, const sl_model_grads *pg);
 
+/* The same for one window of a training batch: *loss_sum += the cross-entropy summed over the
+ * positions with a target (nats), and pg += the gradient of that sum / denom (denom: the targets
+ * of the whole batch, so that the windows' gradients add up to the batch mean's). */
+int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t *targets, int64_t T,
+                           const sl_intervention *iv, double denom, double *loss_sum, const sl_model_grads *pg);
+
 /* B tangents (B, T, d) on resid[at]: tout[l] (n_layers+1 entries, NULL or (B, T, d)) receives the
  * tangent of resid[l] for l >= at. */
 int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_intervention *iv, int64_t at,

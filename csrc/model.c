@@ -184,8 +184,20 @@ int sl_model_check(const sl_model *m) {
 
 int64_t sl_model_max_positions(const sl_model *m) { return m->pos_embd ? m->n_pos : INT64_MAX; }
 
-/* Rejects a zero_first_value code the kernel does not know before any layer runs, naming where. */
-static int check_intervention(const sl_model *m, const sl_intervention *iv) {
+/* Document starts must describe contiguous documents of a sequence of T positions. */
+static int check_key_start(const int64_t *key_start, int64_t T) {
+    for (int64_t i = 0; i < T; i++)
+        if (key_start[i] < 0 || key_start[i] > i || (i > 0 && key_start[i] < key_start[i - 1]))
+            return sl_fail(SL_ERR_VALUE,
+                           "forward: key_start[%lld]=%lld, expected a nondecreasing document start in [0, %lld]",
+                           (long long)i, (long long)key_start[i], (long long)i);
+    return SL_OK;
+}
+
+/* Rejects a zero_first_value code the kernel does not know, or a malformed packing mask, before
+ * any layer runs, naming where. */
+static int check_intervention(const sl_model *m, const sl_intervention *iv, int64_t T) {
+    if (iv && iv->key_start) SL_TRY(check_key_start(iv->key_start, T));
     if (!iv || !iv->zero_first_value) return SL_OK;
     for (int64_t l = 0; l < m->n_layers; l++)
         for (int64_t h = 0; h < m->n_heads; h++) {
@@ -205,6 +217,8 @@ void sl_layer_intervention(const sl_model *m, const sl_intervention *iv, int64_t
     aiv->mask_first = iv->mask_first ? iv->mask_first + off : NULL;
     aiv->zero_first_value = iv->zero_first_value ? iv->zero_first_value + off : NULL;
     aiv->head_scale = iv->head_scale ? iv->head_scale + off : NULL;
+    aiv->key_start = iv->key_start;
+    aiv->keep_first = iv->keep_first;
 }
 
 /* cap->name[b*n + l] (n = entries per sequence), or NULL when not asked for. */
@@ -440,7 +454,7 @@ static void capture_resid(const sl_model *m, const sl_capture *cap, int64_t l, c
 static int check_run(const sl_model *m, const int64_t *ids, int64_t B, int64_t T, const int64_t *lengths,
                      const sl_intervention *iv) {
     SL_TRY(sl_model_check(m));
-    SL_TRY(check_intervention(m, iv));
+    SL_TRY(check_intervention(m, iv, T));
     if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
     if (B <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty batch");
     if (T > sl_model_max_positions(m))

@@ -113,6 +113,10 @@ typedef struct {
     const uint8_t *zero_first_value; /* 0 none, 1 queries i >= 1 only (SL_ZFV_OTHERS), 2 every
                                         query including 0 (SL_ZFV_ALL); checked before the run */
     const float *head_scale;
+    /* The packing mask of training (see sl_attn_intervention): NULL or (T) document starts,
+     * shared by every layer and head, and whether key 0 (a fixed ⟨bos⟩) stays visible. */
+    const int64_t *key_start;
+    int keep_first;
 } sl_intervention;
 
 /* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */

@@ -108,7 +108,7 @@ SL_AVX2 static double hsum4d(__m256d v) {
 SL_AVX512 static inline __m512d lo8d(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
 SL_AVX512 static inline __m512d hi8d(__m512 v) { return _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)); }
 
-SL_AVX2 static float softmax_entropy_avx2(float *x, int64_t n) {
+SL_AVX2 static float softmax_entropy_avx2(float *x, int64_t n, double *lse) {
     const int64_t n8 = n & ~(int64_t)7;
     __m256 vmax = _mm256_set1_ps(x[0]);
     for (int64_t i = 0; i < n8; i += 8) vmax = _mm256_max_ps(vmax, _mm256_loadu_ps(x + i));
@@ -139,12 +139,13 @@ SL_AVX2 static float softmax_entropy_avx2(float *x, int64_t n) {
     const __m256 inv = _mm256_set1_ps((float)(1.0 / zt));
     for (int64_t i = 0; i < n8; i += 8) _mm256_storeu_ps(x + i, _mm256_mul_ps(_mm256_loadu_ps(x + i), inv));
     for (int64_t i = n8; i < n; i++) x[i] *= (float)(1.0 / zt);
+    if (lse) *lse = log(zt) + mx;
     return (float)(log(zt) - zst / zt);
 }
 
 /* As the AVX2 kernel, 16 lanes wide; the row's tail is one masked block (masked-off lanes
  * contribute exact zeros to both sums), so no element goes through libm. */
-SL_AVX512 static float softmax_entropy_avx512(float *x, int64_t n) {
+SL_AVX512 static float softmax_entropy_avx512(float *x, int64_t n, double *lse) {
     __m512 vmax = _mm512_set1_ps(x[0]);
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 k = lanes16(n - i);
@@ -168,6 +169,7 @@ SL_AVX512 static float softmax_entropy_avx512(float *x, int64_t n) {
         const __mmask16 k = lanes16(n - i);
         _mm512_mask_storeu_ps(x + i, k, _mm512_mul_ps(_mm512_maskz_loadu_ps(k, x + i), inv));
     }
+    if (lse) *lse = log(zt) + mx;
     return (float)(log(zt) - zst / zt);
 }
 
@@ -654,7 +656,7 @@ void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_
     }
 }
 
-static float softmax_entropy_generic(float *x, int64_t n) {
+static float softmax_entropy_generic(float *x, int64_t n, double *lse) {
     float mx = x[0];
     for (int64_t i = 1; i < n; i++) mx = x[i] > mx ? x[i] : mx;
     double z = 0.0, zs = 0.0;
@@ -666,18 +668,27 @@ static float softmax_entropy_generic(float *x, int64_t n) {
     }
     float inv = (float)(1.0 / z);
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    if (lse) *lse = log(z) + mx;
     return (float)(log(z) - zs / z);
 }
 
 
-float sl_softmax_entropy(float *x, int64_t n) {
-    if (n <= 0) return 0.0f;
+/* The softmax kernel of this CPU's level; lse (NULL or out) receives log sum exp(x) in double. */
+static float softmax_kernel(float *x, int64_t n, double *lse) {
 #if SL_X86
     const sl_simd_level level = sl_simd();
-    if (level >= SL_SIMD_AVX512) return softmax_entropy_avx512(x, n);
-    if (level >= SL_SIMD_AVX2) return softmax_entropy_avx2(x, n);
+    if (level >= SL_SIMD_AVX512) return softmax_entropy_avx512(x, n, lse);
+    if (level >= SL_SIMD_AVX2) return softmax_entropy_avx2(x, n, lse);
 #endif
-    return softmax_entropy_generic(x, n);
+    return softmax_entropy_generic(x, n, lse);
+}
+
+float sl_softmax_entropy(float *x, int64_t n) { return n <= 0 ? 0.0f : softmax_kernel(x, n, NULL); }
+
+double sl_softmax_lse(float *x, int64_t n) {
+    double lse = 0.0;
+    if (n > 0) softmax_kernel(x, n, &lse);
+    return lse;
 }
 
 void sl_add_inplace(float *x, const float *y, int64_t n) {

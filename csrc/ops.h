@@ -93,6 +93,8 @@ void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_
 /* Numerically safe softmax of x[0..n) in place (max subtracted, sums in double); returns the
  * entropy of the result in nats, from log Z - E[x - max] so no per-element log is needed. */
 float sl_softmax_entropy(float *x, int64_t n);
+/* The same softmax in place; returns log(sum_i exp(x_i)) (the cross-entropy's normaliser) in double. */
+double sl_softmax_lse(float *x, int64_t n);
 
 /* x[i] += y[i] for i < n (the residual connection). */
 void sl_add_inplace(float *x, const float *y, int64_t n);

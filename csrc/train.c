@@ -1,0 +1,118 @@
+/* One training step: gradients window by window (each window's forward and backward with its
+ * weight products over the window's T rows), then global-norm clipping and AdamW over the flat
+ * buffers. Every reduction has a fixed order, so a step gives the same bits for any thread
+ * count, which is what makes a resumed run continue bitwise. */
+#include "train.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "sl_common.h"
+
+/* Floats per block of the global norm's sum: blocks are summed in parallel, then in order. */
+#define SL_NORM_BLOCK 65536
+
+double sl_global_norm(const float *x, int64_t n) {
+    const int64_t nb = (n + SL_NORM_BLOCK - 1) / SL_NORM_BLOCK;
+    double *part = (double *)sl_alloc_floats(2 * (nb > 0 ? nb : 1));
+    if (!part) return NAN;
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
+    for (int64_t k = 0; k < nb; k++) {
+        const int64_t a = k * SL_NORM_BLOCK, b = a + SL_NORM_BLOCK < n ? a + SL_NORM_BLOCK : n;
+        double s = 0.0;
+        for (int64_t i = a; i < b; i++) s += (double)x[i] * x[i];
+        part[k] = s;
+    }
+    double total = 0.0;
+    for (int64_t k = 0; k < nb; k++) total += part[k];
+    sl_free(part);
+    return sqrt(total);
+}
+
+static int check_hyper(const sl_adamw *hp) {
+    if (!(hp->lr >= 0.0) || !(hp->beta1 >= 0.0 && hp->beta1 < 1.0) || !(hp->beta2 >= 0.0 && hp->beta2 < 1.0) ||
+        !(hp->eps > 0.0) || !(hp->weight_decay >= 0.0) || isnan(hp->grad_clip) || hp->step < 1)
+        return sl_fail(SL_ERR_VALUE,
+                       "adamw: need lr >= 0, 0 <= beta1, beta2 < 1, eps > 0, weight_decay >= 0 and step >= 1 "
+                       "(got lr=%g beta1=%g beta2=%g eps=%g weight_decay=%g step=%lld)",
+                       hp->lr, hp->beta1, hp->beta2, hp->eps, hp->weight_decay, (long long)hp->step);
+    return SL_OK;
+}
+
+/* Elements [a, b) with or without decay, in torch.optim.AdamW's order of operations:
+ * p *= 1 - lr*wd; m += (1-b1)(g - m); v = b2 v + (1-b2) g^2;
+ * p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps). */
+static void adamw_range(sl_train_state *st, const sl_adamw *hp, int64_t a, int64_t b, int decay) {
+    const float decay_mul = (float)(1.0 - hp->lr * hp->weight_decay);
+    const float one_b1 = (float)(1.0 - hp->beta1), b2 = (float)hp->beta2, one_b2 = (float)(1.0 - hp->beta2);
+    const double bc1 = 1.0 - pow(hp->beta1, (double)hp->step), bc2 = 1.0 - pow(hp->beta2, (double)hp->step);
+    const float step_size = (float)(hp->lr / bc1), bc2_sqrt = (float)sqrt(bc2), eps = (float)hp->eps;
+    float *p = st->params, *g = st->grads, *m = st->mom, *v = st->vel;
+#pragma omp parallel for simd schedule(static) num_threads(sl_num_threads())
+    for (int64_t i = a; i < b; i++) {
+        if (decay) p[i] *= decay_mul;
+        m[i] += one_b1 * (g[i] - m[i]);
+        v[i] = b2 * v[i] + one_b2 * (g[i] * g[i]);
+        p[i] -= step_size * (m[i] / (sqrtf(v[i]) / bc2_sqrt + eps));
+    }
+}
+
+int sl_adamw_update(sl_train_state *st, const sl_adamw *hp) {
+    SL_TRY(check_hyper(hp));
+    int64_t at = 0;
+    for (int64_t r = 0; r < st->n_decay; r++) {
+        const int64_t a = st->decay[2 * r], b = st->decay[2 * r + 1];
+        if (a < at || b < a || b > st->n)
+            return sl_fail(SL_ERR_VALUE, "adamw: decay range %lld [%lld, %lld) is not sorted, disjoint and inside "
+                           "[0, %lld)", (long long)r, (long long)a, (long long)b, (long long)st->n);
+        adamw_range(st, hp, at, a, 0);
+        adamw_range(st, hp, a, b, 1);
+        at = b;
+    }
+    adamw_range(st, hp, at, st->n, 0);
+    return SL_OK;
+}
+
+static void scale_floats(float *x, int64_t n, float s) {
+#pragma omp parallel for simd schedule(static) num_threads(sl_num_threads())
+    for (int64_t i = 0; i < n; i++) x[i] *= s;
+}
+
+static void zero_floats(float *x, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads())
+    for (int64_t k = 0; k < (n + SL_NORM_BLOCK - 1) / SL_NORM_BLOCK; k++) {
+        const int64_t a = k * SL_NORM_BLOCK, b = a + SL_NORM_BLOCK < n ? a + SL_NORM_BLOCK : n;
+        memset(x + a, 0, (size_t)(b - a) * sizeof(float));
+    }
+}
+
+int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *st, const sl_train_batch *b,
+                  const sl_adamw *hp, double *loss, double *grad_norm) {
+    SL_TRY(check_hyper(hp));
+    if (b->B < 1 || b->T < 1) return sl_fail(SL_ERR_VALUE, "train: empty batch (%lld x %lld)", (long long)b->B,
+                                             (long long)b->T);
+    int64_t n_targets = 0;
+    for (int64_t i = 0; i < b->B * b->T; i++) n_targets += b->targets[i] >= 0;
+    if (n_targets == 0) return sl_fail(SL_ERR_VALUE, "train: no position of the batch has a target");
+    zero_floats(st->grads, st->n);
+    double sum = 0.0;
+    for (int64_t w = 0; w < b->B; w++) {
+        const sl_intervention iv = {.key_start = b->key_start ? b->key_start + w * b->T : NULL,
+                                    .keep_first = b->keep_first};
+        SL_TRY(sl_model_loss_grad_sum(m, b->ids + w * b->T, b->targets + w * b->T, b->T, &iv, (double)n_targets,
+                                      &sum, pg));
+    }
+    const double norm = sl_global_norm(st->grads, st->n);
+    if (!isfinite(norm))
+        return sl_fail(SL_ERR_VALUE, "train: the gradient's norm is %g (loss %g): not applying this update", norm,
+                       sum / (double)n_targets);
+    /* torch.nn.utils.clip_grad_norm_: g *= min(1, clip / (norm + 1e-6)). */
+    if (hp->grad_clip > 0.0) {
+        const double coef = hp->grad_clip / (norm + 1e-6);
+        if (coef < 1.0) scale_floats(st->grads, st->n, (float)coef);
+    }
+    SL_TRY(sl_adamw_update(st, hp));
+    *loss = sum / (double)n_targets;
+    *grad_norm = norm;
+    return SL_OK;
+}

@@ -1,0 +1,53 @@
+/* Training: one optimizer step of a language model from scratch on a batch of packed windows
+ * (cross-entropy through the LM head, the backward of grad.c, global-norm clipping, AdamW), on
+ * parameters, gradients and Adam moments held in flat contiguous buffers (as llm.c does), the
+ * model's weights being views into the parameter buffer. */
+#ifndef SL_TRAIN_H
+#define SL_TRAIN_H
+
+#include <stdint.h>
+
+#include "grad.h"
+#include "model.h"
+
+/* AdamW as torch.optim.AdamW (decoupled weight decay, bias-corrected moments). */
+typedef struct {
+    double lr, beta1, beta2, eps, weight_decay;
+    double grad_clip; /* largest global L2 norm of the gradient; <= 0: no clipping */
+    int64_t step;     /* 1 on the first update: the bias corrections use beta^step */
+} sl_adamw;
+
+/* B windows of T tokens each, row-major. key_start (NULL: causal over the window) gives each
+ * window's document starts (intra-document masking, see sl_attn_intervention); keep_first keeps
+ * key 0 (a fixed ⟨bos⟩) visible to every query under it. */
+typedef struct {
+    int64_t B, T;
+    const int64_t *ids, *targets; /* (B, T); a negative target leaves the position out */
+    const int64_t *key_start;     /* NULL or (B, T) */
+    int keep_first;
+} sl_train_batch;
+
+/* n floats each; grads holds every buffer of the sl_model_grads handed with it, m's weights (all
+ * float32) lie in params. decay: n_decay ranges [a, b) of params that take weight decay (the
+ * matrices; norms and embeddings usually not). */
+typedef struct {
+    float *params, *grads, *mom, *vel;
+    int64_t n;
+    const int64_t *decay;
+    int64_t n_decay;
+} sl_train_state;
+
+/* sqrt(sum of x^2) over n floats, summed in double over fixed blocks added in order, so the
+ * same for any thread count. */
+double sl_global_norm(const float *x, int64_t n);
+
+/* The AdamW update of every parameter from st->grads (already clipped). */
+int sl_adamw_update(sl_train_state *st, const sl_adamw *hp);
+
+/* Zeroes the gradients, adds each window's loss gradient (the batch's mean cross-entropy over
+ * its targets), clips to hp->grad_clip and applies AdamW. *loss: the batch mean (nats);
+ * *grad_norm: the global norm before clipping. */
+int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *st, const sl_train_batch *b,
+                  const sl_adamw *hp, double *loss, double *grad_norm);
+
+#endif
