@@ -45,7 +45,8 @@ class Shape(C.Structure):
 
 
 class Intervention(C.Structure):
-    _fields_ = [("mask_first", u8p), ("zero_first_value", u8p), ("head_scale", f32p)]
+    _fields_ = [("mask_first", u8p), ("zero_first_value", u8p), ("head_scale", f32p), ("key_start", i64p),
+                ("keep_first", C.c_int)]
 
 
 class Stats(C.Structure):
