@@ -1,6 +1,10 @@
 """Command line: ``sinklab sinks MODEL`` measures the first-token attention sink;
 ``sinklab reproduce`` runs the report's analyses and writes it.
 
+``sinklab train CONFIG.json`` trains a small LLaMA-style model from scratch (resuming from the
+run folder's latest checkpoint); ``sinklab train --example`` prints a config. An invalid config
+exits with status 2.
+
 ``sinklab reproduce --families`` runs the cross-family study (Table 1 across the registered
 models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model's report.
 
@@ -159,6 +163,37 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    """Trains a LLaMA-style model from scratch by a JSON config (sinklab.train.run)."""
+    from sinklab.train.run import ConfigError, example_config, load_config, train
+
+    if args.example:
+        sys.stdout.write(example_config())
+        return 0
+    if args.config is None:
+        raise CLIError("give a CONFIG.json (`sinklab train --example` prints the default one)", code=2)
+    if not os.path.isfile(args.config):
+        raise CLIError(f"{args.config}: no such config file", code=2)
+    try:
+        config = load_config(args.config)
+        if args.out:
+            config.out_dir = args.out
+        if args.threads:
+            config.threads = args.threads
+        res = train(config.validate(), resume=not args.no_resume, progress=not args.quiet)
+    except ConfigError as e:
+        raise CLIError(str(e), code=2) from e
+    last = res.log[-1] if res.log else {}
+    print(f"{res.steps} steps, {res.tokens:,} tokens"
+          + (f" (resumed at step {res.resumed_from})" if res.resumed_from is not None else ""))
+    if last.get("val_loss_bos") is not None:
+        print(f"val loss: {last['val_loss_bos']:.4f} with <bos>, {last['val_loss_text']:.4f} text only; "
+              f"sink rate (eps 0.3/0.8): {100 * last['sink_bos_0.3']:.2f}%/{100 * last['sink_bos_0.8']:.2f}% "
+              f"with <bos>, {100 * last['sink_text_0.3']:.2f}%/{100 * last['sink_text_0.8']:.2f}% text only")
+    print(f"wrote {os.path.join(res.out_dir, 'log.jsonl')}; checkpoint {res.checkpoint}")
+    return 0
+
+
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """--threads/--quiet/--debug on the main parser (``defaults``) and on each subcommand
     (default SUPPRESS, so a value given before the subcommand is not reset after it)."""
@@ -201,11 +236,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output folder (default sinklab-report, or sinklab-families with --families)")
     _global_options(r, defaults=False)
     r.set_defaults(func=cmd_reproduce)
+    t = sub.add_parser("train", help="train a small LLaMA-style model from scratch (JSON config; resumable)")
+    t.add_argument("config", nargs="?", default=None, help="the run's JSON config (keys: sinklab train --example)")
+    t.add_argument("--out", default=None, help="the run's folder (overrides the config's out_dir)")
+    t.add_argument("--no-resume", action="store_true",
+                   help="start at step 0, deleting the checkpoints and log already in the folder")
+    t.add_argument("--example", action="store_true", help="print the default config and exit")
+    _global_options(t, defaults=False)
+    t.set_defaults(func=cmd_train)
     return p
 
 
 def _check_args(parser: argparse.ArgumentParser, args) -> None:
-    eps = args.eps if isinstance(args.eps, list) else [args.eps]
+    eps = getattr(args, "eps", [])
+    eps = eps if isinstance(eps, list) else [eps]
     for e in eps:
         if not 0 < e < 1:
             parser.error(f"--eps must lie in (0, 1), got {e:g}")
