@@ -1100,14 +1100,14 @@ static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "grads", "params", "flat_grads", "mom", "vel", "decay", "ids", "targets",
                              "key_start", "keep_first", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
-                             "step", NULL};
-    PyObject *capsule, *grads, *p_o, *g_o, *m_o, *v_o, *dec_o, *ids_o, *tg_o, *ks_o = Py_None;
+                             "step", "group_grads", NULL};
+    PyObject *capsule, *grads, *p_o, *g_o, *m_o, *v_o, *dec_o, *ids_o, *tg_o, *ks_o = Py_None, *gg_o = Py_None;
     int keep_first = 0;
     sl_adamw hp = {0};
     long long step = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL|O", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
                                      &g_o, &m_o, &v_o, &dec_o, &ids_o, &tg_o, &ks_o, &keep_first, &hp.lr, &hp.beta1,
-                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step))
+                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step, &gg_o))
         return NULL;
     hp.step = step;
     model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
@@ -1134,8 +1134,16 @@ static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     const int64_t n = PyArray_DIM(pa, 0);
     int ok = parse_grads(m, grads, &pg, lg) &&
              check_flat_views(m, &pg, PyArray_DATA(pa), PyArray_DATA(ga), n);
+    /* group_grads: None (one group) or (groups - 1, n) float32 scratch for the other groups. */
+    PyArrayObject *gga = NULL;
+    if (ok && gg_o != Py_None) {
+        npy_intp gdims[2] = {-1, n};
+        gga = check_array(gg_o, "group_grads", NPY_FLOAT32, 2, gdims, 1);
+        ok = gga != NULL;
+    }
     sl_train_state st = {PyArray_DATA(pa), PyArray_DATA(ga), PyArray_DATA(ma), PyArray_DATA(va), n,
-                         PyArray_DATA(da), PyArray_DIM(da, 0)};
+                         PyArray_DATA(da), PyArray_DIM(da, 0), gga ? PyArray_DATA(gga) : NULL,
+                         gga ? 1 + PyArray_DIM(gga, 0) : 1};
     sl_train_batch b = {bdims[0], bdims[1], PyArray_DATA(ids), PyArray_DATA(tg), ks ? PyArray_DATA(ks) : NULL,
                         keep_first};
     double loss = 0.0, norm = 0.0;

@@ -5,7 +5,10 @@
 #include "train.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "ops.h"
 
 #include "sl_common.h"
 
@@ -86,22 +89,92 @@ static void zero_floats(float *x, int64_t n) {
     }
 }
 
+/* pg with every buffer moved from the flat gradient `from` to the same offset in `to`; out's
+ * layers go to `layers` (n_layers entries). Both gradient structs hold only float pointers. */
+static void shift_grads(const sl_model *m, const sl_model_grads *pg, const float *from, float *to,
+                        sl_layer_grads *layers, sl_model_grads *out) {
+    *out = *pg;
+    out->layers = layers;
+    float **g = (float **)out;
+    for (size_t i = 0; i < sizeof *out / sizeof(float *); i++)
+        if (g[i] && (void *)&g[i] != (void *)&out->layers) g[i] = to + (g[i] - from);
+    for (int64_t l = 0; l < m->n_layers; l++) {
+        layers[l] = pg->layers[l];
+        float **f = (float **)&layers[l];
+        for (size_t i = 0; i < sizeof layers[l] / sizeof(float *); i++)
+            if (f[i]) f[i] = to + (f[i] - from);
+    }
+}
+
+/* Windows [w0, w1) of the batch, their loss gradients summed in order into pg. */
+static int group_gradient(const sl_model *m, const sl_model_grads *pg, const sl_train_batch *b, int64_t w0,
+                          int64_t w1, double denom, double *loss_sum) {
+    for (int64_t w = w0; w < w1; w++) {
+        const sl_intervention iv = {.key_start = b->key_start ? b->key_start + w * b->T : NULL,
+                                    .keep_first = b->keep_first};
+        SL_TRY(sl_model_loss_grad_sum(m, b->ids + w * b->T, b->targets + w * b->T, b->T, &iv, denom, loss_sum,
+                                      pg));
+    }
+    return SL_OK;
+}
+
+/* Every group's gradient, groups in parallel: each worker registers a context of its own share
+ * of the threads, so the ops inside run with that many (their results do not depend on it). */
+static int batch_gradient(const sl_model *m, const sl_model_grads *pg, sl_train_state *st, const sl_train_batch *b,
+                          double denom, double *loss) {
+    const int64_t G = st->n_groups, L = m->n_layers;
+    sl_layer_grads *layers = calloc((size_t)(G * L), sizeof *layers);
+    sl_model_grads *gp = calloc((size_t)G, sizeof *gp);
+    double *sums = calloc((size_t)G, sizeof *sums);
+    int status = layers && gp && sums ? SL_OK : sl_fail(SL_ERR_MEMORY, "train: cannot allocate group state");
+    for (int64_t g = 0; g < G && status == SL_OK; g++) {
+        if (g == 0) gp[0] = *pg;
+        else shift_grads(m, pg, st->grads, st->group_grads + (g - 1) * st->n, layers + g * L, &gp[g]);
+        if (g > 0) zero_floats(st->group_grads + (g - 1) * st->n, st->n);
+    }
+    sl_ctx *ctx = sl_ctx_current();
+    const int threads = ctx->num_threads, outer = threads < G ? threads : (int)G;
+    const int inner = threads / outer > 0 ? threads / outer : 1;
+    if (status == SL_OK) {
+#pragma omp parallel for schedule(dynamic, 1) num_threads(outer)
+        for (int64_t g = 0; g < G; g++) {
+            sl_ctx mine = {.num_threads = inner};
+            mine.err[0] = 0;
+            sl_ctx *prev = sl_ctx_enter(&mine);
+            const int rc = group_gradient(m, &gp[g], b, g * b->B / G, (g + 1) * b->B / G, denom, &sums[g]);
+            sl_ctx_leave(prev);
+            if (rc != SL_OK) {
+#pragma omp critical(sl_train_err)
+                status = sl_fail_ctx(ctx, rc, "%s", mine.err);
+            }
+        }
+    }
+    /* The groups' sums, added in group order. */
+    for (int64_t g = 1; g < G && status == SL_OK; g++) sl_add_inplace(st->grads, st->group_grads + (g - 1) * st->n,
+                                                                     st->n);
+    double total = 0.0;
+    for (int64_t g = 0; g < G && status == SL_OK; g++) total += sums[g];
+    *loss = total;
+    free(layers);
+    free(gp);
+    free(sums);
+    return status;
+}
+
 int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *st, const sl_train_batch *b,
                   const sl_adamw *hp, double *loss, double *grad_norm) {
     SL_TRY(check_hyper(hp));
     if (b->B < 1 || b->T < 1) return sl_fail(SL_ERR_VALUE, "train: empty batch (%lld x %lld)", (long long)b->B,
                                              (long long)b->T);
+    if (st->n_groups < 1 || st->n_groups > b->B || (st->n_groups > 1 && !st->group_grads))
+        return sl_fail(SL_ERR_VALUE, "train: %lld gradient groups for %lld windows (need 1..B, and a buffer of "
+                       "(groups - 1) x n floats beyond one)", (long long)st->n_groups, (long long)b->B);
     int64_t n_targets = 0;
     for (int64_t i = 0; i < b->B * b->T; i++) n_targets += b->targets[i] >= 0;
     if (n_targets == 0) return sl_fail(SL_ERR_VALUE, "train: no position of the batch has a target");
     zero_floats(st->grads, st->n);
     double sum = 0.0;
-    for (int64_t w = 0; w < b->B; w++) {
-        const sl_intervention iv = {.key_start = b->key_start ? b->key_start + w * b->T : NULL,
-                                    .keep_first = b->keep_first};
-        SL_TRY(sl_model_loss_grad_sum(m, b->ids + w * b->T, b->targets + w * b->T, b->T, &iv, (double)n_targets,
-                                      &sum, pg));
-    }
+    SL_TRY(batch_gradient(m, pg, st, b, (double)n_targets, &sum));
     const double norm = sl_global_norm(st->grads, st->n);
     if (!isfinite(norm))
         return sl_fail(SL_ERR_VALUE, "train: the gradient's norm is %g (loss %g): not applying this update", norm,

@@ -35,6 +35,13 @@ typedef struct {
     int64_t n;
     const int64_t *decay;
     int64_t n_decay;
+    /* The batch's windows are cut into n_groups fixed groups (1 <= n_groups <= B), each summing
+     * its windows' gradients in order into its own buffer (group 0: grads; group g: group_grads
+     * + (g-1)*n), the groups then added in order. Groups run in parallel (each single-threaded
+     * when there are as many threads as groups), so the result depends on n_groups, never on
+     * the thread count, and there is no barrier inside a window's work for a busy core to stall. */
+    float *group_grads;
+    int64_t n_groups;
 } sl_train_state;
 
 /* sqrt(sum of x^2) over n floats, summed in double over fixed blocks added in order, so the

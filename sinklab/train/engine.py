@@ -101,7 +101,7 @@ class Trainer:
     """
 
     def __init__(self, config: ModelConfig, seed: int = 0, init_std: float = 0.02, tokenizer: Any = None,
-                 optimizer: Optional[AdamW] = None, init: bool = True) -> None:
+                 optimizer: Optional[AdamW] = None, init: bool = True, grad_groups: int = 2) -> None:
         if config.family != "llama" or config.biases or config.norm_kind != "rmsnorm" or config.act != "swiglu":
             raise ValueError("the trainer builds LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases); "
                              f"got family {config.family!r}")
@@ -121,6 +121,14 @@ class Trainer:
             self._core_grads["lm_head"] = self.grad_views["tok_embd"]
         self.decay_ranges = np.array([[s.offset, s.offset + s.size] for s in self.layout if decays(s.name)],
                                      dtype=np.int64).reshape(-1, 2)
+        # The batch's windows form grad_groups fixed groups whose gradients are summed apart and
+        # then added in order (csrc/train.h): groups run in parallel without barriers, and the
+        # bits depend on grad_groups, never on the thread count. Each extra group costs n floats.
+        if grad_groups < 1:
+            raise ValueError(f"grad_groups must be >= 1, got {grad_groups}")
+        self.grad_groups = int(grad_groups)
+        self._group_grads = (_core.train_buffers((grad_groups - 1) * n, 1)[0].reshape(grad_groups - 1, n)
+                             if grad_groups > 1 else None)
         self.step_count = 0
         if init:
             self.initialize(seed, init_std)
@@ -168,9 +176,11 @@ class Trainer:
         if key_start is not None:
             key_start = np.ascontiguousarray(key_start, dtype=np.int64)
         o = self.optimizer
+        groups = min(self.grad_groups, ids.shape[0])
         loss, norm = _core.train_step(self.model._handle, self._core_grads, self.params, self.grads, self.mom,
                                       self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
                                       float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,
-                                      self.step_count + 1)
+                                      self.step_count + 1,
+                                      self._group_grads[:groups - 1] if groups > 1 else None)
         self.step_count += 1
         return float(loss), float(norm)
