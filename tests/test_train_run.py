@@ -335,3 +335,12 @@ def test_cli_train_example_and_errors(capsys, tmp_path, reference):
     assert rc == 2 and err.count("\n") == 1 and "lr" in err
     rc, _, err = _run_cli(["train"], capsys)
     assert rc == 2
+
+
+def test_readme_training_example_is_a_valid_config():
+    md = open(os.path.join(HERE, "..", "README.md"), encoding="utf-8").read()
+    section = md.split("### Training", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```json\n")[1:]
+    assert blocks, "the README's Training section shows a JSON config"
+    cfg = TrainConfig.from_dict(json.loads(blocks[0].split("```", 1)[0]))
+    assert cfg.masking == "intra_doc" and cfg.fixed_bos and cfg.batch_size == 32
