@@ -152,7 +152,7 @@ def reference(corpus_dir, tmp_path_factory):
 def test_killed_mid_run_and_mid_checkpoint_resumes_bitwise(corpus_dir, reference, tmp_path):
     out = str(tmp_path / "run")
     # 1. SIGKILL between checkpoints: steps are slowed so the kill lands after step 4's checkpoint
-    p = _spawn(corpus_dir, out, {ck.PAUSE_ENV: "", "SINKLAB_TEST_STEP_PAUSE": "0.1"})
+    p = _spawn(corpus_dir, out, {ck.PAUSE_ENV: "", "SINKLAB_TEST_STEP_PAUSE": "0.2"})
     _wait_for(lambda: _latest_step(out) >= 4, p)
     _kill(p)
     killed_at = _latest_step(out)
@@ -229,6 +229,18 @@ def test_same_bits_for_any_thread_count():
     assert l1 == l2
     for name in ("params", "mom", "vel"):
         assert np.array_equal(bits(getattr(t1, name)), bits(getattr(t2, name))), name
+
+
+def test_whole_run_same_for_any_thread_count(corpus_dir, tmp_path):
+    """Training, evaluation and the log: the same bits on 1 and 2 threads (and the run leaves
+    the process's thread count as it found it)."""
+    before = sl.get_num_threads()
+    runs = [train(tiny_config(str(tmp_path / f"t{n}"), steps=4, threads=n), corpus=make_corpus(corpus_dir),
+                  progress=False) for n in (1, 2)]
+    assert sl.get_num_threads() == before
+    assert np.array_equal(bits(runs[0].trainer.params), bits(runs[1].trainer.params))
+    assert deterministic(runs[0].log) == deterministic(runs[1].log)
+    assert runs[0].log[-1]["val_loss_train"] is not None
 
 
 # ------------------------------------------------------------------ evaluation protocol

@@ -194,7 +194,7 @@ class TrainConfig:
                  f"{k} must be a finite number, got {v!r}")
         need(self.lr > 0 and 0 <= self.min_lr <= self.lr, f"need 0 <= min_lr <= lr and lr > 0 "
                                                           f"(lr={self.lr}, min_lr={self.min_lr})")
-        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, f"beta1 and beta2 must lie in [0, 1)")
+        need(0 <= self.beta1 < 1 and 0 <= self.beta2 < 1, "beta1 and beta2 must lie in [0, 1)")
         need(self.adam_eps > 0 and self.init_std > 0 and self.norm_eps > 0 and self.rope_theta > 0,
              "adam_eps, init_std, norm_eps and rope_theta must be positive")
         need(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
@@ -383,12 +383,23 @@ def train(config: TrainConfig, resume: bool = True, progress: bool = True, *, co
         ConfigError: an invalid config, or one that differs from the run being resumed.
         CheckpointError: the checkpoint to resume from is missing a file or corrupted.
         FloatingPointError: the loss became NaN or infinite.
+
+    ``config.threads`` applies during the run only; the thread count is restored after it.
     """
     import sinklab
 
     config.validate()
+    threads_before = sinklab.get_num_threads()
     if config.threads:
         sinklab.set_num_threads(config.threads)
+    try:
+        return _train(config, resume, progress, corpus, packer_cls)
+    finally:
+        sinklab.set_num_threads(threads_before)
+
+
+def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
+           packer_cls: Optional[Callable[..., Any]]) -> RunResult:
     out = config.out_dir
     latest = ckpt_io.latest_checkpoint(out) if resume else None
     if latest is not None:  # before the corpus, which may take minutes to prepare
