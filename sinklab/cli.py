@@ -3,7 +3,8 @@
 
 ``sinklab train CONFIG.json`` trains a small LLaMA-style model from scratch (resuming from the
 run folder's latest checkpoint); ``sinklab train --example`` prints a config. An invalid config
-exits with status 2.
+exits with status 2. ``sinklab experiment fig5|table2 [--profile quick|cpu|full]`` runs the
+paper's Fig. 5 or Table 2 in miniature (every run resumable, shared runs trained once).
 
 ``sinklab reproduce --families`` runs the cross-family study (Table 1 across the registered
 models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model's report.
@@ -194,6 +195,23 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_experiment(args) -> int:
+    """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments)."""
+    from sinklab.train.experiments import run_experiment
+
+    res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
+                         threads=args.threads)
+    if args.name == "table2":
+        print(res["markdown"])
+    else:
+        for run in res["runs"]:
+            print(f"C = {run['context']}: sink rate {100 * run['sink_0.3'][-1]:.2f}% (eps 0.3), "
+                  f"{100 * run['sink_0.8'][-1]:.2f}% (eps 0.8), val loss {run['val_loss'][-1]:.4f} "
+                  f"after {run['tokens'][-1]:,} tokens")
+        print(f"wrote {res['figure']}")
+    return 0
+
+
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """--threads/--quiet/--debug on the main parser (``defaults``) and on each subcommand
     (default SUPPRESS, so a value given before the subcommand is not reset after it)."""
@@ -244,6 +262,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--example", action="store_true", help="print the default config and exit")
     _global_options(t, defaults=False)
     t.set_defaults(func=cmd_train)
+    x = sub.add_parser("experiment", help="the paper's pre-training experiments in miniature: fig5 (context "
+                                          "length) or table2 (packing and a fixed <bos>); resumable")
+    x.add_argument("name", choices=("fig5", "table2"))
+    x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "full"),
+                   help="run sizes: quick (minutes, a smoke test), cpu (under an hour on 2 cores, the default), "
+                        "full (a larger model, 5x the tokens: overnight)")
+    x.add_argument("--root", default="sinklab-experiments", help="folder of the runs (shared by both experiments)")
+    x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
+    _global_options(x, defaults=False)
+    x.set_defaults(func=cmd_experiment)
     return p
 
 

@@ -49,6 +49,9 @@ LOG_FIELDS = {
     "val_loss_train": "held-out loss (nats) on windows packed as in training",
     "sink_bos_0.3": "sink rate (fraction) at eps 0.3, '<bos>+text'; also sink_bos_0.8, sink_text_0.3, "
                     "sink_text_0.8",
+    "importance_bos": "mean first-token importance a_0 over (document, layer, head), '<bos>+text'; also "
+                      "importance_text (the sink rate's underlying value: it shows a trend before any head "
+                      "crosses eps)",
     "tokens_per_s": "training throughput since the previous line (evaluation and checkpoints excluded)",
     "wall_s": "seconds of the run so far (all sessions)",
     "eval_s": "seconds this line's evaluation took",
@@ -351,6 +354,7 @@ def _eval_fields(ev: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     for mode in ("bos", "text"):
         for e in EPS:
             out[f"sink_{mode}_{e:g}"] = None
+        out[f"importance_{mode}"] = None
     if ev is None:
         return out
     out["val_loss_bos"], out["val_loss_text"] = ev["val_loss"]["bos"], ev["val_loss"]["text"]
@@ -358,6 +362,7 @@ def _eval_fields(ev: Optional[Dict[str, Any]]) -> Dict[str, Any]:
     for mode in ("bos", "text"):
         for e in EPS:
             out[f"sink_{mode}_{e:g}"] = ev["sink_rate"][mode][f"{e:g}"]
+        out[f"importance_{mode}"] = float(ev["importance"][mode].mean())
     return out
 
 
