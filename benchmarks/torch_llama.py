@@ -12,7 +12,7 @@ optional tied embeddings. Attention is causal by default, or follows a dense boo
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 import torch
@@ -100,8 +100,8 @@ class TorchLlama(nn.Module):
         return self.lm_head(self.out_norm(x))
 
 
-def copy_sinklab_weights(model: TorchLlama, weights: Mapping[str, np.ndarray]) -> None:
-    """Copies canonical-name (out, in) float32 arrays (a sinklab Trainer's ``weights``) into model."""
+def sinklab_parameters(model: TorchLlama) -> Dict[str, nn.Parameter]:
+    """Canonical sinklab name -> the model's parameter (a tied head appears once, as tok_embd)."""
     pairs = {"tok_embd": model.tok_embd.weight, "out_norm": model.out_norm.weight}
     if model.lm_head.weight is not model.tok_embd.weight:
         pairs["lm_head"] = model.lm_head.weight
@@ -110,8 +110,13 @@ def copy_sinklab_weights(model: TorchLlama, weights: Mapping[str, np.ndarray]) -
                         ("attn_v", b.v.weight), ("attn_output", b.o.weight), ("ffn_norm", b.ffn_norm.weight),
                         ("ffn_gate", b.gate.weight), ("ffn_up", b.up.weight), ("ffn_down", b.down.weight)):
             pairs[f"blk.{l}.{name}"] = p
+    return pairs
+
+
+def copy_sinklab_weights(model: TorchLlama, weights: Mapping[str, np.ndarray]) -> None:
+    """Copies canonical-name (out, in) float32 arrays (a sinklab Trainer's ``weights``) into model."""
     with torch.no_grad():
-        for name, p in pairs.items():
+        for name, p in sinklab_parameters(model).items():
             w = torch.from_numpy(np.asarray(weights[name], dtype=np.float32))
             if tuple(w.shape) != tuple(p.shape):
                 raise ValueError(f"{name}: shape {tuple(w.shape)}, the torch model wants {tuple(p.shape)}")

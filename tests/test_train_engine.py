@@ -51,16 +51,7 @@ def batch(rng, B, T, V, fixed_bos, n_docs=4):
 
 
 def torch_parameters(tm):
-    """canonical name -> the torch parameter (a tied head appears once, as tok_embd)."""
-    out = {"tok_embd": tm.tok_embd.weight, "out_norm": tm.out_norm.weight}
-    if tm.lm_head.weight is not tm.tok_embd.weight:
-        out["lm_head"] = tm.lm_head.weight
-    for l, b in enumerate(tm.blocks):
-        for name, p in (("attn_norm", b.attn_norm), ("attn_q", b.q), ("attn_k", b.k), ("attn_v", b.v),
-                        ("attn_output", b.o), ("ffn_norm", b.ffn_norm), ("ffn_gate", b.gate), ("ffn_up", b.up),
-                        ("ffn_down", b.down)):
-            out[f"blk.{l}.{name}"] = p.weight
-    return out
+    return torch_llama.sinklab_parameters(tm)
 
 
 def pair(tied=False, seed=0, V=384, d=64, L=2, H=4, G=2, T=48):
