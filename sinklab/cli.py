@@ -144,6 +144,8 @@ def cmd_reproduce(args) -> int:
         if args.model is not None or args.no_bos or tuple(args.eps) != DEFAULT_EPS:
             raise CLIError("--families runs its own models, with and without BOS, at eps 0.3 and 0.8: "
                            "drop --model, --no-bos and --eps")
+        if args.training_profile is not None or args.training_root is not None:
+            raise CLIError("--families trains nothing: drop --training-profile and --training-root")
         out = args.out or "sinklab-families"
         res = report.reproduce_families(out, quick=args.quick, progress=not args.quiet)
         print(f"wrote {os.path.join(out, 'families.md')} and families.json "
@@ -152,9 +154,12 @@ def cmd_reproduce(args) -> int:
     model = args.model or "smollm2-135m-instruct"
     out = args.out or "sinklab-report"
     _check_model_arg(model)
+    # the pre-training section's options, passed only when given (reproduce() has the defaults)
+    training = {k: v for k, v in (("training_profile", args.training_profile),
+                                  ("training_root", args.training_root)) if v is not None}
     try:
         res = report.reproduce(model, out=out, quick=args.quick, progress=not args.quiet,
-                               eps=tuple(args.eps), bos=not args.no_bos)
+                               eps=tuple(args.eps), bos=not args.no_bos, **training)
     except ValueError as e:
         _raise_if_unsupported(model, e)
         raise
@@ -252,6 +257,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")
     r.add_argument("--out", default=None,
                    help="output folder (default sinklab-report, or sinklab-families with --families)")
+    r.add_argument("--training-profile", default=None, choices=("none", "quick", "cpu", "full"),
+                   help="the section on Fig. 5 and Table 2 in miniature (models trained here): none skips it, "
+                        "quick runs the smoke-test profile into OUT/training (about 15 s), cpu or full run or resume "
+                        "that profile under --training-root (about an hour on 2 cores / overnight). Default: quick "
+                        "with --quick, else the cpu profile's summaries under --training-root when they exist "
+                        "(`sinklab experiment fig5|table2 --profile cpu` writes them), else quick")
+    r.add_argument("--training-root", default=None,
+                   help="the runs' folder of `sinklab experiment` (default sinklab-experiments)")
     _global_options(r, defaults=False)
     r.set_defaults(func=cmd_reproduce)
     t = sub.add_parser("train", help="train a small LLaMA-style model from scratch (JSON config; resumable)")

@@ -5,13 +5,20 @@ model's sha256, the BOS token used, eps, T, prompt counts and library versions) 
 
 The report opens with a table of every element of Barbero et al. (2025) — its definitions,
 Prop. 3.1, Thm. 3.2, Fig. 2, 3 and 5, Tables 1 and 2, and the ⟨bos⟩-removal benchmarks — with
-its status here: *reproduced here* (same measurement, another model), *stand-in* (a cheaper or
-local measurement of the same question) or *not yet*. Each section then says which paper element
-it stands for, what is the same and what differs, the paper's number beside ours where the paper
-gives one, and a reading that follows from its numbers (including where they disagree).
+its status here: *reproduced here* (same measurement, another model), *in miniature* (the
+paper's pre-training protocol on small models trained here, :mod:`sinklab.train.experiments`),
+*stand-in* (a cheaper or local measurement of the same question) or *not yet*. Each section
+then says which paper element it stands for, what is the same and what differs, the paper's
+number beside ours where the paper gives one, and a reading that follows from its numbers
+(including where they disagree).
 
 ``quick=True`` uses smaller prompt sets and lengths (the README gives the measured times of both
 presets); the full run follows the paper's protocol as far as one CPU allows.
+
+The last section, *Pre-training in miniature*, is the only one that does not use ``model_name``:
+it trains (``quick``: the smoke-test profile, seconds) or reads (the cpu profile's summaries,
+when ``sinklab experiment ... --profile cpu`` has written them under ``training_root``) the
+paper's Fig. 5 and Table 2 experiments; its files go to ``out/training/``.
 """
 from __future__ import annotations
 
@@ -86,11 +93,16 @@ PAPER_ELEMENTS: List[Tuple[str, str, str, str]] = [
     ("Sinks as approximate no-ops; the 'apostrophe head' of Gemma 7B", "qualitative",
      "stand-in: head-output norms, ⟨bos⟩ value norms, a conditional-head search, and a no-op intervention",
      "noop"),
-    ("Fig. 5: sinks grow with the pre-training context length", "~120M LLaMA-2-style models",
-     "not yet: needs training (a later release); long inference contexts are shown instead", "long_context"),
-    ("Table 2: data packing and a fixed ⟨bos⟩ in pre-training", "sink % and val. loss",
-     "not yet: needs training; its inference rows (⟨bos⟩ removed from a model trained with and without a fixed "
-     "⟨bos⟩) are measured on Gemma-3-270M and Qwen2.5-0.5B in the families report", "sinks"),
+    ("Fig. 5: sinks grow with the pre-training context length", "~120M LLaMA-2-style models, contexts 128–2048, "
+     "5B tokens each",
+     "in miniature: small LLaMA-style models trained here at several contexts with equal tokens per step and in "
+     "total (`sinklab experiment fig5`); the report's long-context section varies the inference context instead",
+     "training"),
+    ("Table 2: data packing and a fixed ⟨bos⟩ in pre-training", "sink % and val. loss, e.g. 90.84% → 0.05%, "
+     "2.69 → 7.56",
+     "in miniature: the four training conditions trained here, seven rows beside the paper's (`sinklab experiment "
+     "table2`); its inference rows are also measured on Gemma-3-270M and Qwen2.5-0.5B in the families report",
+     "training"),
     ("Removing ⟨bos⟩ at inference hurts Gemma 7B (ARC, PIQA, HellaSwag, RULER, …)", "e.g. RULER 82.57 → 0.00",
      "stand-in: perplexity and a local passkey task, on this model and, in the families report, on "
      "Gemma-3-270M (trained with a fixed ⟨bos⟩)", "quality"),
@@ -162,6 +174,8 @@ class Context:
     progress: bool
     done: Dict[str, Section] = field(default_factory=dict)
     shared: Dict[str, Any] = field(default_factory=dict)
+    training_profile: str = "auto"        # the pre-training section: see training_results()
+    training_root: str = "sinklab-experiments"
 
     def save(self, fig: Any, name: str) -> str:
         fig.savefig(os.path.join(self.out, name), dpi=120)
@@ -808,10 +822,416 @@ def section_oversquashing(c: Context) -> Section:
         numbers={"study": summ, "seconds": st.meta["seconds"]})
 
 
+# ---------------------------------------------------------------------- pre-training in miniature
+# The paper's pre-training experiments (Fig. 5, Table 2), run by sinklab.train.experiments and
+# read here. Profiles: "quick" (a smoke test, seconds), "cpu" (about an hour on 2 cores), "full"
+# (overnight); "none" skips the section.
+TRAINING_PROFILES = ("none", "quick", "cpu", "full")
+TRAINING_DIR = "training"                   # the report's subfolder for the section's files
+DEFAULT_TRAINING_ROOT = "sinklab-experiments"  # where `sinklab experiment` puts its runs
+PAPER_FIG5_TOKENS = 5e9                     # training tokens per Fig. 5 run
+PAPER_TABLE2_TOKENS = 30e9                  # training tokens per Table 2 run
+PAPER_TRAIN_PARAMS = "~120M"                # the paper's LLaMA-2-style models
+
+
+def uniform_first_importance(T: int) -> float:
+    """a_0 of a head that attends uniformly over its causal prefix, over T tokens:
+    1/T Σ_{i<T} 1/(i+1) = H_T / T (0.074 at T = 64). A trained head's a_0 above it leans on
+    position 0; the sink rate counts only heads above eps."""
+    if T < 1:
+        raise ValueError(f"T must be at least 1, got {T}")
+    return float(np.sum(1.0 / np.arange(1, T + 1)) / T)
+
+
+def training_model_size(profile: Dict[str, Any], vocab_size: Optional[int] = None) -> Dict[str, int]:
+    """Parameters of a profile's model (``profile["model"]``: d_model, n_layers, n_heads, d_ff):
+    ``{"params", "non_embedding", "vocab_size"}`` (counts; the embedding and LM head are untied)."""
+    from .train.engine import llama_config, param_layout
+    from .train.run import TrainConfig
+
+    V = int(vocab_size or TrainConfig.vocab_size)
+    slots = param_layout(llama_config(V, **profile["model"], context_length=max(profile["contexts"])))
+    total = sum(s.size for s in slots)
+    emb = sum(s.size for s in slots if s.name in ("tok_embd", "lm_head"))
+    return {"params": int(total), "non_embedding": int(total - emb), "vocab_size": V}
+
+
+def _summary_paths(folder: str, profile: str) -> Tuple[str, str]:
+    return (os.path.join(folder, f"fig5-{profile}.json"), os.path.join(folder, f"table2-{profile}.json"))
+
+
+def find_training_summaries(root: str, profile: str = "cpu") -> Optional[str]:
+    """The folder holding both ``fig5-{profile}.json`` and ``table2-{profile}.json`` (what
+    ``sinklab experiment fig5|table2 --profile PROFILE`` writes): ``root`` itself or one of its
+    immediate subfolders (sorted); None when there is none."""
+    if not os.path.isdir(root):
+        return None
+    subs = sorted(os.path.join(root, d) for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)))
+    for folder in [root] + subs:
+        if all(os.path.isfile(p) for p in _summary_paths(folder, profile)):
+            return folder
+    return None
+
+
+def load_training_summaries(folder: str, profile: str) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(fig5, table2) summaries of ``profile`` read from ``folder``.
+
+    Raises:
+        OSError: a file is missing. ValueError: a file is not such a summary (named)."""
+    import json
+
+    out = []
+    for path, key in zip(_summary_paths(folder, profile), ("runs", "rows")):
+        with open(path, encoding="utf-8") as f:
+            try:
+                s = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(s, dict) or not s.get(key) or s.get("profile", {}).get("name") != profile:
+            raise ValueError(f"{path}: not a {profile}-profile summary of sinklab.train.experiments "
+                             f"(no {key!r}, or another profile)")
+        out.append(s)
+    return out[0], out[1]
+
+
+def run_training_profile(profile: str, root: str, out: str, progress: bool = True,
+                         threads: Optional[int] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """Runs (or resumes; finished runs are skipped) both experiments of ``profile`` with their runs
+    under ``root`` and writes the summaries as ``sinklab experiment`` does (``out/fig5-P.json``,
+    ``out/table2-P.json``, the figure ``out/fig5-P.png``; pyplot-free, so a notebook's backend is
+    left alone). Table 2 runs first, so the causal run Fig. 5 shares with it is trained once.
+    Returns (fig5, table2)."""
+    from .train import experiments as X
+
+    p = X.profile(profile)
+    os.makedirs(out, exist_ok=True)
+    t_cfgs = X.table2_configs(profile, root=root, threads=threads)
+    table2 = X.table2_summary(t_cfgs, X.run_all(t_cfgs, progress=progress))
+    table2["markdown"] = X.table2_markdown(table2)
+    f_cfgs = X.fig5_configs(profile, root=root, threads=threads)
+    fig5 = X.fig5_summary(f_cfgs, X.run_all(f_cfgs, progress=progress))
+    prof = {"name": profile, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
+    fig5["profile"] = table2["profile"] = prof
+    png = os.path.join(out, f"fig5-{profile}.png")
+    fig = fig5_miniature_figure(fig5)
+    fig.savefig(png, dpi=120)
+    fig5["figure"] = png
+    f_path, t_path = _summary_paths(out, profile)
+    save_json(f_path, fig5)
+    save_json(t_path, table2)
+    return fig5, table2
+
+
+def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = TRAINING_DIR,
+                     progress: bool = True) -> Dict[str, Any]:
+    """The two experiments' summaries for the report, by ``choice``:
+
+    * ``"auto"``: the cpu profile's summaries under ``root`` when they exist, else the quick
+      profile run into ``out/runs`` (and ``note`` says so);
+    * ``"quick"``: the quick profile run (or resumed) into ``out/runs``;
+    * ``"cpu"`` / ``"full"``: that profile run or resumed with its runs and summaries in ``root``
+      (where ``sinklab experiment --profile P`` puts them).
+
+    Returns ``{"profile", "source" ("ran" or "read"), "where", "note", "fig5", "table2", "seconds"}``."""
+    if choice not in TRAINING_PROFILES[1:] + ("auto",):
+        raise ValueError(f"training profile {choice!r}: choose from auto, {', '.join(TRAINING_PROFILES[1:])}")
+    t0 = time.perf_counter()
+    note = ""
+    if choice == "auto":
+        found = find_training_summaries(root, "cpu")
+        if found is not None:
+            fig5, table2 = load_training_summaries(found, "cpu")
+            return {"profile": "cpu", "source": "read", "where": found, "fig5": fig5, "table2": table2,
+                    "note": f"Read the cpu profile's summaries from `{found}` (written by `sinklab experiment "
+                            f"fig5|table2 --profile cpu`); nothing was trained for this report.",
+                    "seconds": time.perf_counter() - t0}
+        note = (f"No cpu-profile summaries under `{root}` (`sinklab experiment fig5|table2 --profile cpu "
+                f"--root {root}` writes them, in about an hour on 2 cores), so the quick profile was run instead. ")
+        choice = "quick"
+    if choice == "quick":
+        where = os.path.join(out, "runs")
+        fig5, table2 = run_training_profile("quick", where, out, progress)
+    else:
+        where = root
+        fig5, table2 = run_training_profile(choice, root, root, progress)
+    note += (f"Ran the {choice} profile: runs (checkpoints and log.jsonl, resumable) in `{where}`, "
+             f"summaries `fig5-{choice}.json` and `table2-{choice}.json` in `{out if choice == 'quick' else root}`.")
+    return {"profile": choice, "source": "ran", "where": where, "fig5": fig5, "table2": table2, "note": note,
+            "seconds": time.perf_counter() - t0}
+
+
+def _sink_T(context: int) -> int:
+    from .train.evaluate import SINK_TOKENS
+
+    return min(SINK_TOKENS, int(context))
+
+
+def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
+    """Fig. 5 in miniature against training tokens, one line per context: sink rate at eps 0.3
+    and 0.8, mean first-token importance a_0 (dotted: uniform attention's a_0 over the same T)
+    and validation loss. A sinklab Figure (no pyplot)."""
+    from .viz.figure import subplots
+
+    fig, axes = subplots(1, 4, figsize=(16, 3.8))
+    top = 0.0
+    for run in fig5["runs"]:
+        tok = np.asarray(run["tokens"], float) / 1e6
+        s3, s8 = 100 * np.asarray(run["sink_0.3"], float), 100 * np.asarray(run["sink_0.8"], float)
+        top = max(top, float(np.max(s3, initial=0.0)))
+        line = axes[0].plot(tok, s3, "-o", ms=3, label=f"C = {run['context']}")[0]
+        col = line.get_color()
+        axes[1].plot(tok, s8, "-o", ms=3, color=col)
+        imp = np.array([np.nan if v is None else v for v in run["importance"]], float)
+        axes[2].plot(tok, imp, "-o", ms=3, color=col)
+        axes[2].axhline(uniform_first_importance(_sink_T(run["context"])), color=col, ls=":", lw=1)
+        axes[3].plot(tok, run["val_loss"], "-o", ms=3, color=col)
+    for ax in axes[:2]:
+        ax.set_ylim(-2, max(5.0, 1.1 * top))
+    titles = ("sink rate, eps = 0.3 (%)", "sink rate, eps = 0.8 (%)",
+              "mean first-token importance a0\n(dotted: uniform attention)", "validation loss (nats, text only)")
+    for ax, title in zip(axes, titles):
+        ax.set_xlabel("training tokens (millions)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    prof = fig5.get("profile", {}).get("name", "?")
+    fig.suptitle(f"Fig. 5 in miniature ({prof} profile): the first-token sink while training at each context "
+                 f"length (paper: ~120M models, 5B tokens each)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _row_label(r: Dict[str, Any]) -> str:
+    return (f"{r['masking'].replace('_', '-')}\n{'fixed <bos>' if r['fixed_bos'] else 'no fixed <bos>'}\n"
+            f"{'<bos>+text' if r['inference'] == 'bos' else 'text only'}")
+
+
+def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
+    """Table 2 in miniature beside the paper's: sink rate (eps 0.3) and validation loss per row,
+    and the loss change when ⟨bos⟩ is removed at inference from each model evaluated both ways
+    (the comparison that does not depend on the tokenizer). A sinklab Figure (no pyplot)."""
+    from .viz.figure import subplots
+
+    rows = table2["rows"]
+    x = np.arange(len(rows))
+    fig, axes = subplots(1, 3, figsize=(17, 4.4), gridspec_kw={"width_ratios": [3, 3, 1.6]})
+    prof = table2.get("profile", {}).get("name", "?")
+    pairs = ((axes[0], [r["sink_0.3"] for r in rows], [r["paper_sink"] for r in rows], "sink rate (%)"),
+             (axes[1], [r["val_loss"] for r in rows], [r["paper_loss"] for r in rows], "validation loss (nats)"))
+    for ax, ours, paper, label in pairs:
+        ax.bar(x - 0.2, ours, 0.4, label=f"here ({prof} profile" + (", eps = 0.3)" if "sink" in label else ")"))
+        ax.bar(x + 0.2, paper, 0.4, label="paper (~120M, 30B tokens)", alpha=0.7)
+        ax.set_xticks(x)
+        ax.set_xticklabels([_row_label(r) for r in rows], fontsize=6.5)
+        ax.set_ylabel(label)
+        ax.grid(axis="y", alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[0].set_ylim(0, 100)
+    by = {(r["masking"], r["fixed_bos"], r["inference"]): r for r in rows}
+    both = [(m, b) for m, b in dict.fromkeys((r["masking"], r["fixed_bos"]) for r in rows)
+            if (m, b, "bos") in by and (m, b, "text") in by]
+    d_ours = [by[(m, b, "text")]["val_loss"] - by[(m, b, "bos")]["val_loss"] for m, b in both]
+    d_paper = [by[(m, b, "text")]["paper_loss"] - by[(m, b, "bos")]["paper_loss"] for m, b in both]
+    xb = np.arange(len(both))
+    axes[2].bar(xb - 0.2, d_ours, 0.4, label="here")
+    axes[2].bar(xb + 0.2, d_paper, 0.4, label="paper", alpha=0.7)
+    axes[2].axhline(0, color="k", lw=0.6)
+    axes[2].set_xticks(xb)
+    axes[2].set_xticklabels([f"{m.replace('_', '-')}\n{'fixed <bos>' if b else 'no fixed <bos>'}" for m, b in both],
+                            fontsize=6.5)
+    axes[2].set_ylabel("loss text only - loss <bos>+text (nats)")
+    axes[2].set_title("<bos> removed at inference", fontsize=9)
+    axes[2].grid(axis="y", alpha=0.3)
+    axes[2].legend(fontsize=7)
+    fig.suptitle("Table 2 in miniature: masking x fixed <bos> in training x inference with or without <bos> "
+                 "(absolute losses depend on the tokenizer; their differences compare)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def _and(items: Sequence[str]) -> str:
+    """"a, b and c"."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _signed(x: float, fmt: str = ".3f") -> str:
+    """``x`` with its sign, rounding to zero without a minus sign ("+0.000", not "-0.000")."""
+    text = format(x, "+" + fmt)
+    return "+" + text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def _trend(values: Sequence[float], tol: float = 1e-12) -> str:
+    """"rises", "falls" or "is not monotonic" over the sequence (ties allowed, ends must differ)."""
+    d = np.diff(np.asarray(values, float))
+    if len(d) and np.all(d >= -tol) and values[-1] > values[0] + tol:
+        return "rises"
+    if len(d) and np.all(d <= tol) and values[-1] < values[0] - tol:
+        return "falls"
+    return "is not monotonic"
+
+
+def fig5_reading(fig5: Dict[str, Any], params: Dict[str, int]) -> Tuple[str, Dict[str, Any]]:
+    """What the Fig. 5 numbers support against the paper's finding (sinks form, faster and
+    stronger at longer contexts; comparable losses), and the numbers it rests on."""
+    runs = sorted(fig5["runs"], key=lambda r: r["context"])
+    Cs = [r["context"] for r in runs]
+    tokens = runs[0]["tokens"][-1]
+    last3 = [r["sink_0.3"][-1] for r in runs]
+    peak = max(max(r["sink_0.3"]) for r in runs)
+    n_ev = sum(len(r["sink_0.3"]) for r in runs)
+    ctx = ", ".join(f"C = {C}" for C in Cs)
+    if peak == 0:
+        text = (f"No head crossed eps = 0.3 in any run at any of the {n_ev} evaluations ({ctx}): at {tokens:,} "
+                f"tokens per run ({tokens / PAPER_FIG5_TOKENS:.1e} of the paper's 5B) and {params['params'] / 1e6:.1f}M "
+                f"parameters (paper {PAPER_TRAIN_PARAMS}) no sinks formed, so Fig. 5's growth of sinks with the "
+                f"training context is not reproduced here. ")
+    else:
+        tr = _trend(last3)
+        text = (f"After {tokens:,} tokens per run the eps = 0.3 sink rate is "
+                + ", ".join(f"{_pct(v)} at C = {C}" for v, C in zip(last3, Cs)) + f": it {tr} with the training "
+                f"context" + (", the direction of Fig. 5. " if tr == "rises" else
+                              ", not the steady rise of Fig. 5. "))
+    imp = [r["importance"][-1] for r in runs]
+    ratios = [None if v is None else v / uniform_first_importance(_sink_T(C)) for v, C in zip(imp, Cs)]
+    if all(v is not None for v in ratios):
+        where = ("above" if min(ratios) > 1 else "below" if max(ratios) < 1 else "around")
+        text += ("Mean first-token importance, which moves before any head crosses eps, ends at "
+                 + ", ".join(f"{v:.2f}x" for v in ratios) + f" the value of uniform attention over the same "
+                 f"tokens ({ctx}): {where} it" + ("; across contexts it " + _trend(ratios) if len(ratios) > 1 else "")
+                 + ". ")
+    loss = [r["val_loss"][-1] for r in runs]
+    spread = max(loss) - min(loss)
+    text += (f"Final validation losses are {min(loss):.3f}–{max(loss):.3f} nats"
+             + (" (within 5% of each other, comparable as in the paper)." if spread < 0.05 * min(loss) else
+                f" (a spread of {spread:.3f} nats: not as comparable as the paper's)."))
+    nums = {"contexts": Cs, "tokens_per_run": tokens, "final_sink_0.3": last3, "peak_sink_0.3": peak,
+            "final_importance_over_uniform": ratios, "final_val_loss": loss, "sinks_formed": bool(peak > 0)}
+    return text, nums
+
+
+def table2_reading(table2: Dict[str, Any]) -> Tuple[str, Dict[str, Any]]:
+    """What the Table 2 numbers support against the paper's (a fixed ⟨bos⟩ in training makes the
+    model rely on it: sinks vanish and the loss explodes without it; otherwise the sink forms on
+    the first token, whatever it is), and the numbers it rests on."""
+    rows = {(r["masking"], r["fixed_bos"], r["inference"]): r for r in table2["rows"]}
+    parts, nums = [], {}
+    base = None
+    if ("causal", False, "bos") in rows and ("causal", False, "text") in rows:
+        base = rows[("causal", False, "text")]["val_loss"] - rows[("causal", False, "bos")]["val_loss"]
+        nums["delta_loss_causal_no_fixed_bos"] = base
+    for m in ("causal", "intra_doc"):
+        if (m, True, "bos") not in rows or (m, True, "text") not in rows:
+            continue
+        wb, wt = rows[(m, True, "bos")], rows[(m, True, "text")]
+        d, dp = wt["val_loss"] - wb["val_loss"], wt["paper_loss"] - wb["paper_loss"]
+        nums[f"delta_loss_{m}_fixed_bos"] = d
+        verdict = ("collapses as in the paper" if d > 1.0 else
+                   "rises, in the paper's direction but far less" if d > 0.05 else
+                   "barely changes: no collapse at this scale" if d > -0.05 else "falls, against the paper")
+        parts.append(f"{m.replace('_', '-')} with a fixed ⟨bos⟩: removing it at inference moves the loss "
+                     f"{wb['val_loss']:.3f} → {wt['val_loss']:.3f} nats ({_signed(d)}; paper {wb['paper_loss']:.2f} → "
+                     f"{wt['paper_loss']:.2f}, {dp:+.2f}): it {verdict}")
+    text = "; ".join(parts) + "."
+    text = text[:1].upper() + text[1:]
+    if base is not None:
+        text += (f" For the causal model trained without a fixed ⟨bos⟩ the same change is {_signed(base)} nats "
+                 f"(paper +0.01).")
+    peak = max(r["sink_0.3"] for r in table2["rows"])
+    nums["peak_sink_0.3"] = peak
+    if peak == 0:
+        text += (f" No head crossed eps = 0.3 in any of the {len(rows)} rows (paper 0.00–90.84%), so the sink-rate "
+                 f"columns are not reproduced at this scale")
+        fb, ft = rows.get(("causal", True, "bos")), rows.get(("causal", True, "text"))
+        if fb and ft and fb["importance"] is not None and ft["importance"] is not None:
+            text += (f"; the mean first-token importance of the fixed-⟨bos⟩ causal model is {fb['importance']:.3f} "
+                     f"with ⟨bos⟩ and {ft['importance']:.3f} text only (uniform attention over 64 tokens: "
+                     f"{uniform_first_importance(64):.3f})")
+        text += "."
+    else:
+        fb, ft = rows.get(("causal", True, "bos")), rows.get(("causal", True, "text"))
+        if fb and ft:
+            text += (f" The fixed-⟨bos⟩ causal model has {fb['sink_0.3']:.2f}% sink heads (eps = 0.3) with ⟨bos⟩ "
+                     f"and {ft['sink_0.3']:.2f}% without (paper 90.84 → 0.05)"
+                     + (", the paper's collapse of the sink." if ft["sink_0.3"] < 0.5 * fb["sink_0.3"] else
+                        ", not the paper's collapse of the sink."))
+        ci, cc = rows.get(("intra_doc", False, "text")), rows.get(("causal", False, "text"))
+        if ci and cc:
+            text += (f" Without a fixed ⟨bos⟩, intra-document masking gives {ci['sink_0.3']:.2f}% against causal "
+                     f"{cc['sink_0.3']:.2f}% (paper 28.23 vs 65.15).")
+    return text, nums
+
+
+def section_training(c: Context) -> Section:
+    title = "Pre-training in miniature (Fig. 5, Table 2)"
+    paper = ("Fig. 5: LLaMA-2-style ~120M models pre-trained at contexts 128–2048 with the same tokens per step, "
+             "5B tokens each: no sinks at first, then sinks forming faster and stronger at longer contexts (nearly "
+             "none at 128), with comparable validation losses. Table 2 (~120M models, 30B tokens): causal vs "
+             "intra-document masking, with or without a fixed ⟨bos⟩ in training, inference with ⟨bos⟩+text or text "
+             "only: a model trained with a fixed ⟨bos⟩ relies on it (causal: sink rate 90.84% → 0.05%, loss 2.69 → "
+             "7.56 when it is removed); one trained without forms the sink on whatever comes first (65.10% → 65.15%, "
+             "2.69 → 2.70); intra-document masking without one has fewer sinks (28.23%).")
+    if c.training_profile == "none":
+        return Section(title, paper=paper,
+                       here="Not run (`--training-profile none`): `sinklab experiment fig5|table2 --profile "
+                            "quick|cpu|full` runs these experiments on their own.",
+                       body="", reading="Skipped at the user's request: no models were trained for this report.")
+    out = os.path.join(c.out, TRAINING_DIR)
+    res = training_results(c.training_profile, root=c.training_root, out=out, progress=c.progress)
+    fig5, table2, prof_name = res["fig5"], res["table2"], res["profile"]
+    prof = fig5["profile"]
+    size = training_model_size(prof)
+    m = prof["model"]
+    tokens = fig5["runs"][0]["tokens"][-1]
+    t2_tokens = sorted(set(table2["tokens"].values()))
+    here = (f"The {prof_name} profile: LLaMA-style models (RMSNorm, RoPE, SwiGLU) of {size['params']:,} parameters "
+            f"({size['non_embedding']:,} without the embedding and LM head; d = {m['d_model']}, {m['n_layers']} "
+            f"layers, {m['n_heads']} heads, vocabulary {size['vocab_size']}; paper {PAPER_TRAIN_PARAMS}) trained "
+            f"from scratch by sinklab's C engine on the public-domain English corpus (Austen, the KJV and two Bible "
+            f"commentaries, byte-level BPE), documents separated by ⟨eos⟩ and packed as in the paper. Fig. 5: "
+            f"contexts {_and([str(r['context']) for r in fig5['runs']])}, each with {prof['tokens_per_step']:,} "
+            f"tokens per step and {tokens:,} tokens in all ({tokens / PAPER_FIG5_TOKENS:.1e} of the paper's 5B). "
+            f"Table 2: context {prof['table2_context']}, the four training conditions, "
+            f"{' / '.join(f'{t:,}' for t in t2_tokens)} tokens each ({t2_tokens[0] / PAPER_TABLE2_TOKENS:.1e} of the "
+            f"paper's 30B). Sink metric: a_0 on the first min(64, C) tokens of {prof['eval_docs']} held-out "
+            f"documents, eps = 0.3 and 0.8; validation loss on the same targets with and without ⟨bos⟩, in nats "
+            f"per token of a {size['vocab_size']}-token BPE, so only differences compare with the paper's "
+            f"losses (LLaMA-2 tokenizer). " + res["note"])
+    fig_rows = "".join(
+        f"| {r['context']} | {r['tokens'][-1]:,} | {100 * r['sink_0.3'][-1]:.2f} ({100 * max(r['sink_0.3']):.2f}) | "
+        f"{100 * r['sink_0.8'][-1]:.2f} | {_num(r['importance'][-1])} | "
+        f"{uniform_first_importance(_sink_T(r['context'])):.3f} | {r['val_loss'][-1]:.3f} |\n"
+        for r in sorted(fig5["runs"], key=lambda r: r["context"]))
+    body = (f"Table 2 in miniature (context {prof['table2_context']}, ours beside the paper's; mean a₀ = mean "
+            f"first-token importance):\n\n{table2['markdown']}\n\nFig. 5 in miniature, at the end of training "
+            f"(sink rate % at the last evaluation, the largest over all evaluations in brackets; uniform a₀ = "
+            f"H_T / T, what a head attending uniformly would give):\n\n| training context C | tokens | sink % eps=0.3 "
+            f"(max) | sink % eps=0.8 | mean a₀ | uniform a₀ | val loss (text only) |\n|---|---|---|---|---|---|---|\n"
+            + fig_rows)
+    os.makedirs(out, exist_ok=True)
+    figs = [c.save(fig5_miniature_figure(fig5), f"{TRAINING_DIR}/fig5-{prof_name}.png"),
+            c.save(table2_miniature_figure(table2), f"{TRAINING_DIR}/table2-{prof_name}.png")]
+    r5, n5 = fig5_reading(fig5, size)
+    r2, n2 = table2_reading(table2)
+    reading = f"Fig. 5: {r5} Table 2: {r2}"
+    if prof_name == "quick":
+        reading += (" The quick profile is a smoke test of the whole pipeline, far too small to show the paper's "
+                    "effects; `sinklab experiment fig5 --profile cpu` and `sinklab experiment table2 --profile cpu` "
+                    "(about an hour on 2 cores; `--profile full` overnight) run the miniature this section is for, "
+                    "and `sinklab reproduce` then reads their summaries.")
+    return Section(
+        title, paper=paper, here=here, body=body, reading=reading, figures=figs,
+        numbers={"profile": prof, "source": res["source"], "where": res["where"], "model_size": size,
+                 "fig5": {k: v for k, v in fig5.items() if k not in ("figure", "profile")},
+                 "table2": {k: v for k, v in table2.items() if k not in ("markdown", "profile")},
+                 "fig5_reading": n5, "table2_reading": n2,
+                 "paper": {"params": PAPER_TRAIN_PARAMS, "fig5_tokens": PAPER_FIG5_TOKENS,
+                           "table2_tokens": PAPER_TABLE2_TOKENS, "fig5_contexts": [128, 256, 512, 1024, 2048]}})
+
+
 SECTIONS: List[Tuple[str, Callable[[Context], Section]]] = [
     ("sinks", section_sinks), ("long_context", section_long_context), ("interventions", section_interventions),
     ("noop", section_noop), ("perturbation", section_perturbation), ("collapse", section_collapse),
-    ("oversquashing", section_oversquashing), ("quality", section_quality)]
+    ("oversquashing", section_oversquashing), ("quality", section_quality), ("training", section_training)]
 
 
 # ---------------------------------------------------------------------- report
@@ -827,7 +1247,8 @@ def _versions() -> Dict[str, str]:
 
 def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-report", quick: bool = False,
               progress: bool = True, eps: Sequence[float] = (0.3, 0.8), bos: bool = True,
-              settings: Optional[Settings] = None) -> Dict[str, Any]:
+              settings: Optional[Settings] = None, training_profile: Optional[str] = None,
+              training_root: str = DEFAULT_TRAINING_ROOT) -> Dict[str, Any]:
     """Runs every section, writes ``out/report.md``, the figures and ``out/results.json``.
 
     Args:
@@ -839,6 +1260,12 @@ def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-rep
         bos: compare with and without the model's BOS token (default); ``False`` runs every
             analysis without it and skips the comparisons (for models that have none).
         settings: explicit sizes, overriding ``quick``, ``eps`` and ``bos``.
+        training_profile: the pre-training section (Fig. 5, Table 2 in miniature): ``"none"``
+            skips it, ``"quick"`` runs the smoke-test profile into ``out/training/``, ``"cpu"`` or
+            ``"full"`` run (or resume) that profile under ``training_root``. None: ``"quick"``
+            when ``quick``, else the cpu profile's summaries under ``training_root`` when they
+            exist and the quick profile otherwise (the section says which).
+        training_root: the runs' folder of ``sinklab experiment`` (default sinklab-experiments).
 
     Returns:
         The JSON written to ``results.json``.
@@ -848,6 +1275,9 @@ def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-rep
 
     s = settings or Settings.for_run(quick, eps=eps, bos=bos)
     bos = s.bos
+    if training_profile is not None and training_profile not in TRAINING_PROFILES:
+        raise ValueError(f"training_profile {training_profile!r}: choose from {', '.join(TRAINING_PROFILES)}")
+    training = training_profile or ("quick" if quick else "auto")
     os.makedirs(out, exist_ok=True)
     t_all = time.perf_counter()
     model = load(model_name, quiet=not progress)
@@ -860,8 +1290,9 @@ def reproduce(model_name: str = "smollm2-135m-instruct", out: str = "sinklab-rep
             "bos_token": model.detokenize([bos_id]) if (model.tokenizer is not None and bos_id is not None) else None,
             "tokenizer_adds_bos": getattr(model.tokenizer, "add_bos_default", None),
             "eps": list(s.eps), "bos": bos, "quick": quick, "settings": vars(s), "versions": _versions(),
+            "training_profile": training,
             "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
-    ctx = Context(model, s, out, progress)
+    ctx = Context(model, s, out, progress, training_profile=training, training_root=training_root)
     for key, fn in SECTIONS:
         t0 = time.perf_counter()
         sec = fn(ctx)
