@@ -151,28 +151,12 @@ def table2_markdown(summary: Dict[str, Any]) -> str:
 
 
 def fig5_figure(summary: Dict[str, Any], path: str) -> str:
-    """Sink rate (ε 0.3 and 0.8) and validation loss against tokens seen, one line per context."""
-    import matplotlib
+    """Sink rates, mean first-token importance and validation loss against tokens seen, one
+    line per context (:func:`sinklab.viz.figures_training.fig5_miniature_figure`), saved to ``path``."""
+    from ..viz.figures_training import fig5_miniature_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-    for run in summary["runs"]:
-        tok = [t / 1e6 for t in run["tokens"]]
-        axes[0].plot(tok, [100 * s for s in run["sink_0.3"]], marker="o", ms=3, label=f"C = {run['context']}")
-        axes[1].plot(tok, [100 * s for s in run["sink_0.8"]], marker="o", ms=3)
-        axes[2].plot(tok, run["val_loss"], marker="o", ms=3)
-    for ax, title in zip(axes, ("sink rate, ε = 0.3 (%)", "sink rate, ε = 0.8 (%)", "validation loss (nats)")):
-        ax.set_xlabel("training tokens (millions)")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8)
-    fig.suptitle("Fig. 5 in miniature: first-token sink rate while training at each context length")
-    fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    fig5_miniature_figure(summary).savefig(path, dpi=120)
     return path
 
 
@@ -187,14 +171,13 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
     logs = run_all(configs, progress=progress)
     out = out or root
     os.makedirs(out, exist_ok=True)
-    if name == "fig5":
-        summary = fig5_summary(configs, logs)
-        summary["figure"] = fig5_figure(summary, os.path.join(out, f"fig5-{profile_name}.png"))
-    else:
-        summary = table2_summary(configs, logs)
-        summary["markdown"] = table2_markdown(summary)
+    summary = fig5_summary(configs, logs) if name == "fig5" else table2_summary(configs, logs)
     p = profile(profile_name)
     summary["profile"] = {"name": profile_name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
+    if name == "fig5":
+        summary["figure"] = fig5_figure(summary, os.path.join(out, f"fig5-{profile_name}.png"))
+    else:
+        summary["markdown"] = table2_markdown(summary)
     path = os.path.join(out, f"{name}-{profile_name}.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
