@@ -305,7 +305,7 @@ def _long_text(model, T: int) -> np.ndarray:
     """The first T text tokens (no BOS) of the shipped passages joined by blank lines."""
     ids: List[int] = []
     for p in load_passages("all"):
-        ids.extend(int(i) for i in prepare(model, p + "\n\n", False))
+        ids.extend(int(i) for i in prepare(model, p + "\n\n", False, T))  # T <= the model's context
         if len(ids) >= T:
             break
     return np.asarray(ids[:T], np.int64)
@@ -591,7 +591,7 @@ def section_perturbation(c: Context) -> Section:
     rs, pooled = st.ratio_stats(True), st.pooled_ratio_stats(True)
     ent = st.mean_entropies()
     L = st.n_layers
-    bands = [(1, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L + 1)]
+    bands = [(a, b) for a, b in ((1, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L + 1)) if b > a]  # few layers: fewer bands
     rows = "".join(f"| {a}–{b - 1} | {np.nanmean(rs['mean'][a:b]):.3f} | {np.nanmean(rs['q50'][a:b]):.3f} | "
                    f"{np.nanmean(rs['q10'][a:b]):.3f} – {np.nanmean(rs['q90'][a:b]):.3f} | "
                    f"{np.nanmean(rs['frac_gt1'][a:b]):.2f} |\n" for a, b in bands)
