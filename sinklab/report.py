@@ -591,7 +591,8 @@ def section_perturbation(c: Context) -> Section:
     rs, pooled = st.ratio_stats(True), st.pooled_ratio_stats(True)
     ent = st.mean_entropies()
     L = st.n_layers
-    bands = [(a, b) for a, b in ((1, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L + 1)) if b > a]  # few layers: fewer bands
+    # layer 0 has no ratio; a model of few layers gets fewer bands
+    bands = [(max(a, 1), b) for a, b in ((1, L // 3), (L // 3, 2 * L // 3), (2 * L // 3, L + 1)) if b > max(a, 1)]
     rows = "".join(f"| {a}–{b - 1} | {np.nanmean(rs['mean'][a:b]):.3f} | {np.nanmean(rs['q50'][a:b]):.3f} | "
                    f"{np.nanmean(rs['q10'][a:b]):.3f} – {np.nanmean(rs['q90'][a:b]):.3f} | "
                    f"{np.nanmean(rs['frac_gt1'][a:b]):.2f} |\n" for a, b in bands)
