@@ -11,7 +11,10 @@
  * Products run over [ka, kb) only, so a window skips every key block no query of the block can
  * see (its cost is O(T·window), not O(T²)); keys inside [ka, kb) but outside a row's own range
  * get probability exactly zero. With no window (or window >= T) [ka, kb) is what the causal
- * kernel always used, so those results are bitwise unchanged. */
+ * kernel always used, so those results are bitwise unchanged. The training mask (key_start:
+ * intra-document masking, keep_first: a fixed ⟨bos⟩) narrows lo(i) to the query's document start
+ * and, with keep_first, adds key 0 back as a separate key; the statistics count queries that
+ * cannot see a key as 0, as with a window. */
 #include "attention.h"
 
 #include <math.h>
