@@ -41,6 +41,11 @@ PROFILES: Dict[str, Dict[str, Any]] = {
             "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
             "total_tokens": 4096 * 1000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 100,
             "eval_docs": 64, "eval_windows": 16},
+    # the cpu profile trained twice as long (this project ran its two causal Table 2 conditions)
+    "cpu2x": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
+              "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
+              "total_tokens": 4096 * 2000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 200,
+              "eval_docs": 64, "eval_windows": 16},
     "full": {"model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
              "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 8192,
              "total_tokens": 8192 * 2500, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "eval_every": 250,
