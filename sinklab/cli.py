@@ -279,8 +279,8 @@ def build_parser() -> argparse.ArgumentParser:
                                           "length) or table2 (packing and a fixed <bos>); resumable")
     x.add_argument("name", choices=("fig5", "table2"))
     x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "full"),
-                   help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), cpu2x (cpu, twice the tokens), "
-                        "full (a larger model, 5x the tokens: overnight)")
+                   help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
+                        "cpu2x (cpu, twice the tokens), full (a larger model, 5x the tokens: overnight)")
     x.add_argument("--root", default="sinklab-experiments", help="folder of the runs (shared by both experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     _global_options(x, defaults=False)
