@@ -168,7 +168,7 @@ def test_loss_curve_tracks_torch_and_learns():
     print(f"loss curves: max relative gap {diff[:20].max():.2e} over steps 1-20, {diff.max():.2e} over 1-{steps}; "
           f"final loss {ours[-10:].mean():.3f} nats vs unigram entropy {unigram:.3f}")
     assert diff[:20].max() <= 1e-4, diff[:20].max()
-    assert diff.max() <= 1e-2, diff.max()  # trajectories drift apart by rounding only
+    assert diff.max() <= 1e-4, diff.max()  # trajectories drift apart by rounding only (measured 3e-7)
     assert ours[-10:].mean() < 0.5 * unigram, (ours[-10:].mean(), unigram)  # ln 2 is the floor
 
 
@@ -204,3 +204,34 @@ def test_bad_inputs_raise():
         tr.step(ids, ids, -1.0)
     with pytest.raises(ValueError, match="1-based"):
         lr_schedule(0, 1e-3, 0.0, 10, 100)
+
+
+def test_real_corpus_curve_tracks_torch_and_beats_unigram_entropy():
+    """Three hundred steps on the real corpus (packed as in training, intra-document with a
+    fixed ⟨bos⟩), sinklab and PyTorch on the same batches: the curves agree to 1e-4 relative
+    throughout and the loss ends more than a nat below the corpus's unigram entropy (6.5 nats)."""
+    from conftest import unavailable
+    from sinklab.train import Packer, prepare_corpus
+
+    try:
+        corpus = prepare_corpus(quiet=True)
+    except OSError as e:
+        unavailable(f"the training corpus could not be fetched: {e}")
+    T, B, steps = 128, 8, 300
+    cfg, tr, tm = pair(V=corpus.vocab_size, d=64, L=2, H=4, G=2, T=T, seed=7)
+    opt = torch_llama.make_adamw(tm, lr=1e-3, weight_decay=0.1)
+    packer = Packer(corpus.train_tokens, corpus.train_doc_offsets, T, True, corpus.bos_id, True)
+    ours, theirs = [], []
+    for s in range(steps):
+        ids, targets, ks = packer.batch(s, B, 0)
+        lr = lr_schedule(s + 1, 3e-3, 3e-4, 30, steps)
+        ours.append(tr.step(ids, targets, lr, key_start=ks, keep_first=True)[0])
+        mask = torch_llama.intra_document_mask(ks, keep_first=True)
+        theirs.append(torch_llama.torch_train_step(tm, opt, ids, targets, mask=mask, lr=lr)[0])
+    ours, theirs = np.array(ours), np.array(theirs)
+    diff = np.abs(ours - theirs) / theirs
+    final = float(ours[-20:].mean())
+    print(f"real corpus: max relative gap {diff[:20].max():.2e} over steps 1-20, {diff.max():.2e} over 1-{steps}; "
+          f"final loss {final:.3f} nats vs unigram entropy {corpus.unigram_entropy:.3f}")
+    assert diff.max() <= 1e-4, diff.max()  # measured 2.4e-7 at this learning rate (1e-2 drifts to 1.5e-2)
+    assert final < corpus.unigram_entropy - 1.0, (final, corpus.unigram_entropy)
