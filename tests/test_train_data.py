@@ -23,7 +23,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import unavailable
 from sinklab.train import corpus as C
 from sinklab.train.packing import Packer, batch_size_for, tokens_per_step
 
@@ -477,11 +476,8 @@ def test_fetch_source_checks_sha256_and_reports_offline(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def real_corpus():
-    try:
-        return C.prepare_corpus(quiet=True)
-    except C.CorpusFetchError as e:
-        unavailable(f"the training corpus could not be fetched: {e}")
+def real_corpus(training_corpus):
+    return training_corpus
 
 
 class TestRealCorpus:

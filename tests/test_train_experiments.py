@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import unavailable
 
 from sinklab import report
 from sinklab.train import experiments as X
@@ -32,13 +31,8 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def corpus():
-    from sinklab.train import corpus as C
-
-    try:
-        return C.prepare_corpus(quiet=True)
-    except C.CorpusFetchError as e:
-        unavailable(f"the training corpus could not be fetched: {e}")
+def corpus(training_corpus):
+    return training_corpus
 
 
 class Recorder:
