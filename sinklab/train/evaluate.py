@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _core
-from ..analysis.sinks import first_token_importance
+from ..analysis.sinkset import _measure as measure_first_importance
 from ..progress import progress_bar
 
 EPS = (0.3, 0.8)       # Gu et al.'s threshold and the paper's Table 1 one
@@ -134,16 +134,9 @@ def doc_loss(model: Any, docs: Sequence[np.ndarray], context: int, bos_id: Optio
 def sink_importance(model: Any, docs: Sequence[np.ndarray], T: int, bos_id: Optional[int], mode: str,
                     batch_bytes: int = BATCH_BYTES, progress: bool = False) -> np.ndarray:
     """(N, L, H) float64 first-token importance a_0 of every document, layer and head on the
-    sink inputs of ``mode`` (:func:`sink_inputs`)."""
+    sink inputs of ``mode`` (:func:`sink_inputs`), measured as the sink study measures it."""
     seqs = np.stack([sink_inputs(d, T, bos_id, mode) for d in docs])
-    c = model.config
-    per = batch_bytes // (4 * c.n_layers * c.n_heads * T * T)
-    out = []
-    spans = _chunks(len(seqs), per)
-    for a, b in progress_bar(spans, progress and len(spans) > 1, desc=f"sink rate ({mode})", unit="batch"):
-        tr = model.run(seqs[a:b], capture="attn", progress=False)
-        out.append(first_token_importance(tr.attn))
-    return np.concatenate(out, axis=0)
+    return measure_first_importance(model, seqs, "attn", progress, f"sink rate ({mode})", batch_bytes)[0]
 
 
 def packed_loss(model: Any, packer: Any, n_windows: int, seed: int, keep_first: bool) -> Tuple[float, int]:
