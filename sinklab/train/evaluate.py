@@ -17,15 +17,15 @@ Protocol (:func:`evaluate`):
   a_0 = 1/T sum_i A_{i,0}, per (document, layer, head) on the first T = min(64, C) tokens of the
   input ([bos] + the document's first T - 1 tokens, or its first T tokens), and the fraction of
   (document, layer, head) triples with a_0 > eps, for eps 0.3 and 0.8
-  (:func:`sinklab.first_token_importance` on the captured attention). For C >= 65 these are
+  (the sink study's measurement on the captured attention). For C >= 65 these are
   exactly the first 64 tokens of the loss inputs above.
 * Validation loss in the training format: the held-out token stream packed into windows by the
   same packer as training (same masking, same fixed ⟨bos⟩), ``n_windows`` of them from
   ``packer.batch(0, n_windows, seed)``, the mean cross-entropy over their targets, as
   :meth:`Trainer.step` reports the training loss. Table 2's intra-document rows need it.
 
-Forward passes are batched: equal-length inputs run as (B, T) batches (padded with ``lengths``
-when they differ), in chunks whose captures stay under ``batch_bytes``.
+Forward passes are batched as the perplexity and the sink study batch them, their captures
+under ``batch_bytes`` per call.
 """
 from __future__ import annotations
 
@@ -34,8 +34,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _core
+from ..analysis.quality import _nll_rows as nll_rows
+from ..analysis.quality import perplexity
 from ..analysis.sinkset import _measure as measure_first_importance
-from ..progress import progress_bar
 
 EPS = (0.3, 0.8)       # Gu et al.'s threshold and the paper's Table 1 one
 SINK_TOKENS = 64       # T of the sink metric (Gu et al.)
@@ -65,19 +66,6 @@ def eval_documents(documents: Iterable[Any], n_docs: int = 64, min_tokens: int =
     return out
 
 
-def loss_inputs(doc: np.ndarray, context: int, bos_id: Optional[int], mode: str) -> Tuple[np.ndarray, int]:
-    """(ids, first): the input of one document in ``mode`` ("bos" or "text") for a model of
-    context ``context``, and the position whose logits predict x[1], the first target."""
-    x = np.asarray(doc, np.int64)[:min(len(doc), context - 1)]
-    if mode == "bos":
-        if bos_id is None:
-            raise ValueError("the model has no <bos> id: cannot evaluate '<bos>+text'")
-        return np.concatenate([[int(bos_id)], x]).astype(np.int64), 1
-    if mode != "text":
-        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    return x, 0
-
-
 def sink_inputs(doc: np.ndarray, T: int, bos_id: Optional[int], mode: str) -> np.ndarray:
     """The T tokens the sink metric runs: [bos] + doc[:T-1] ("bos") or doc[:T] ("text")."""
     d = np.asarray(doc, np.int64)
@@ -88,47 +76,19 @@ def sink_inputs(doc: np.ndarray, T: int, bos_id: Optional[int], mode: str) -> np
     return d[:T].copy()
 
 
-def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """Per-position cross-entropy in nats, float64: logsumexp(logits[p]) - logits[p, targets[p]].
-
-    Args:
-        logits: (P, V) float32 or float64. targets: (P,) ids in [0, V).
-    """
-    lg = np.asarray(logits, np.float64)
-    m = lg.max(axis=-1)
-    lse = m + np.log(np.exp(lg - m[:, None]).sum(axis=-1))
-    return lse - lg[np.arange(lg.shape[0]), np.asarray(targets, np.int64)]
-
-
-def _chunks(n: int, per: int) -> List[Tuple[int, int]]:
-    per = max(1, per)
-    return [(a, min(n, a + per)) for a in range(0, n, per)]
-
-
 def doc_loss(model: Any, docs: Sequence[np.ndarray], context: int, bos_id: Optional[int], mode: str,
              batch_bytes: int = BATCH_BYTES, progress: bool = False) -> Tuple[float, int]:
     """(sum of the cross-entropy over every target x[1:] of every document, number of targets)
-    in ``mode``; see the module docstring."""
-    inputs = [loss_inputs(d, context, bos_id, mode) for d in docs]
-    V = model.config.vocab_size
-    T = max(len(ids) for ids, _ in inputs)
-    total, count = 0.0, 0
-    spans = _chunks(len(inputs), batch_bytes // (4 * T * V))
-    for a, b in progress_bar(spans, progress and len(spans) > 1, desc=f"val loss ({mode})", unit="batch"):
-        part = inputs[a:b]
-        lens = np.array([len(ids) for ids, _ in part], np.int64)
-        Tb = int(lens.max())
-        batch = np.zeros((len(part), Tb), np.int64)  # padding ids are never read
-        for r, (ids, _) in enumerate(part):
-            batch[r, :len(ids)] = ids
-        tr = model.run(batch, capture="logits", lengths=lens, progress=False)
-        for r, (ids, first) in enumerate(part):
-            x = ids[first:]                 # the text tokens x
-            n = len(x) - 1                  # targets x[1:]
-            nll = token_nll(tr.logits[r, first:first + n], x[1:])
-            total += float(nll.sum())
-            count += n
-    return total, count
+    in ``mode``; see the module docstring. This is the held-out perplexity protocol of
+    :func:`sinklab.analysis.quality.perplexity` with texts cut to C - 1 tokens."""
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    if mode == "bos" and (bos_id is None or bos_id != model.config.bos_token_id):
+        raise ValueError(f"'<bos>+text' needs the model's own <bos> id ({model.config.bos_token_id}), got {bos_id}")
+    r = perplexity(model, [np.asarray(d, np.int64) for d in docs], bos=mode == "bos", max_tokens=context - 1,
+                   progress=progress, desc=f"val loss ({mode})", batch_bytes=batch_bytes)
+    n = int(r.n_predicted.sum())
+    return r.mean_nll * n, n
 
 
 def sink_importance(model: Any, docs: Sequence[np.ndarray], T: int, bos_id: Optional[int], mode: str,
@@ -154,7 +114,7 @@ def packed_loss(model: Any, packer: Any, n_windows: int, seed: int, keep_first: 
         _core.model_forward(model._handle, ids[b], logits=logits, key_start=ks, keep_first=bool(keep_first))
         keep = targets[b] >= 0
         if keep.any():
-            total += float(token_nll(logits[keep], targets[b][keep]).sum())
+            total += float(nll_rows(logits[keep], targets[b][keep]).sum())
             count += int(keep.sum())
     return total, count
 
