@@ -217,6 +217,28 @@ def cmd_experiment(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    """Runs a grid of analyses as Dask tasks (sinklab.sweep); exit 1 if any task failed."""
+    from sinklab.sweep import SpecError, sweep
+    from sinklab.sweep.grid import EXAMPLE_SPEC
+
+    if args.example:
+        sys.stdout.write(EXAMPLE_SPEC)
+        return 0
+    if args.spec is None:
+        raise CLIError("give a SPEC.toml or SPEC.json (`sinklab sweep --example` prints one)", code=2)
+    if not os.path.isfile(args.spec):
+        raise CLIError(f"{args.spec}: no such spec file", code=2)
+    try:
+        res = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers,
+                    threads=args.threads, serial=args.serial, progress=not args.quiet)
+    except SpecError as e:
+        raise CLIError(str(e), code=2) from e
+    for f in res.figures:
+        print(f"wrote {f}")
+    return 1 if res.failed else 0
+
+
 def _global_options(p: argparse.ArgumentParser, defaults: bool) -> None:
     """--threads/--quiet/--debug on the main parser (``defaults``) and on each subcommand
     (default SUPPRESS, so a value given before the subcommand is not reset after it)."""
@@ -285,6 +307,20 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     _global_options(x, defaults=False)
     x.set_defaults(func=cmd_experiment)
+    w = sub.add_parser("sweep", help="run analyses over a grid (models x prompts x eps x <bos> x interventions x T "
+                                     "x training runs) as Dask tasks; resumable, results in one Parquet table")
+    w.add_argument("spec", nargs="?", default=None, help="the grid: a TOML or JSON file (sinklab sweep --example)")
+    w.add_argument("--out", default=None, help="results folder (default: the spec's out, else sweep-results)")
+    w.add_argument("--scheduler", default=None,
+                   help="address of a running Dask scheduler (tcp://host:8786) or a scheduler file; "
+                        "default: a LocalCluster on this machine")
+    w.add_argument("--workers", type=int, default=None,
+                   help="LocalCluster worker processes (default: cores, tasks and free memory permitting); "
+                        "--threads sets the OpenMP threads of each task")
+    w.add_argument("--serial", action="store_true", help="run the tasks one by one in this process (no Dask)")
+    w.add_argument("--example", action="store_true", help="print an example spec and exit")
+    _global_options(w, defaults=False)
+    w.set_defaults(func=cmd_sweep)
     return p
 
 

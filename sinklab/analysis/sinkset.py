@@ -336,17 +336,17 @@ def key_mass_from_importance(importance: np.ndarray, bidirectional: bool) -> np.
 
 
 def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str,
-             batch_bytes: Optional[int] = None,
-             keep_keys: bool = False) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+             batch_bytes: Optional[int] = None, keep_keys: bool = False,
+             intervene: Any = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T), run in batches
     (:func:`sinklab.batching.run_each`; the same bits as one run per row), and with
-    ``keep_keys`` the (P, L, H, T) key masses m_k."""
+    ``keep_keys`` the (P, L, H, T) key masses m_k; ``intervene`` applies to every run."""
     c = model.config
     P, T = len(seqs), seqs.shape[1]
     out = np.empty((P, c.n_layers, c.n_heads), np.float64)
     keys = np.empty((P, c.n_layers, c.n_heads, T), np.float64) if keep_keys else None
-    for p, tr in run_each(model, seqs, (capture,), batch_bytes=batch_bytes, progress=progress,
-                          desc=desc, unit="prompt"):
+    for p, tr in run_each(model, seqs, (capture,), intervene=intervene, batch_bytes=batch_bytes,
+                          progress=progress, desc=desc, unit="prompt"):
         if capture == "stats":
             out[p] = tr.stats.importance[..., 0]
             if keep_keys:
@@ -363,7 +363,7 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                eps: Union[float, Sequence[float]] = (0.3, 0.8), bos: bool = True,
                skip_short: bool = False, bos_in_T: bool = True, capture: str = "stats",
                progress: bool = True, batch_bytes: Optional[int] = None,
-               keep_keys: bool = False) -> SinkStudy:
+               keep_keys: bool = False, intervene: Any = None) -> SinkStudy:
     """First-token importance and sink rates of ``model`` over a prompt set (Gu et al.'s metric).
 
     Args:
@@ -385,6 +385,9 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
             ``capture="attn"`` on SmolLM2-135M at T = 64). Results are bitwise the same for any cap.
         keep_keys: also keep every key's mass m_k, (P, L, H, T) float64, for
             :meth:`SinkStudy.sink_position` and :meth:`SinkStudy.location` (where the sink sits).
+        intervene: an optional :class:`sinklab.Intervention` applied in every forward (e.g.
+            ``mask_first`` on layers 0-2: where the later layers' sinks go); recorded in
+            ``meta["intervention"]``.
 
     Returns:
         A :class:`SinkStudy` with ``importance`` (P, L, H) float64.
@@ -402,27 +405,30 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     keep, skipped = _select(prompts, tokens, need, T, skip_short)
     seqs = np.stack([prepare(model, tokens[i], bos, n_seq) for i in keep])
     imp, keys = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
-                         batch_bytes, keep_keys)
+                         batch_bytes, keep_keys, intervene)
     return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
                      bos_token=None if bos_id is None else model.detokenize([bos_id]),
                      eps=eps_t, model=model.name, first_token_ids=seqs[:, 0].copy(),
                      bos_in_T=bool(bos_in_T), n_skipped=skipped, source=source, capture=capture,
                      meta={"seq_len": int(seqs.shape[1]), "kept_prompts": keep,
                            "n_layers": model.config.n_layers, "n_heads": model.config.n_heads,
-                           "bidirectional": bool(model.config.bidirectional)},
+                           "bidirectional": bool(model.config.bidirectional),
+                           **({"intervention": repr(intervene)} if intervene is not None else {})},
                      key_mass=keys)
 
 
 def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
                 eps: Union[float, Sequence[float]] = (0.3, 0.8), skip_short: bool = False,
                 bos_in_T: bool = True, capture: str = "stats", progress: bool = True,
-                batch_bytes: Optional[int] = None, keep_keys: bool = False) -> BosComparison:
+                batch_bytes: Optional[int] = None, keep_keys: bool = False,
+                intervene: Any = None) -> BosComparison:
     """:func:`sink_study` of the same prompts with and without the BOS token.
 
     Both runs use exactly the same prompts: with ``skip_short`` a prompt is kept only if it is
     long enough for both (T tokens without BOS). Without BOS position 0 is each prompt's own
     first token. Arguments as for :func:`sink_study` (each condition runs in batches under
-    ``batch_bytes``; ``keep_keys`` keeps where each head's mass sits, in both).
+    ``batch_bytes``; ``keep_keys`` keeps where each head's mass sits, in both; ``intervene``
+    applies to both).
     """
     eps_t = _check_eps_tuple(eps)
     model.bos_id(True)
@@ -432,7 +438,7 @@ def compare_bos(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     keep, skipped = _select(prompts, tokens, T, T, skip_short)
     chosen = [tokens[i] for i in keep]
     kw = dict(T=T, eps=eps_t, bos_in_T=bos_in_T, capture=capture, progress=progress,
-              batch_bytes=batch_bytes, keep_keys=keep_keys)
+              batch_bytes=batch_bytes, keep_keys=keep_keys, intervene=intervene)
     with_b = sink_study(model, chosen, bos=True, **kw)
     without = sink_study(model, chosen, bos=False, **kw)
     for s in (with_b, without):

@@ -1,0 +1,132 @@
+"""Where a sweep's tasks run: in this process, on a local Dask cluster, or on an existing one.
+
+Sizing a :class:`dask.distributed.LocalCluster` (the default): every worker is a separate
+process with one Dask thread, so it runs one task at a time, and each task uses
+``threads`` OpenMP threads, with ``workers x threads <= cores`` (cores: the CPUs this process
+may run on, ``os.sched_getaffinity``). Workers default to the fewest of the cores, the tasks,
+and what the free memory holds at about twice the largest model file plus 1 GiB each; threads
+default to ``cores // workers``. Oversubscribing (more OpenMP threads than cores) costs far more
+than it gains on a shared node: a team stalls whenever one of its threads is descheduled.
+
+On an existing cluster (``scheduler=ADDRESS``, e.g. one started by dask-jobqueue), a task
+uses ``cores // (Dask threads of all workers on its host)`` OpenMP threads, counted when the
+sweep starts, unless ``threads`` is given.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence
+
+GIB = 1 << 30
+
+
+def cores() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:                          # macOS, Windows
+        return os.cpu_count() or 1
+
+
+@dataclass
+class LocalPlan:
+    workers: int
+    threads: int
+    cores: int
+    free_bytes: Optional[int]
+    per_worker_bytes: int
+
+    def describe(self) -> str:
+        mem = "" if self.free_bytes is None else \
+            f"; {self.free_bytes / GIB:.1f} GiB free, ~{self.per_worker_bytes / GIB:.1f} GiB a worker"
+        return (f"LocalCluster: {self.workers} worker process(es) x {self.threads} OpenMP thread(s) "
+                f"on {self.cores} core(s){mem}")
+
+
+def model_bytes(models: Sequence[str]) -> int:
+    """The largest size on disk among the models (registered size for a name not yet fetched)."""
+    from ..io import registry
+
+    biggest = 0
+    for m in models:
+        if os.path.isfile(m):
+            biggest = max(biggest, os.path.getsize(m))
+        elif os.path.isdir(m):
+            biggest = max(biggest, sum(os.path.getsize(os.path.join(m, f)) for f in os.listdir(m)
+                                       if os.path.isfile(os.path.join(m, f))))
+        elif registry.is_registered(m):
+            biggest = max(biggest, registry.resolve_name(m).size)
+    return biggest
+
+
+def plan_local(n_tasks: int, models: Sequence[str], workers: Optional[int] = None,
+               threads: Optional[int] = None) -> LocalPlan:
+    """Workers and OpenMP threads for a LocalCluster (see the module docstring)."""
+    from ..model import available_memory
+
+    n_cores = cores()
+    per_worker = 2 * model_bytes(models) + GIB
+    free = available_memory()
+    if workers is None:
+        fit = n_cores if threads is None else max(1, n_cores // threads)
+        by_mem = n_cores if free is None else max(1, free // per_worker)
+        workers = max(1, min(fit, max(1, n_tasks), by_mem))
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if threads is None:
+        threads = max(1, n_cores // workers)
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    return LocalPlan(int(workers), int(threads), n_cores, free, per_worker)
+
+
+def _need_distributed() -> Any:
+    try:
+        import distributed
+    except ImportError:
+        raise ImportError("sweeps on Dask need the cluster extra: pip install 'sinklab[cluster]' "
+                          "(or run serially with serial=True / --serial)") from None
+    return distributed
+
+
+def start_local(plan: LocalPlan) -> Any:
+    """A Client on a new LocalCluster of ``plan.workers`` processes with one Dask thread each."""
+    distributed = _need_distributed()
+    cluster = distributed.LocalCluster(n_workers=plan.workers, threads_per_worker=1, processes=True,
+                                       silence_logs=logging.ERROR, dashboard_address=":0")
+    return distributed.Client(cluster)
+
+
+def connect(address: str) -> Any:
+    """A Client on an existing scheduler (``tcp://host:8786``, or a scheduler file's path)."""
+    distributed = _need_distributed()
+    if os.path.isfile(address):
+        return distributed.Client(scheduler_file=address)
+    return distributed.Client(address)
+
+
+def host_slots(client: Any) -> Dict[str, int]:
+    """{host: Dask threads of all workers on it}, from the scheduler."""
+    slots: Dict[str, int] = {}
+    for w in client.scheduler_info(n_workers=-1)["workers"].values():
+        host = w.get("host") or w["address"].split("://")[-1].rsplit(":", 1)[0]
+        slots[host] = slots.get(host, 0) + int(w.get("nthreads", 1))
+    return slots
+
+
+def task_threads(threads: Optional[int], slots: Optional[Dict[str, int]]) -> int:
+    """The OpenMP threads a task uses where it runs (called on the worker)."""
+    if threads:
+        return int(threads)
+    if not slots:
+        return cores()
+    try:
+        from distributed import get_worker
+
+        host = get_worker().address.split("://")[-1].rsplit(":", 1)[0]
+    except (ImportError, ValueError):
+        host = socket.gethostname()
+    return max(1, cores() // max(1, slots.get(host, 1)))
