@@ -11,7 +11,7 @@ is skipped as already done):
 1. serial: ``sweep(serial=True, threads=2)`` (the tasks one after another in this process, 2
    OpenMP threads each) against ``sweep(workers=2, threads=1)`` (a new LocalCluster: 2 worker
    processes x 1 OpenMP thread; its start is part of the wall time). Wall times, their ratio, and
-   whether the two tables are equal outside ``sinklab.sweep.INFO_COLUMNS`` (seconds, host, pid,
+   whether the two tables are equal outside ``sinklab.sweeps.INFO_COLUMNS`` (seconds, host, pid,
    threads), with the largest difference of a numeric column if not.
 2. per-task overhead, measured two ways:
    (a) trivial tasks: a sink study of 1 prompt at T = 4..N (a few ms each) on the smallest
@@ -83,7 +83,7 @@ def machine_info() -> Dict[str, Any]:
 
     import sinklab
     from sinklab.model import available_memory
-    from sinklab.sweep import cluster
+    from sinklab.sweeps import cluster
 
     free = available_memory()
     info = {"cpu": cpu_name(), "lscpu": lscpu_lines(), "logical_cpus": os.cpu_count(),
@@ -149,7 +149,7 @@ def subset_spec(models: Sequence[str], chunk_files: Sequence[str]) -> Dict[str, 
 
 def timed_sweep(spec: Dict[str, Any], out: str, **kw: Any) -> Tuple[Any, float]:
     """(SweepResult, wall seconds of the sweep call) into a fresh folder; raises if anything failed."""
-    from sinklab.sweep import sweep
+    from sinklab.sweeps import sweep
 
     if os.path.exists(out):
         raise RuntimeError(f"{out} exists: every sweep here goes into a fresh folder")
@@ -165,7 +165,7 @@ def timed_sweep(spec: Dict[str, Any], out: str, **kw: Any) -> Tuple[Any, float]:
 def start_cluster(n_tasks: int, models: Sequence[str], workers: int) -> Tuple[Any, float]:
     """A Client on a new LocalCluster of ``workers`` processes x 1 thread (the sweep's own
     start_local), and the seconds its start took."""
-    from sinklab.sweep import cluster
+    from sinklab.sweeps import cluster
 
     t0 = time.perf_counter()
     client = cluster.start_local(cluster.plan_local(n_tasks, list(models), workers, 1))
@@ -181,7 +181,7 @@ def stop_cluster(client: Any) -> None:
 
 
 def comparable(df: Any) -> Any:
-    from sinklab.sweep import INFO_COLUMNS
+    from sinklab.sweeps import INFO_COLUMNS
 
     return df.drop(columns=[c for c in INFO_COLUMNS if c in df.columns]).reset_index(drop=True)
 

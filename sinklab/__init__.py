@@ -44,6 +44,7 @@ from .analysis.sinkset import compare_bos, sink_study
 from .analysis.sensitivity import Sensitivity, sensitivity
 from .analysis.oversquashing import OversquashingBound, oversquashing_bound
 from .analysis.squashing_study import SquashingStudy, squashing_study
+from .sweeps.runner import SweepResult, sweep
 
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchitecture", "Trace", "AttentionStats",
@@ -54,7 +55,7 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
            "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages",
            "sensitivity", "Sensitivity", "oversquashing_bound", "OversquashingBound", "squashing_study",
-           "SquashingStudy"]
+           "SquashingStudy", "sweep", "SweepResult"]
 
 
 def set_num_threads(n: int) -> None:

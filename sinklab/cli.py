@@ -218,9 +218,9 @@ def cmd_experiment(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    """Runs a grid of analyses as Dask tasks (sinklab.sweep); exit 1 if any task failed."""
-    from sinklab.sweep import SpecError, sweep
-    from sinklab.sweep.grid import EXAMPLE_SPEC
+    """Runs a grid of analyses as Dask tasks (sinklab.sweeps); exit 1 if any task failed."""
+    from sinklab.sweeps import SpecError, sweep
+    from sinklab.sweeps.grid import EXAMPLE_SPEC
 
     if args.example:
         sys.stdout.write(EXAMPLE_SPEC)

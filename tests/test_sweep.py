@@ -1,4 +1,4 @@
-"""Sweeps (sinklab.sweep): the grid and its content addresses, results equal to the analyses
+"""Sweeps (sinklab.sweeps): the grid and its content addresses, results equal to the analyses
 called directly, a 2-worker LocalCluster bitwise equal to the serial run, a worker killed
 mid-task, and a client killed mid-sweep then resumed."""
 import json
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from sinklab.sweep import INFO_COLUMNS, Grid, SpecError, sweep
-from sinklab.sweep.grid import EXAMPLE_SPEC, address_all, make_intervention, read_prompts, read_spec
+from sinklab.sweeps import INFO_COLUMNS, Grid, SpecError, sweep
+from sinklab.sweeps.grid import EXAMPLE_SPEC, address_all, make_intervention, read_prompts, read_spec
 
 from reference_models import require
 
@@ -35,7 +35,7 @@ def _tasks(spec):
 
 
 def _arrays(out, spec):
-    from sinklab.sweep import task_arrays
+    from sinklab.sweeps import task_arrays
 
     return {t.name: task_arrays(out, t) for t in _tasks(spec)}
 
@@ -255,3 +255,45 @@ def test_cli_sweep_errors_and_example(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sinklab.cli", "sweep", str(tmp_path / "none.toml")],
                        capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "no such spec file" in r.stderr
+
+
+# ------------------------------------------------------------------ the cluster example
+def test_the_slurm_and_pbs_example_make_the_documented_jobs():
+    """examples/cluster: the job scripts dask-jobqueue writes from jobqueue.yaml ask for what the
+    README says (16 CPUs a job, 4 worker processes x 1 Dask thread), and the example spec parses."""
+    require("dask_jobqueue")
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent / "examples" / "cluster"
+    spec = importlib.util.spec_from_file_location("sweep_on_slurm", root / "sweep_on_slurm.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    slurm = mod.make_cluster(pbs=False)
+    try:
+        script = slurm.job_script()
+    finally:
+        slurm.close()
+    assert "#SBATCH --cpus-per-task=16" in script and "#SBATCH -n 1" in script
+    assert "--nthreads 1" in script and "--nworkers 4" in script and "sinklab-venv/bin/activate" in script
+    pbs = mod.make_cluster(pbs=True)
+    try:
+        assert "#PBS -l select=1:ncpus=16:mem=32GB" in pbs.job_script()
+    finally:
+        pbs.close()
+    g = Grid.from_spec(read_spec(str(root / "sweep.toml")))
+    assert len(g.tasks()) == 4 * 2 * 2 * 2 + 4 * 2 * 2 * 2
+
+
+def test_openmp_threads_per_task_never_oversubscribe():
+    import socket
+
+    from sinklab.sweeps import cluster
+
+    n = len(os.sched_getaffinity(0))
+    assert cluster.task_threads(3, None) == 3                               # given: used as is
+    assert cluster.task_threads(None, {socket.gethostname(): 2}) == max(1, n // 2)
+    assert cluster.task_threads(None, {socket.gethostname(): 4 * n}) == 1
+    plan = cluster.plan_local(n_tasks=10, models=["smollm2-135m-instruct"])
+    assert plan.workers * plan.threads <= n and plan.workers >= 1
+    assert cluster.plan_local(n_tasks=1, models=["smollm2-135m-instruct"]).workers == 1

@@ -154,12 +154,12 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
     """Runs every task of a grid that is not finished yet and gathers all results in one table.
 
     Args:
-        grid: a spec (dict, or a ``.toml`` / ``.json`` file; :mod:`sinklab.sweep.grid`) or a Grid.
+        grid: a spec (dict, or a ``.toml`` / ``.json`` file; :mod:`sinklab.sweeps.grid`) or a Grid.
         out: results folder (default: the spec's ``out``, else ``"sweep-results"``).
         scheduler: address of a running Dask scheduler (``tcp://host:8786``) or a scheduler
             file; default the spec's ``scheduler``, else a new LocalCluster.
         workers, threads: LocalCluster worker processes and OpenMP threads per task (default
-            :func:`sinklab.sweep.cluster.plan_local`); on an existing cluster ``threads`` fixes
+            :func:`sinklab.sweeps.cluster.plan_local`); on an existing cluster ``threads`` fixes
             the per-task threads.
         serial: run in this process, one task after another (no Dask needed).
         client: an existing ``distributed.Client`` to use (overrides ``scheduler``).

@@ -1,6 +1,6 @@
 """What one sweep task computes: each analysis at one grid point, as table rows and arrays.
 
-Every function here takes a :class:`~sinklab.sweep.grid.Task` (and the worker's model) and
+Every function here takes a :class:`~sinklab.sweeps.grid.Task` (and the worker's model) and
 returns ``(rows, arrays)``: one dict of scalars per row of the task (its row axes' values are
 added by the caller), and the per-prompt arrays behind them, saved beside the rows. They call
 the package's own analyses with the task's settings; nothing is re-implemented here.

@@ -28,7 +28,7 @@ from ..results import to_jsonable
 from ..train.checkpoint import write_text_atomic
 from .grid import Task
 
-RESULT_FORMAT = "sinklab.sweep.TaskResult/1"
+RESULT_FORMAT = "sinklab.sweeps.TaskResult/1"
 
 
 def _dirs(out: str) -> Dict[str, str]:

@@ -77,7 +77,7 @@ SETTINGS_KEYS: Dict[str, Tuple[str, ...]] = {
 }
 
 INTERVENTION_KINDS = ("mask_first", "zero_first_value", "zero_first_value_all")
-FORMAT = "sinklab.sweep/1"
+FORMAT = "sinklab.sweeps/1"
 
 
 class SpecError(ValueError):
@@ -191,7 +191,7 @@ class Grid:
     @classmethod
     def from_spec(cls, spec: Mapping[str, Any]) -> "Grid":
         """Checks a spec dict (axes, ``settings``, and ``out`` / ``scheduler`` / ``workers``
-        / ``threads``, which :func:`sinklab.sweep.sweep` reads) and fills in defaults."""
+        / ``threads``, which :func:`sinklab.sweeps.sweep` reads) and fills in defaults."""
         known = set(AXES) | {"settings", "out", "scheduler", "workers", "threads"}
         bad = sorted(set(spec) - known)
         if bad:
