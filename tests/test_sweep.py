@@ -297,3 +297,43 @@ def test_openmp_threads_per_task_never_oversubscribe():
     plan = cluster.plan_local(n_tasks=10, models=["smollm2-135m-instruct"])
     assert plan.workers * plan.threads <= n and plan.workers >= 1
     assert cluster.plan_local(n_tasks=1, models=["smollm2-135m-instruct"]).workers == 1
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
+def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_file_pages(smollm2_gguf):
+    """What lets the workers of one node share a model: its quantized weights are read in place
+    from the file's read-only mapping (file pages in the page cache, none copied privately), and
+    the process's own (anonymous) memory grows by far less than the file."""
+    import re
+
+    from sinklab.sweeps import analyses
+
+    path = os.path.realpath(str(smollm2_gguf))
+
+    def mapped():                  # (resident bytes of the file's mappings, privately dirtied bytes)
+        rss = dirty = 0
+        current = False
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                    current = line.rstrip().endswith(path)
+                elif current and line.startswith("Rss:"):
+                    rss += int(line.split()[1]) * 1024
+                elif current and line.startswith("Private_Dirty:"):
+                    dirty += int(line.split()[1]) * 1024
+        return rss, dirty
+
+    def anon():
+        with open("/proc/self/status") as f:
+            return next(int(x.split()[1]) * 1024 for x in f if x.startswith("RssAnon:"))
+
+    analyses._MODELS.clear()
+    before = anon()
+    model = analyses.worker_model(path)
+    assert analyses.worker_model(path) is model                  # once per process
+    model.run(model.tokenize(read_prompts("sinks")[0], bos=True), capture=())
+    rss, dirty = mapped()
+    size = os.path.getsize(path)
+    assert rss > 0.5 * size and dirty == 0
+    assert anon() - before < 0.5 * size
+    analyses._MODELS.clear()

@@ -28,35 +28,47 @@ def _label(row: Any, axes: List[str]) -> str:
     return ", ".join(f"{a}={row[a]}" for a in axes) or "all"
 
 
+def _lines(ax: Any, df: Any, metric: str, x_axis: str, others: List[str]) -> None:
+    for label, g in df.groupby(df.apply(lambda r: _label(r, others), axis=1), sort=False):
+        g = g.sort_values(x_axis)
+        ax.plot(g[x_axis], g[metric], marker="o", label=label)
+    ax.set_xlabel(x_axis)
+    if x_axis == "T":
+        ax.set_xscale("log", base=2)
+
+
+def _bars(ax: Any, df: Any, metric: str, var: List[str]) -> None:
+    groups = [a for a in var if a != "bos"]
+    labels = list(dict.fromkeys(df.apply(lambda r: _label(r, groups), axis=1)))
+    hues = list(dict.fromkeys(df["bos"])) if "bos" in var else [None]
+    width = 0.8 / len(hues)
+    for j, h in enumerate(hues):
+        sub = df if h is None else df[df["bos"] == h]
+        keys = sub.apply(lambda r: _label(r, groups), axis=1).tolist()
+        xs = [labels.index(k) + (j - (len(hues) - 1) / 2) * width for k in keys]
+        ax.bar(xs, sub[metric], width=width, label=None if h is None else ("with ⟨bos⟩" if h else "without ⟨bos⟩"))
+    ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
+
+
 def analysis_figure(df: Any, analysis: str) -> Any:
-    """The figure of one analysis's rows (``df`` filtered to it)."""
+    """The figure of one analysis's rows (``df`` filtered to it): one panel per eps when eps
+    varies beside T."""
     metric, ylabel = METRICS[analysis]
     var = _varying(df)
     x_axis = next((a for a in ("T", "eps") if a in var), None)
-    fig, ax = subplots(figsize=(7.5, 4.5), layout="constrained")
-    if x_axis is not None:
-        others = [a for a in var if a != x_axis]
-        for label, g in df.groupby(df.apply(lambda r: _label(r, others), axis=1), sort=False):
-            g = g.sort_values(x_axis)
-            ax.plot(g[x_axis], g[metric], marker="o", label=label)
-        ax.set_xlabel(x_axis)
-        if x_axis == "T":
-            ax.set_xscale("log", base=2)
-    else:
-        groups = [a for a in var if a != "bos"]
-        labels = list(dict.fromkeys(df.apply(lambda r: _label(r, groups), axis=1)))
-        hues = list(dict.fromkeys(df["bos"])) if "bos" in var else [None]
-        width = 0.8 / len(hues)
-        for j, h in enumerate(hues):
-            sub = df if h is None else df[df["bos"] == h]
-            keys = sub.apply(lambda r: _label(r, groups), axis=1).tolist()
-            xs = [labels.index(k) + (j - (len(hues) - 1) / 2) * width for k in keys]
-            ax.bar(xs, sub[metric], width=width, label=None if h is None else ("with ⟨bos⟩" if h else "without ⟨bos⟩"))
-        ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=9)
-    ax.set_title(f"sweep: {analysis}", fontsize=10)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=7)
+    panels = sorted(df["eps"].unique()) if x_axis == "T" and "eps" in var else [None]
+    fig, axs = subplots(1, len(panels), figsize=(4.5 + 3.5 * len(panels), 4.5), layout="constrained",
+                        squeeze=False, sharey=True)
+    for ax, e in zip(axs[0], panels):
+        sub = df if e is None else df[df["eps"] == e]
+        if x_axis is not None:
+            _lines(ax, sub, metric, x_axis, [a for a in var if a not in (x_axis, "eps" if e is not None else "")])
+        else:
+            _bars(ax, sub, metric, var)
+        ax.set_title(f"sweep: {analysis}" + ("" if e is None else f", eps = {e:g}"), fontsize=10)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    axs[0][0].set_ylabel(ylabel, fontsize=9)
     return fig
 
 
