@@ -337,3 +337,23 @@ def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_fil
     assert rss > 0.5 * size and dirty == 0
     assert anon() - before < 0.5 * size
     analyses._MODELS.clear()
+
+
+def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(smollm2_gguf, tmp_path):
+    spec = {"analysis": ["perturbation", "sensitivity"], "bos": [True, False], "T": [24],
+            "settings": {"perturbation": {"n_prompts": 2, "swaps_per_passage": 2, "min_after": 8},
+                         "sensitivity": {"n_probes": 4}}}
+    res = sweep(spec, out=str(tmp_path), serial=True, progress=False, figures=False, verbose=False)
+    assert not res.failed and len(res.table) == 4
+    model = sl.load(str(smollm2_gguf))
+    st = sl.perturbation_study(model, read_prompts("sinks"), n_passages=2, swaps_per_passage=2, T=24,
+                               min_after=8, progress=False)
+    pert = res.table[res.table["analysis"] == "perturbation"]
+    for _, r in pert.iterrows():
+        setting = "bos" if r["bos"] else "nobos"
+        assert r["mean_rel_change"] == float(np.nanmean(st.mean_changes(setting, True)[:, 1:]))
+        assert r["n_swaps"] == 4
+    for _, r in res.table[res.table["analysis"] == "sensitivity"].iterrows():
+        ids = sl.inputs.prepare(model, sl.inputs.text_ids(model, read_prompts("sinks")[0]), r["bos"], 24)
+        s = sl.sensitivity(model, ids, method="estimate", n_probes=4, spectral=False, progress=False)
+        assert r["first"] == s.fro[0, 0] and r["others_mean"] == s.fro[0, 1:-1].mean()

@@ -77,8 +77,8 @@ def perturbation(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     from ..analysis.perturbation import perturbation_study
 
     s = task.settings
-    texts = _prompts(task, 10)
-    st = perturbation_study(model, texts, n_passages=len(texts), swaps_per_passage=int(s.get("swaps_per_passage", 3)),
+    texts = read_prompts(task.point["prompts"])       # passages without a valid swap are skipped
+    st = perturbation_study(model, texts, n_passages=int(s.get("n_prompts", 10)), swaps_per_passage=int(s.get("swaps_per_passage", 3)),
                             T=task.point["T"], seed=int(s.get("seed", 0)), min_after=int(s.get("min_after", 16)),
                             progress=False)
     pooled = st.pooled_ratio_stats(True)
