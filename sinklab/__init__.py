@@ -13,7 +13,9 @@ et al., COLM 2025) that run on a trained model.
 from __future__ import annotations
 
 import os
+import platform
 import warnings
+from typing import Any, Dict
 
 # How long an OpenMP thread spins before it sleeps while waiting for work. Spinning long takes a
 # shared core from other processes, and a team whose thread shares a core with another process
@@ -49,7 +51,7 @@ from .sweeps.runner import SweepResult, sweep
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchitecture", "Trace", "AttentionStats",
            "Intervention", "sink_rate", "key_importance",
-           "first_token_importance", "set_num_threads", "get_num_threads", "simd",
+           "first_token_importance", "set_num_threads", "get_num_threads", "simd", "build_info",
            "sink_study", "compare_bos", "perturb", "perturbation_study", "PerturbationStudy", "text_key_entropy",
            "rank_collapse", "prop31_check", "Prop31", "representational_collapse",
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
@@ -85,8 +87,76 @@ def simd() -> str:
     return _core.simd()
 
 
+# _OPENMP dates of the OpenMP specifications (the compiler's macro, see build_info)
+_OPENMP_VERSIONS = {200505: "2.5", 200805: "3.0", 201107: "3.1", 201307: "4.0", 201511: "4.5",
+                    201811: "5.0", 202011: "5.1", 202111: "5.2", 202411: "6.0"}
+
+
+def build_info() -> Dict[str, Any]:
+    """How this sinklab was built and what it runs with: the facts to quote in a bug report.
+
+    Compile-time facts come from the C extension itself (the compiler's own macros, the flags
+    setup.py passed in), not from guesses about the current machine. Keys:
+
+    - ``version``: the sinklab version.
+    - ``compiler``: ``"<family> <version>"`` (e.g. ``"gcc 12.2.0"``, ``"clang 14.0.6"``), from
+      ``__clang__``/``__GNUC__``; ``compiler_family``, ``compiler_version``, ``compiler_banner``
+      (``__VERSION__``) and ``cc`` (the command setuptools ran, ``CC`` when set).
+    - ``cflags``: the compile flags used (Python's own plus sinklab's; never ``-march=native``).
+    - ``openmp``: whether the kernels are OpenMP-parallel; ``openmp_date`` (the ``_OPENMP``
+      macro, e.g. 201511) and ``openmp_version`` (``"4.5"``), both None without OpenMP;
+      ``openmp_request``: ``SINKLAB_OPENMP`` at build time (``auto``, ``0`` or ``1``).
+    - ``threads``: the threads a C-core call uses now (:func:`get_num_threads`);
+      ``max_threads``: ``omp_get_max_threads()`` (1 without OpenMP); ``num_procs``:
+      ``omp_get_num_procs()`` (None without OpenMP).
+    - ``simd``: the kernel family in use (:func:`simd`); ``simd_best``: the best this CPU
+      supports; ``cpu_features``: the x86 features behind that choice (avx, avx2, fma,
+      avx512f/bw/vl/dq -> bool; empty on other CPUs).
+    - ``blas``: ``"none"``: products run on sinklab's own SGEMM kernels, no BLAS is linked.
+    - ``numpy_build`` / ``numpy_runtime``: the NumPy version compiled against / imported now;
+      ``numpy_build_abi``, ``numpy_target_api`` (the oldest NumPy C API the build supports),
+      ``numpy_runtime_abi``, ``numpy_runtime_api``: the C ABI/API version numbers.
+    - ``platform``, ``machine``, ``python``: where it runs now.
+    """
+    import numpy
+
+    c = _core.build_info()
+    date = c["openmp_date"]
+    return {
+        "version": __version__,
+        "compiler": f"{c['compiler_family']} {c['compiler_version']}",
+        "compiler_family": c["compiler_family"],
+        "compiler_version": c["compiler_version"],
+        "compiler_banner": c["compiler_banner"],
+        "cc": c["cc"],
+        "cflags": c["cflags"],
+        "openmp": bool(c["openmp"]),
+        "openmp_date": date,
+        "openmp_version": None if date is None else _OPENMP_VERSIONS.get(date, str(date)),
+        "openmp_request": c["openmp_request"],
+        "threads": get_num_threads(),
+        "max_threads": c["omp_max_threads"],
+        "num_procs": c["omp_num_procs"],
+        "simd": c["simd"],
+        "simd_best": c["simd_best"],
+        "cpu_features": dict(c["cpu_features"]),
+        "blas": "none",
+        "numpy_build": c["numpy_build"],
+        "numpy_build_abi": c["numpy_build_abi"],
+        "numpy_target_api": c["numpy_target_api"],
+        "numpy_runtime": numpy.__version__,
+        "numpy_runtime_abi": c["numpy_runtime_abi"],
+        "numpy_runtime_api": c["numpy_runtime_api"],
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
 if not _core.has_openmp:
-    warnings.warn("sinklab was built without OpenMP (the compiler has none): kernels run on one thread")
+    warnings.warn("sinklab was built without OpenMP ("
+                  + ("SINKLAB_OPENMP=0" if _core.build_info()["openmp_request"] == "0" else "the compiler had none")
+                  + "): kernels run on one thread; see sinklab.build_info()")
 if os.environ.get("SINKLAB_SIMD", "auto") not in ("auto", "generic", "avx2", "avx512"):
     warnings.warn(f"SINKLAB_SIMD={os.environ['SINKLAB_SIMD']!r} is not one of auto, generic, avx2, avx512: "
                   f"using {_core.simd()}")
