@@ -168,7 +168,7 @@ def start_cluster(n_tasks: int, models: Sequence[str], workers: int) -> Tuple[An
     from sinklab.sweeps import cluster
 
     t0 = time.perf_counter()
-    client = cluster.start_local(cluster.plan_local(n_tasks, list(models), workers, 1))
+    client = cluster.start_local(cluster.plan_local(list(models) * max(1, n_tasks // max(1, len(models))), workers, 1))
     client.wait_for_workers(workers)
     return client, time.perf_counter() - t0
 

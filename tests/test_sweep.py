@@ -294,9 +294,24 @@ def test_openmp_threads_per_task_never_oversubscribe():
     assert cluster.task_threads(3, None) == 3                               # given: used as is
     assert cluster.task_threads(None, {socket.gethostname(): 2}) == max(1, n // 2)
     assert cluster.task_threads(None, {socket.gethostname(): 4 * n}) == 1
-    plan = cluster.plan_local(n_tasks=10, models=["smollm2-135m-instruct"])
+    plan = cluster.plan_local(["smollm2-135m-instruct"] * 10)
     assert plan.workers * plan.threads <= n and plan.workers >= 1
-    assert cluster.plan_local(n_tasks=1, models=["smollm2-135m-instruct"]).workers == 1
+    assert cluster.plan_local(["smollm2-135m-instruct"]).workers == 1
+
+
+def test_a_grid_dominated_by_one_large_model_gets_fewer_workers_with_more_threads(monkeypatch):
+    """On a 16-core node, the 5 registered models x 2 (10 tasks): their sizes add up to 3.7 times
+    the largest, so 4 workers x 4 threads; 16 tasks of one model: 16 workers x 1 thread."""
+    from sinklab.io import registry
+    from sinklab.sweeps import cluster
+
+    monkeypatch.setattr(cluster, "cores", lambda: 16)
+    sizes = [m.size for m in registry.MODELS.values()]
+    assert 3 < 2 * sum(sizes) / max(sizes) <= 4
+    plan = cluster.plan_local(sorted(registry.MODELS) * 2)
+    assert (plan.workers, plan.threads) == (4, 4)
+    assert cluster.plan_local(["smollm2-135m-instruct"] * 16).workers == 16
+    assert cluster.plan_local(["smollm2-135m-instruct"] * 16, workers=3).threads == 5
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
@@ -357,3 +372,25 @@ def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(s
         ids = sl.inputs.prepare(model, sl.inputs.text_ids(model, read_prompts("sinks")[0]), r["bos"], 24)
         s = sl.sensitivity(model, ids, method="estimate", n_probes=4, spectral=False, progress=False)
         assert r["first"] == s.fro[0, 0] and r["others_mean"] == s.fro[0, 1:-1].mean()
+
+
+def test_a_sweep_on_an_existing_scheduler_splits_the_cores_among_its_workers(serial, tmp_path):
+    """--scheduler ADDRESS: the tasks run on a cluster the sweep did not start, each with
+    cores // (Dask threads on its host) OpenMP threads, and give the serial run's numbers."""
+    distributed = require("distributed")
+    import logging
+
+    with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                                  silence_logs=logging.ERROR, dashboard_address=":0") as lc:
+        res = sweep(GRID, out=str(tmp_path), scheduler=lc.scheduler_address, progress=False, figures=False,
+                    verbose=False)
+        assert lc.workers                                        # the sweep left the cluster running
+    assert not res.failed and set(res.table["threads"]) == {max(1, len(os.sched_getaffinity(0)) // 2)}
+    assert _comparable(res.table).equals(_comparable(serial[1].table))
+
+
+def test_the_core_package_imports_no_cluster_dependency():
+    code = ("import sys, sinklab; sinklab.sweep; "
+            "print(sorted(m for m in ('dask', 'distributed', 'pandas', 'pyarrow', 'bokeh') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -147,6 +147,38 @@ def _run_dask(client: Any, tasks: List[Task], out: str, threads: Optional[int], 
     return ran
 
 
+def _run_pending(pending: List[Task], out: str, serial: bool, client: Any, scheduler: Optional[str],
+                 workers: Optional[int], threads: Optional[int], progress: bool, failed: Dict[str, str],
+                 say: Any) -> tuple:
+    """Runs the tasks in-process, on ``client``, on ``scheduler`` or on a new LocalCluster;
+    returns (names run, dashboard URL, where in words)."""
+    import sinklab
+
+    if serial:
+        threads = threads or sinklab.get_num_threads()
+        return _run_serial(pending, out, threads, progress, failed), None, f"serial, {threads} thread(s)"
+    own = client is None
+    if own and scheduler:
+        client, where = cluster.connect(scheduler), f"Dask scheduler {scheduler}"
+    elif own:
+        plan = cluster.plan_local([t.point.get("model", "") for t in pending], workers, threads)
+        say(plan.describe())
+        threads, where = plan.threads, plan.describe()
+        client = cluster.start_local(plan)
+    else:
+        where = f"Dask client {client}"
+    dashboard = client.dashboard_link
+    say(f"Dask dashboard: {dashboard}")
+    try:
+        return _run_dask(client, pending, out, threads, progress, failed), dashboard, where
+    finally:
+        if own:
+            local = getattr(client, "cluster", None)
+            client.close()
+            if local is not None:
+                local.close()
+
+
 def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[str] = None,
           scheduler: Optional[str] = None, workers: Optional[int] = None, threads: Optional[int] = None,
           serial: bool = False, client: Any = None, progress: bool = True, figures: bool = True,
@@ -194,36 +226,11 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
                                 t.point.get("model", ""), t.analysis))
     say(f"sweep: {len(tasks)} task(s), {len(done_before)} already done, {len(pending)} to run -> {os.path.abspath(out)}")
     failed: Dict[str, str] = {}
-    dashboard, where = None, "serial"
+    ran, dashboard, where = [], None, "nothing to run"
     if pending:
         _prepare_corpora(pending)
-    if pending and serial:
-        ran = _run_serial(pending, out, threads, progress, failed)
-        where = f"serial, {threads or sinklab.get_num_threads()} thread(s)"
-    elif pending:
-        own = client is None
-        if own and scheduler:
-            client, where = cluster.connect(scheduler), f"Dask scheduler {scheduler}"
-        elif own:
-            plan = cluster.plan_local(len(pending), sorted({t.point["model"] for t in pending if "model" in t.point}),
-                                      workers, threads)
-            say(plan.describe())
-            threads = plan.threads
-            client, where = cluster.start_local(plan), plan.describe()
-        else:
-            where = f"Dask client {client}"
-        dashboard = client.dashboard_link
-        say(f"Dask dashboard: {dashboard}")
-        try:
-            ran = _run_dask(client, pending, out, threads, progress, failed)
-        finally:
-            if own:
-                cl = getattr(client, "cluster", None)
-                client.close()
-                if cl is not None:
-                    cl.close()
-    else:
-        ran = []
+        ran, dashboard, where = _run_pending(pending, out, serial, client, scheduler, workers, threads,
+                                             progress, failed, say)
     lost = store.interrupted(out)
     store.clear_markers(out, lost)
     store.clear_partial(out)
