@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from sinklab import __version__
 
@@ -169,17 +169,25 @@ def cmd_reproduce(args) -> int:
     return 0
 
 
+def _example_or_file(args, example_text: Callable[[], str], path: Optional[str], what: str, noun: str) -> bool:
+    """True when ``--example`` printed the example (the command is done); otherwise checks that
+    ``path`` (the command's ``what``, e.g. ``CONFIG.json``) names a file."""
+    if args.example:
+        sys.stdout.write(example_text())
+        return True
+    if path is None:
+        raise CLIError(f"give a {what} (`sinklab {args.command} --example` prints one)", code=2)
+    if not os.path.isfile(path):
+        raise CLIError(f"{path}: no such {noun} file", code=2)
+    return False
+
+
 def cmd_train(args) -> int:
     """Trains a LLaMA-style model from scratch by a JSON config (sinklab.train.run)."""
     from sinklab.train.run import ConfigError, example_config, load_config, train
 
-    if args.example:
-        sys.stdout.write(example_config())
+    if _example_or_file(args, example_config, args.config, "CONFIG.json", "config"):
         return 0
-    if args.config is None:
-        raise CLIError("give a CONFIG.json (`sinklab train --example` prints the default one)", code=2)
-    if not os.path.isfile(args.config):
-        raise CLIError(f"{args.config}: no such config file", code=2)
     try:
         config = load_config(args.config)
         if args.out:
@@ -222,13 +230,8 @@ def cmd_sweep(args) -> int:
     from sinklab.sweeps import SpecError, sweep
     from sinklab.sweeps.grid import EXAMPLE_SPEC
 
-    if args.example:
-        sys.stdout.write(EXAMPLE_SPEC)
+    if _example_or_file(args, lambda: EXAMPLE_SPEC, args.spec, "SPEC.toml or SPEC.json", "spec"):
         return 0
-    if args.spec is None:
-        raise CLIError("give a SPEC.toml or SPEC.json (`sinklab sweep --example` prints one)", code=2)
-    if not os.path.isfile(args.spec):
-        raise CLIError(f"{args.spec}: no such spec file", code=2)
     try:
         res = sweep(args.spec, out=args.out, scheduler=args.scheduler, workers=args.workers,
                     threads=args.threads, serial=args.serial, progress=not args.quiet)
