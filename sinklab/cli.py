@@ -318,7 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="address of a running Dask scheduler (tcp://host:8786) or a scheduler file; "
                         "default: a LocalCluster on this machine")
     w.add_argument("--workers", type=int, default=None,
-                   help="LocalCluster worker processes (default: cores, tasks and free memory permitting); "
+                   help="LocalCluster worker processes (default: as many as the cores, the tasks, the grid's work and free memory permit); "
                         "--threads sets the OpenMP threads of each task")
     w.add_argument("--serial", action="store_true", help="run the tasks one by one in this process (no Dask)")
     w.add_argument("--example", action="store_true", help="print an example spec and exit")
