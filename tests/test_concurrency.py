@@ -9,7 +9,10 @@
   between threads running at the same time; that is by design and not tested for.
 - libgomp spins briefly before sleeping unless the user chose otherwise (OMP_WAIT_POLICY).
 - Eight threads running forwards on one shared model give bitwise the results of running the
-  same inputs one after the other.
+  same inputs one after the other; so do eight threads mixing forwards, Jacobian blocks, weight
+  gradients and sink studies.
+- A model cannot be freed under a running call: the call holds references to it, and the C
+  handle holds references to every weight array it reads.
 """
 import os
 import subprocess
@@ -184,3 +187,76 @@ def test_openmp_spins_briefly_unless_the_user_chose(user_value, want):
             pytest.skip("built without OpenMP")
         pytest.skip("the OpenMP runtime is not libgomp (no OMP_DISPLAY_ENV output)")
     assert want in out.stderr, out.stderr
+
+
+def test_eight_threads_mix_forwards_jacobians_gradients_and_sink_studies(models, threads_restored):
+    """Eight threads share one model and run different kinds of call at once (forward with
+    captures, an exact Jacobian block, the weight gradient, a sink study); each result is
+    bitwise the one the same call gives alone."""
+    model = models[RUN_SPEC.name]
+    sl.set_num_threads(2)
+    L = RUN_SPEC.n_layers
+    ids = [rm.random_ids(RUN_SPEC.vocab_size, 24 + 7 * k, seed=300 + k) for k in range(8)]
+
+    def forward(k):
+        return np.array(model.run(ids[k], capture=("resid",)).resid, copy=True)
+
+    def jacobian(k):
+        return model.jacobian(ids[k], of=(L, len(ids[k]) - 1), wrt=0, progress=False)
+
+    def gradient(k):
+        loss, grads = model.loss_and_grad(ids[k])
+        return np.float64(loss), {n: g.copy() for n, g in grads.items()}
+
+    def sink_study(k):
+        return sl.sink_study(model, [ids[k], ids[(k + 1) % 8]], T=16, progress=False).importance
+
+    calls = [forward, jacobian, gradient, sink_study] * 2
+    serial = [fn(k) for k, fn in enumerate(calls)]
+    concurrent = _run_threads([lambda k=k, fn=fn: [fn(k) for _ in range(2)] for k, fn in enumerate(calls)])
+
+    def same(a, b):
+        if isinstance(a, tuple):
+            return a[0] == b[0] and a[1].keys() == b[1].keys() and all(np.array_equal(a[1][n], b[1][n]) for n in a[1])
+        return np.array_equal(a, b)
+
+    for k, (want, got) in enumerate(zip(serial, concurrent)):
+        for rep, g in enumerate(got):
+            assert same(g, want), f"thread {k} ({calls[k].__name__}), run {rep}: differs from the call alone"
+
+
+def test_a_model_dropped_while_another_thread_runs_it_stays_alive_until_the_call_ends(models, tmp_path):
+    """Dropping the last reference to a Model while another thread is inside a C call on it
+    cannot free the weights under that call: the running call holds its own references, the
+    result is bitwise the undisturbed one, and the model is freed only once the call returns."""
+    import gc
+    import weakref
+
+    path = str(rm.save_hf(rm.make_hf_model(RUN_SPEC), tmp_path / "m"))
+    ids = rm.random_ids(RUN_SPEC.vocab_size, 400, seed=7)
+    want = sl.load(path).run(ids, capture=("logits",)).logits.copy()
+    model = sl.load(path)
+    alive = weakref.ref(model)
+    started, out = threading.Event(), {}
+
+    def run(m):
+        started.set()
+        out["logits"] = [m.run(ids, capture=("logits",)).logits.copy() for _ in range(3)]
+
+    t = threading.Thread(target=run, args=(model,))
+    t.start()
+    started.wait()
+    del model
+    gc.collect()
+    t.join()
+    assert all(np.array_equal(x, want) for x in out["logits"])
+    del t, run
+    out.clear()
+    gc.collect()
+    assert alive() is None, "the model outlived every reference to it"
+    # the C handle alone keeps the weights it reads alive (it holds references to them)
+    handle = sl.load(path)._handle
+    gc.collect()
+    logits = np.empty(want.shape, np.float32)
+    core.model_forward(handle, np.ascontiguousarray(ids, np.int64), logits=logits)
+    assert np.array_equal(logits, want)
