@@ -1,0 +1,682 @@
+"""Seeded mutation fuzzing of sinklab's file parsers: every hostile input must end in a
+documented exception, never a crash, another exception type, a hang or a huge allocation.
+
+    python benchmarks/fuzz_parsers.py --parser all --n 100000 --seed 0
+    python benchmarks/fuzz_parsers.py --parser gguf --n 2000 --seed 1 --out /tmp/fuzz
+
+Parsers (what runs on each input, and the exception types it documents, :data:`DOCUMENTED`):
+
+``gguf``
+    :func:`sinklab.io.gguf_loader.open_gguf` (what ``sinklab.load`` calls) on the file, then
+    every tensor's bytes are touched. Documented: ``GGUFError`` / ``GGUFFormatError`` (ValueError).
+``safetensors``
+    :func:`sinklab.io.hf_loader.read_safetensors`, then every F32/F16/BF16 tensor is decoded with
+    ``to_f32``. Documented: ``SafetensorsError`` (ValueError).
+``tokenizer``
+    :meth:`sinklab.tokenizer.Tokenizer.from_gguf` on a mutated GGUF file, or on mutated metadata
+    values (``_from_gguf_metadata``), then a short text is encoded and decoded. Documented:
+    ``ValueError`` (which ``GGUFError`` is).
+``checkpoint``
+    :func:`sinklab.train.checkpoint.load_checkpoint` on a copy of a tiny checkpoint folder with one
+    file mutated (bytes), or with ``trainer_state.json`` mutated structurally and its sha256
+    fields recomputed (so the parser gets past the checksums). Documented: ``CheckpointError``.
+
+Seeds are small synthetic files written here (a GGUF with byte-level BPE and SentencePiece
+tokenizer metadata, F32/F16/Q8_0 tensors and a nested array; a safetensors file; a checkpoint of
+a 1-layer model saved by :func:`save_checkpoint`). Mutations: bit flips, interesting bytes,
+interesting integers (0, -1, 2^31, 2^62, 2^64-1, the file size, ...) written over every integer
+field the seed's layout has (lengths, counts, types, dims, offsets), truncation, chunk deletion,
+insertion and duplication (duplicated keys), and splices of two inputs. A hang is an input that
+runs > ``--timeout`` seconds (SIGALRM). The address space is capped (``--mem-limit-gb`` above
+the start) so that a reader trusting a length field of 2^62 fails with MemoryError (reported as
+undocumented) rather than swapping. Every undocumented exception or hang is saved under
+``--out`` (the input bytes, and a .txt with the traceback).
+
+Prints a Markdown table (inputs, exceptions by type, undocumented, hangs, wall time, inputs/s)
+with the command line, for benchmarks/RESULTS.md.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import hashlib
+import json
+import os
+import random
+import resource
+import shutil
+import signal
+import struct
+import sys
+import tempfile
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from sinklab.io.gguf_loader import GGUFError, open_gguf
+from sinklab.io.gguf_reader import GGUFFormatError
+from sinklab.io.hf_loader import SafetensorsError, read_safetensors, to_f32
+from sinklab.train.checkpoint import CheckpointError
+
+# The exception types each parser documents for bad input: anything else is a finding.
+DOCUMENTED: Dict[str, Tuple[type, ...]] = {
+    "gguf": (GGUFError, GGUFFormatError),
+    "safetensors": (SafetensorsError,),
+    "tokenizer": (ValueError,),
+    "checkpoint": (CheckpointError,),
+}
+PARSERS = tuple(DOCUMENTED)
+
+_INTERESTING = (0, 1, 2, 3, 7, 8, 12, 13, 31, 32, 33, 255, 256, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000,
+                0xFFFFFFFF, 1 << 32, 1 << 40, 1 << 62, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
+
+
+class Hang(Exception):
+    """Raised by SIGALRM inside an input that ran past the timeout."""
+
+
+# ------------------------------------------------------------------ seeds
+def _gstr(s: str) -> bytes:
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_bytes(kv: Sequence[Tuple[str, int, Any]], tensors: Sequence[Tuple[str, Tuple[int, ...], int, bytes]],
+               align: int = 32) -> Tuple[bytes, List[Tuple[int, int]]]:
+    """A GGUF v3 file written by hand (independently of the reader under test), and the
+    (offset, width) of every integer field in it (lengths, counts, types, dims, offsets).
+
+    ``kv``: (key, GGUF value type, value); arrays as (element type, list). ``tensors``: (name,
+    shape in NumPy order, ggml type, raw data)."""
+    out = bytearray()
+    fields: List[Tuple[int, int]] = []
+
+    def put(fmt: str, v: Any) -> None:
+        fields.append((len(out), struct.calcsize(fmt)))
+        out.extend(struct.pack(fmt, v))
+
+    def put_str(s: str) -> None:
+        b = s.encode("utf-8")
+        put("<Q", len(b))
+        out.extend(b)
+
+    scalar = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+    def put_value(vtype: int, v: Any) -> None:
+        if vtype == 8:
+            put_str(v)
+        elif vtype == 9:
+            etype, items = v
+            put("<I", etype)
+            put("<Q", len(items))
+            for item in items:
+                put_value(etype, item)
+        else:
+            put(scalar[vtype], v)
+
+    out.extend(b"GGUF")
+    put("<I", 3)
+    put("<Q", len(tensors))
+    put("<Q", len(kv))
+    for key, vtype, v in kv:
+        put_str(key)
+        put("<I", vtype)
+        put_value(vtype, v)
+    offsets, pos = [], 0
+    for _, _, _, raw in tensors:
+        offsets.append(pos)
+        pos = (pos + len(raw) + align - 1) // align * align
+    for (name, shape, ttype, _), off in zip(tensors, offsets):
+        put_str(name)
+        put("<I", len(shape))
+        for d in reversed(shape):
+            put("<Q", d)
+        put("<I", ttype)
+        put("<Q", off)
+    out.extend(b"\0" * (-len(out) % align))
+    for (_, _, _, raw), off in zip(tensors, offsets):
+        out.extend(raw)
+        out.extend(b"\0" * (-len(out) % align))
+    return bytes(out), fields
+
+
+def _byte_vocab() -> List[str]:
+    from sinklab.tokenizer.bpe import _bytes_to_unicode
+
+    return list(_bytes_to_unicode().values())
+
+
+def gguf_seeds() -> List[Tuple[bytes, List[Tuple[int, int]]]]:
+    """Two small GGUF files: byte-level BPE (``gpt2``/``smollm``) and SentencePiece (``llama``)
+    tokenizer metadata, F32, F16 and Q8_0 tensors, an alignment field and a nested array."""
+    rng = np.random.default_rng(0)
+    byte_tokens = _byte_vocab()
+    merged = ["Ġt", "he", "Ġthe", "Ġw", "or", "ld"]
+    merges = ["Ġ t", "h e", "Ġt he", "Ġ w", "o r", "l d"]
+    tokens = byte_tokens + merged + ["<|im_start|>", "<|im_end|>", "<think>"]
+    types = [1] * (len(tokens) - 3) + [3, 3, 4]
+    q8 = b"".join(struct.pack("<e", 0.01) + rng.integers(-127, 128, 32, dtype=np.int8).tobytes() for _ in range(2))
+    tensors = [("token_embd.weight", (4, 8), 0, rng.standard_normal(32).astype("<f4").tobytes()),
+               ("blk.0.attn_norm.weight", (2, 3), 1, rng.standard_normal(6).astype("<f2").tobytes()),
+               ("output.weight", (64,), 8, q8)]
+    common = [("general.architecture", 8, "llama"), ("general.alignment", 4, 32),
+              ("llama.block_count", 4, 1), ("nested", 9, (9, [(4, [1, 2]), (4, [3])]))]
+    bpe = common + [("tokenizer.ggml.model", 8, "gpt2"), ("tokenizer.ggml.pre", 8, "smollm"),
+                    ("tokenizer.ggml.tokens", 9, (8, tokens)), ("tokenizer.ggml.token_type", 9, (5, types)),
+                    ("tokenizer.ggml.merges", 9, (8, merges)), ("tokenizer.ggml.bos_token_id", 4, len(tokens) - 3),
+                    ("tokenizer.ggml.eos_token_id", 4, len(tokens) - 2), ("tokenizer.ggml.add_bos_token", 7, True)]
+    sp_tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{b:02X}>" for b in range(256)] + ["▁", "t", "h", "e", "▁t", "he",
+                                                                                      "▁the", "w", "o", "r", "l", "d"]
+    sp_types = [2, 3, 3] + [6] * 256 + [1] * 12
+    scores = [0.0] * 259 + [-float(i) for i in range(12)]
+    spm = common + [("tokenizer.ggml.model", 8, "llama"), ("tokenizer.ggml.tokens", 9, (8, sp_tokens)),
+                    ("tokenizer.ggml.token_type", 9, (5, sp_types)), ("tokenizer.ggml.scores", 9, (6, scores)),
+                    ("tokenizer.ggml.bos_token_id", 4, 1), ("tokenizer.ggml.unknown_token_id", 4, 0),
+                    ("tokenizer.ggml.add_space_prefix", 7, True)]
+    return [gguf_bytes(bpe, tensors), gguf_bytes(spm, tensors[:1])]
+
+
+def safetensors_seed() -> bytes:
+    """A safetensors file written by ``safetensors.numpy.save`` (F32, F16, I64 tensors and
+    metadata), with a hand-added BF16 entry's bytes left out: the package has no bfloat16."""
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(0)
+    return save({"a.weight": rng.standard_normal((3, 4)).astype(np.float32),
+                 "b.weight": rng.standard_normal((2, 2)).astype(np.float16),
+                 "pos": np.arange(5, dtype=np.int64), "scalar": np.array(1.5, dtype=np.float32)},
+                metadata={"format": "pt"})
+
+
+def checkpoint_seed(folder: str) -> str:
+    """A checkpoint of a 1-layer, d=16 LLaMA written by :func:`save_checkpoint` into ``folder``;
+    returns the step folder."""
+    from sinklab.train.checkpoint import save_checkpoint
+    from sinklab.train.engine import Trainer, llama_config
+
+    cfg = llama_config(vocab_size=32, d_model=16, n_layers=1, n_heads=2, context_length=16)
+    return save_checkpoint(Trainer(cfg, seed=0), folder)
+
+
+# ------------------------------------------------------------------ mutations
+def _put_int(buf: bytearray, pos: int, width: int, v: int) -> None:
+    buf[pos:pos + width] = (v % (1 << (8 * width))).to_bytes(width, "little")
+
+
+def mutate_bytes(rng: random.Random, data: bytes, fields: Sequence[Tuple[int, int]] = (),
+                 other: Optional[bytes] = None) -> bytes:
+    """One to four stacked byte-level mutations of ``data`` (``fields``: integer fields to
+    overwrite with interesting values; ``other``: an input to splice with)."""
+    buf = bytearray(data)
+    for _ in range(rng.choice((1, 1, 1, 2, 2, 3, 4))):
+        n = len(buf)
+        op = rng.randrange(10 if fields else 8)
+        if n == 0:
+            buf.extend(rng.randbytes(rng.randrange(1, 64)))
+        elif op == 0:  # bit flips
+            for _ in range(rng.randrange(1, 9)):
+                i = rng.randrange(n)
+                buf[i] ^= 1 << rng.randrange(8)
+        elif op == 1:  # interesting byte
+            buf[rng.randrange(n)] = rng.choice((0, 1, 0x7F, 0x80, 0xFF, rng.randrange(256)))
+        elif op == 2:  # interesting integer anywhere
+            w = rng.choice((1, 2, 4, 8))
+            if n >= w:
+                _put_int(buf, rng.randrange(n - w + 1), w, rng.choice(_INTERESTING + (n, n + 1, -1, -n)))
+        elif op == 3:  # truncation
+            del buf[rng.randrange(n):]
+        elif op == 4:  # delete a chunk
+            i = rng.randrange(n)
+            del buf[i:i + rng.randrange(1, 65)]
+        elif op == 5:  # insert random bytes
+            i = rng.randrange(n + 1)
+            buf[i:i] = rng.randbytes(rng.randrange(1, 33))
+        elif op == 6:  # duplicate a chunk (duplicated keys / entries)
+            i = rng.randrange(n)
+            chunk = buf[i:i + rng.randrange(1, 257)]
+            j = rng.randrange(n + 1)
+            buf[j:j] = chunk
+        elif op == 7:  # splice with another input, or arithmetic on a byte
+            if other:
+                i, j = rng.randrange(n + 1), rng.randrange(len(other) + 1)
+                buf = buf[:i] + bytearray(other[j:])
+            else:
+                i = rng.randrange(n)
+                buf[i] = (buf[i] + rng.randrange(-16, 17)) % 256
+        else:  # structure-aware: an interesting value, or +-small delta, in a known integer field
+            pos, w = rng.choice(fields)
+            if pos + w <= n:
+                if op == 8:
+                    _put_int(buf, pos, w, rng.choice(_INTERESTING + (n, n + 1, -1, n // 2)))
+                else:
+                    v = int.from_bytes(buf[pos:pos + w], "little")
+                    _put_int(buf, pos, w, v + rng.choice((-2, -1, 1, 2, 8, 32)))
+    return bytes(buf)
+
+
+_WEIRD = (None, True, 0, -1, 1, 2 ** 31, 2 ** 63, 2 ** 64 + 5, -(2 ** 70), 1.5, float("nan"), float("inf"), 1e308,
+          "", "x", "gpt2", "llama", "default", "bert", "\ud800", "a b", [], [1, 2], ["a"], {}, {"a": 1}, [[1]])
+
+
+def weird_value(rng: random.Random, like: Any) -> Any:
+    """A hostile replacement for a parsed value: a wrong type, an out-of-range number, a list of
+    the wrong length or element type, or a slightly changed copy of ``like``."""
+    r = rng.random()
+    if r < 0.35:
+        return rng.choice(_WEIRD)
+    if isinstance(like, np.ndarray):
+        choice = rng.randrange(5)
+        if choice == 0:
+            return like[: rng.randrange(len(like) + 1)]
+        if choice == 1:
+            return np.concatenate([like, like[: rng.randrange(1, 5)]]) if len(like) else like
+        if choice == 2:
+            return like.astype(rng.choice((np.float64, np.int64, np.uint8, np.float32, bool)))
+        if choice == 3:
+            out = like.copy()
+            if out.size and out.dtype.kind in "iuf":
+                out.flat[rng.randrange(out.size)] = rng.choice((-1, 0, 99, 2 ** 7, 127)) if out.dtype.kind != "f" \
+                    else rng.choice((np.nan, np.inf, -np.inf, 1e38))
+            return out
+        return np.zeros((2, 2), like.dtype)
+    if isinstance(like, list):
+        out = list(like)
+        choice = rng.randrange(6)
+        if choice == 0 and out:
+            del out[rng.randrange(len(out)):]
+        elif choice == 1 and out:
+            out[rng.randrange(len(out))] = rng.choice(("", " ", "a  b", "\x00", "Ġ Ġ", "<0xZZ>", "▁" * 40, 5, None))
+        elif choice == 2:
+            out += out[: rng.randrange(1, 20)]  # duplicated tokens / merges
+        elif choice == 3:
+            rng.shuffle(out)
+        elif choice == 4:
+            out = [rng.choice(("a", "b", "ab", "a b", "b a", "ab b", "")) for _ in range(rng.randrange(50))]
+        else:
+            out.append(rng.choice(_WEIRD))
+        return out
+    if isinstance(like, bool):
+        return not like
+    if isinstance(like, int):
+        return like + rng.choice((-1, 1, 1000, -1000, 2 ** 40))
+    if isinstance(like, str):
+        return like[: rng.randrange(len(like) + 1)] + rng.choice(("", "x", "\x00", "é"))
+    return rng.choice(_WEIRD)
+
+
+def mutate_json_obj(rng: random.Random, obj: Any, depth: int = 0) -> Any:
+    """A copy of a JSON-like object with one value somewhere replaced, deleted or duplicated."""
+    if isinstance(obj, dict) and obj and depth < 6 and rng.random() < 0.7:
+        obj = dict(obj)
+        key = rng.choice(list(obj))
+        r = rng.random()
+        if r < 0.15:
+            del obj[key]
+        elif r < 0.25:
+            obj[key + rng.choice(("", "_", "x"))] = obj[key]
+        else:
+            obj[key] = mutate_json_obj(rng, obj[key], depth + 1)
+        return obj
+    if isinstance(obj, list) and obj and depth < 6 and rng.random() < 0.6:
+        obj = list(obj)
+        i = rng.randrange(len(obj))
+        if rng.random() < 0.2:
+            del obj[i]
+        else:
+            obj[i] = mutate_json_obj(rng, obj[i], depth + 1)
+        return obj
+    v = weird_value(rng, obj)
+    return v if not isinstance(v, np.ndarray) else v.tolist()
+
+
+_ETYPE = {"u1": 0, "i1": 1, "u2": 2, "i2": 3, "u4": 4, "i4": 5, "f4": 6, "b1": 7, "u8": 10, "i8": 11, "f8": 12}
+
+
+def _gguf_typed(v: Any) -> Tuple[Optional[int], Any]:
+    """(GGUF value type, value) that :func:`gguf_bytes` writes for a Python value, so that mutated
+    metadata is stored in a real file (None: a value a GGUF file cannot hold, dropped)."""
+    if isinstance(v, (bool, np.bool_)):
+        return 7, bool(v)
+    if isinstance(v, (int, np.integer)):
+        v = int(v)
+        return (4, v) if 0 <= v < 1 << 32 else (11, v) if -(1 << 63) <= v < 1 << 63 else (10, v % (1 << 64))
+    if isinstance(v, float):
+        return 12, v
+    if isinstance(v, str):
+        return 8, v.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.str[1:] in _ETYPE:
+        return 9, (_ETYPE[v.dtype.str[1:]], v.tolist())
+    if isinstance(v, list):
+        if all(isinstance(x, str) for x in v):
+            return 9, (8, [x.encode("utf-8", "replace").decode("utf-8") for x in v])
+        if all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 0 <= x < 1 << 31 for x in v):
+            return 9, (5, [int(x) for x in v])
+        if all(isinstance(x, list) and all(isinstance(y, int) and 0 <= y < 1 << 31 for y in x) for x in v):
+            return 9, (9, [(5, x) for x in v])
+    return None, None
+
+
+# ------------------------------------------------------------------ targets
+class Target:
+    """One parser under fuzz: ``inputs(rng)`` draws an input, ``run(input)`` parses it."""
+
+    name = ""
+
+    def __init__(self, workdir: str) -> None:
+        self.workdir = workdir
+        self.path = os.path.join(workdir, f"input.{self.name}")
+
+    def write(self, data: bytes) -> str:
+        with open(self.path, "wb") as f:
+            f.write(data)
+        return self.path
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        raise NotImplementedError
+
+    def run(self, kind: str, x: Any) -> None:
+        raise NotImplementedError
+
+    def save(self, kind: str, x: Any, dest: str) -> str:
+        """Writes a reproducer of input ``x`` under ``dest``; returns its path."""
+        h = hashlib.sha256(repr((kind, x)).encode() if not isinstance(x, bytes) else x).hexdigest()[:12]
+        path = os.path.join(dest, f"{self.name}-{kind}-{h}" + (".bin" if isinstance(x, bytes) else ".repr"))
+        with open(path, "wb") as f:
+            f.write(x if isinstance(x, bytes) else repr(x).encode())
+        return path
+
+
+class GGUFTarget(Target):
+    name = "gguf"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self.seeds = gguf_seeds()
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        data, fields = rng.choice(self.seeds)
+        other = rng.choice(self.seeds)[0] if rng.random() < 0.1 else None
+        return "bytes", mutate_bytes(rng, data, fields, other)
+
+    def run(self, kind: str, x: Any) -> None:
+        f = open_gguf(self.write(x))
+        for t in f.tensors:  # the views must lie inside the map
+            int(np.asarray(t.data).sum(dtype=np.uint64))
+        len(f.fields)
+
+
+class SafetensorsTarget(Target):
+    name = "safetensors"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self.seed = safetensors_seed()
+        (n,) = struct.unpack("<Q", self.seed[:8])
+        self.header = json.loads(self.seed[8:8 + n])
+        self.body = self.seed[8 + n:]
+        self.fields = [(0, 8)]
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        r = rng.random()
+        if r < 0.5:
+            return "bytes", mutate_bytes(rng, self.seed, self.fields)
+        if r < 0.55:  # deep nesting / huge numbers the JSON decoder must survive
+            text = rng.choice(("[" * 100000 + "]" * 100000, '{"a":' * 50000 + "1" + "}" * 50000,
+                               '{"a": {"dtype": "F32", "shape": [1e999], "data_offsets": [0, 4]}}',
+                               '{"a": {"dtype": "F32", "shape": [' + "9" * 5000 + '], "data_offsets": [0, 4]}}'))
+        else:
+            header = mutate_json_obj(rng, self.header)
+            try:
+                text = json.dumps(header)
+            except (ValueError, TypeError):
+                text = "{}"
+            if rng.random() < 0.1:  # a duplicated key, which json.dumps cannot write
+                text = text[:-1] + ', "a.weight": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}'
+        raw = text.encode("utf-8", "surrogatepass")
+        data = struct.pack("<Q", len(raw)) + raw + self.body
+        if rng.random() < 0.2:
+            data = mutate_bytes(rng, data, self.fields)
+        return "bytes", data
+
+    def run(self, kind: str, x: Any) -> None:
+        table = read_safetensors(self.write(x))
+        for dtype, shape, raw in table.values():
+            if dtype in ("F32", "F16", "BF16"):
+                a = to_f32(dtype, shape, raw)
+                assert a.shape == shape and a.dtype == np.float32
+
+
+class TokenizerTarget(GGUFTarget):
+    name = "tokenizer"
+    TEXT = "Hello world, the <|im_start|>user 12345 <think> x\n\t  é"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        from sinklab.io.gguf_reader import GGUFFile
+        from sinklab.tokenizer.gguf_meta import read_metadata
+
+        self.metas = []
+        for data, _ in self.seeds:
+            self.metas.append(read_metadata(GGUFFile(self.write(data))))
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        if rng.random() < 0.5:
+            return super().draw(rng)
+        meta = dict(rng.choice(self.metas))
+        kv = [(k, *_gguf_typed(v)) for k, v in self._mutated(rng, meta).items()]
+        return "bytes", gguf_bytes([x for x in kv if x[1] is not None], [])[0]
+
+    def _mutated(self, rng: random.Random, meta: Dict[str, Any]) -> Dict[str, Any]:
+        for _ in range(rng.choice((1, 1, 2, 3))):
+            key = rng.choice(list(meta) + ["tokenizer.ggml.pre", "tokenizer.ggml.merges", "tokenizer.ggml.scores",
+                                           "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.add_bos_token"])
+            if rng.random() < 0.1:
+                meta.pop(key, None)
+            else:
+                meta[key] = weird_value(rng, meta.get(key))
+        return meta
+
+    def run(self, kind: str, x: Any) -> None:
+        from sinklab.tokenizer import Tokenizer
+
+        tok = Tokenizer.from_gguf(self.write(x))
+        ids = tok.encode(self.TEXT, bos=tok.bos_token_id is not None)
+        tok.decode(ids)
+
+
+class CheckpointTarget(Target):
+    name = "checkpoint"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        seed_dir = checkpoint_seed(os.path.join(workdir, "seed-run"))
+        self.files = {n: open(os.path.join(seed_dir, n), "rb").read() for n in sorted(os.listdir(seed_dir))}
+        self.state = json.loads(self.files["trainer_state.json"])
+        self.folder = os.path.join(workdir, "ckpt", "step-000000")
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        from sinklab.train.checkpoint import STATE_FILE, _json_bytes, _state_digest
+
+        files = dict(self.files)
+        state = json.loads(json.dumps(self.state))
+        r = rng.random()
+        if r < 0.4:  # structured: the state's fields, with checksums that match
+            state = mutate_json_obj(rng, state)
+            if not isinstance(state, dict):
+                files[STATE_FILE] = json.dumps(state).encode()
+                return "files", files
+        else:  # bytes of one file, its recorded size and sha256 updated half of the time
+            name = rng.choice(sorted(files))
+            files[name] = mutate_bytes(rng, files[name], [(0, 8)] if name.endswith(".safetensors") else ())
+            if name == STATE_FILE or rng.random() < 0.5:
+                return "files", files
+            state["files"][name] = {"bytes": len(files[name]), "sha256": hashlib.sha256(files[name]).hexdigest()}
+        if rng.random() < 0.9:
+            try:
+                state["state_sha256"] = _state_digest(state)
+            except (TypeError, ValueError):
+                pass
+        try:
+            files[STATE_FILE] = _json_bytes(state)
+        except (TypeError, ValueError):
+            files[STATE_FILE] = b"{}"
+        return "files", files
+
+    def run(self, kind: str, x: Any) -> None:
+        from sinklab.train.checkpoint import load_checkpoint
+
+        if os.path.isdir(self.folder):
+            shutil.rmtree(self.folder)
+        os.makedirs(self.folder)
+        for name, data in x.items():
+            with open(os.path.join(self.folder, name), "wb") as f:
+                f.write(data)
+        ck = load_checkpoint(self.folder, verify=bool(len(x) % 2))
+        for a in list(ck.tensors.values()) + [ck.mom, ck.vel]:
+            float(np.asarray(a, dtype=np.float64).sum())
+
+    def save(self, kind: str, x: Any, dest: str) -> str:
+        h = hashlib.sha256(b"".join(x[k] for k in sorted(x))).hexdigest()[:12]
+        path = os.path.join(dest, f"checkpoint-{h}")
+        os.makedirs(path, exist_ok=True)
+        for name, data in x.items():
+            with open(os.path.join(path, name), "wb") as f:
+                f.write(data)
+        return path
+
+
+TARGETS: Dict[str, Callable[[str], Target]] = {"gguf": GGUFTarget, "safetensors": SafetensorsTarget,
+                                               "tokenizer": TokenizerTarget, "checkpoint": CheckpointTarget}
+
+
+# ------------------------------------------------------------------ the loop
+def _alarm(signum: int, frame: Any) -> None:
+    raise Hang()
+
+
+def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional[str] = None,
+         progress: bool = False, max_seconds: Optional[float] = None) -> Dict[str, Any]:
+    """Runs ``n`` mutated inputs through ``parser`` (one of :data:`PARSERS`).
+
+    Returns:
+        {"parser", "inputs", "accepted" (parsed without error), "exceptions" ({type name: count}),
+        "undocumented" ([(type name, message, reproducer path)]), "hangs" ([reproducer path]),
+        "seconds" (wall), "slowest" (seconds of the slowest input)}.
+    """
+    rng = random.Random(f"{parser}:{seed}")
+    documented = DOCUMENTED[parser]
+    work = tempfile.mkdtemp(prefix=f"sinklab-fuzz-{parser}-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+    dest = out or os.path.join(work, "findings")
+    os.makedirs(dest, exist_ok=True)
+    res: Dict[str, Any] = {"parser": parser, "inputs": 0, "accepted": 0, "exceptions": collections.Counter(),
+                           "undocumented": [], "hangs": [], "seconds": 0.0, "slowest": 0.0, "findings_dir": dest}
+    old = signal.signal(signal.SIGALRM, _alarm)
+    bar = None
+    if progress:
+        from sinklab.progress import progress_bar
+
+        bar = progress_bar(total=n, desc=f"fuzz {parser}", unit="input", mininterval=2.0)
+    t0 = time.perf_counter()
+    try:
+        target = TARGETS[parser](work)
+        for i in range(n):
+            if max_seconds is not None and time.perf_counter() - t0 > max_seconds:
+                break
+            kind, x = target.draw(rng)
+            t1 = time.perf_counter()
+            hung = False
+            signal.setitimer(signal.ITIMER_REAL, timeout)
+            try:
+                target.run(kind, x)
+                res["accepted"] += 1
+            except Hang:
+                hung = True
+                res["hangs"].append(target.save(kind, x, dest))
+            except documented as e:
+                res["exceptions"][type(e).__name__] += 1
+            except BaseException as e:  # noqa: B036 - everything else is a finding (KeyboardInterrupt aside)
+                if isinstance(e, KeyboardInterrupt):
+                    raise
+                res["exceptions"][type(e).__name__] += 1
+                path = target.save(kind, x, dest)
+                with open(path + ".txt", "w") as f:
+                    f.write(traceback.format_exc())
+                res["undocumented"].append((type(e).__name__, str(e)[:200], path))
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+            dt = time.perf_counter() - t1
+            res["slowest"] = max(res["slowest"], dt)
+            if dt > timeout and not hung:
+                res["hangs"].append(target.save(kind, x, dest))  # a hang no signal could interrupt (native code)
+            res["inputs"] += 1
+            if bar is not None:
+                bar.update(1)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+        if bar is not None:
+            bar.close()
+        res["seconds"] = time.perf_counter() - t0
+        for name in os.listdir(work):
+            if name != "findings":
+                p = os.path.join(work, name)
+                shutil.rmtree(p) if os.path.isdir(p) else os.remove(p)
+        if out is None and not os.listdir(dest):
+            shutil.rmtree(work)
+    return res
+
+
+def markdown(results: Sequence[Dict[str, Any]], argv: Sequence[str]) -> str:
+    """The Markdown table for benchmarks/RESULTS.md."""
+    lines = [f"`python benchmarks/fuzz_parsers.py {' '.join(argv)}`", "",
+             "| parser | inputs | parsed OK | exceptions by type | undocumented | hangs (> 5 s) | slowest input | wall | inputs/s |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in results:
+        exc = ", ".join(f"{k} {v}" for k, v in sorted(r["exceptions"].items(), key=lambda kv: -kv[1])) or "-"
+        lines.append(f"| {r['parser']} | {r['inputs']:,} | {r['accepted']:,} | {exc} | {len(r['undocumented'])} | "
+                     f"{len(r['hangs'])} | {r['slowest'] * 1e3:.1f} ms | {r['seconds']:.1f} s | "
+                     f"{r['inputs'] / max(r['seconds'], 1e-9):,.0f} |")
+    return "\n".join(lines)
+
+
+def _cap_memory(gb: float) -> None:
+    """Caps the address space at what the process maps now plus ``gb`` GiB."""
+    with open("/proc/self/statm") as f:
+        vm = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    limit = vm + int(gb * (1 << 30))
+    resource.setrlimit(resource.RLIMIT_AS, (limit, resource.getrlimit(resource.RLIMIT_AS)[1]))
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--parser", choices=PARSERS + ("all",), default="all")
+    p.add_argument("--n", type=int, default=100_000, help="inputs per parser")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds after which an input is a hang")
+    p.add_argument("--out", default=None, help="folder for reproducers (default: a temp folder, kept if any)")
+    p.add_argument("--mem-limit-gb", type=float, default=4.0, help="address space allowed above the start (0: none)")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop each parser after this long")
+    args = p.parse_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    import sinklab.tokenizer  # noqa: F401 - imported before the cap: tokenizers maps its arenas early
+    import tokenizers  # noqa: F401
+
+    if args.mem_limit_gb > 0:
+        _cap_memory(args.mem_limit_gb)
+    results = []
+    for parser in (PARSERS if args.parser == "all" else (args.parser,)):
+        r = fuzz(parser, args.n, args.seed, args.timeout, args.out, progress=True, max_seconds=args.max_seconds)
+        results.append(r)
+        for name, msg, path in r["undocumented"][:20]:
+            print(f"UNDOCUMENTED {parser}: {name}: {msg}\n  reproducer: {path}", file=sys.stderr)
+        for path in r["hangs"][:20]:
+            print(f"HANG {parser}: reproducer: {path}", file=sys.stderr)
+        if r["undocumented"] or r["hangs"]:
+            print(f"findings of {parser} in {r['findings_dir']}", file=sys.stderr)
+    print(markdown(results, argv))
+    return 1 if any(r["undocumented"] or r["hangs"] for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
