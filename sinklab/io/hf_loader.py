@@ -13,6 +13,7 @@ ourselves keeps fp32 weights zero-copy. Every offset and size is checked against
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from typing import Dict, Iterable, Tuple
@@ -36,8 +37,38 @@ class SafetensorsError(ValueError):
     """A safetensors file that is truncated, corrupted, or holds a dtype sinklab does not read."""
 
 
+def _table_entry(path: str, name: str, info: object, data_len: int) -> Tuple[str, Tuple[int, ...], int, int]:
+    """(dtype, shape, lo, hi) of one header entry, every field type- and bounds-checked (JSON
+    can hold floats, strings, bools, lists or 1e999 anywhere)."""
+    if not isinstance(info, dict):
+        raise SafetensorsError(f"{path}: malformed header entry for {name!r} (not a JSON object)")
+    dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+    if not isinstance(dtype, str) or (dtype not in _DTYPES and dtype not in _OTHER_ITEMSIZE):
+        raise SafetensorsError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
+    if not isinstance(shape, list) or not all(type(s) is int and s >= 0 for s in shape):
+        raise SafetensorsError(f"{path}: tensor {name} has an invalid shape {shape!r} (non-negative integers)")
+    if not isinstance(offsets, list) or len(offsets) != 2 or not all(type(o) is int for o in offsets):
+        raise SafetensorsError(f"{path}: tensor {name} has invalid data_offsets {offsets!r} (two integers)")
+    itemsize = _DTYPES[dtype][1] if dtype in _DTYPES else _OTHER_ITEMSIZE[dtype]
+    lo, hi = offsets
+    # Python integers: a product of huge dims cannot wrap around to match the offsets.
+    if not (0 <= lo <= hi <= data_len) or hi - lo != math.prod(shape) * itemsize:
+        raise SafetensorsError(f"{path}: tensor {name} (shape {tuple(shape)}, {dtype}) has offsets {lo}..{hi} "
+                               f"inconsistent with its size or past the end of the file ({data_len} data bytes)")
+    return dtype, tuple(shape), lo, hi
+
+
 def read_safetensors(path: str) -> Dict[str, Tuple[str, Tuple[int, ...], np.ndarray]]:
-    """Maps a .safetensors file: {name: (dtype, shape, raw 1-D array view into the file)}."""
+    """Maps a .safetensors file: {name: (dtype, shape, raw 1-D uint8 view into the file)}.
+
+    Nothing is allocated from a length in the file before it is checked against the file's size
+    (the header is at most 100 MiB).
+
+    Raises:
+        SafetensorsError: (a ValueError) the file is truncated, its header is not a JSON object of
+            well-formed entries, or an entry's dtype, shape or offsets are invalid or past the end.
+        OSError: the file cannot be opened or read.
+    """
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(8)
@@ -48,29 +79,14 @@ def read_safetensors(path: str) -> Dict[str, Tuple[str, Tuple[int, ...], np.ndar
             raise SafetensorsError(f"{path}: header length {n} exceeds the file size {size}")
         try:
             table = json.loads(f.read(n))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise SafetensorsError(f"{path}: header is not valid JSON ({e})") from None
+        except (UnicodeDecodeError, ValueError, RecursionError) as e:  # ValueError: also 5000-digit ints
+            raise SafetensorsError(f"{path}: header is not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
     if not isinstance(table, dict):
         raise SafetensorsError(f"{path}: header is not a JSON object")
     data_start, data_len = 8 + n, size - 8 - n
+    entries = {name: _table_entry(path, name, info, data_len) for name, info in table.items() if name != "__metadata__"}
     mm = np.memmap(path, dtype=np.uint8, mode="r", offset=data_start, shape=(data_len,)) if data_len else np.zeros(0, np.uint8)
-    out = {}
-    for name, info in table.items():
-        if name == "__metadata__":
-            continue
-        try:
-            dtype, shape, (lo, hi) = info["dtype"], tuple(int(s) for s in info["shape"]), info["data_offsets"]
-        except (KeyError, TypeError, ValueError):
-            raise SafetensorsError(f"{path}: malformed header entry for {name!r}") from None
-        if dtype not in _DTYPES and dtype not in _OTHER_ITEMSIZE:
-            raise SafetensorsError(f"{path}: tensor {name} has unknown dtype {dtype!r}")
-        itemsize = _DTYPES[dtype][1] if dtype in _DTYPES else _OTHER_ITEMSIZE[dtype]
-        count = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        if any(s < 0 for s in shape) or not (0 <= lo <= hi <= data_len) or hi - lo != count * itemsize:
-            raise SafetensorsError(f"{path}: tensor {name} (shape {shape}, {dtype}) has offsets {lo}..{hi} "
-                                   f"inconsistent with its size or past the end of the file ({data_len} data bytes)")
-        out[name] = (dtype, shape, mm[lo:hi])
-    return out
+    return {name: (dtype, shape, mm[lo:hi]) for name, (dtype, shape, lo, hi) in entries.items()}
 
 
 def to_f32(dtype: str, shape: Tuple[int, ...], raw: np.ndarray) -> np.ndarray:
