@@ -445,6 +445,12 @@ class Model:
         arr = np.asarray(x)
         if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
             raise TypeError(f"{name} must be a float array, got dtype {arr.dtype}")
+        if arr.shape in (shape, arr.shape[:1] + shape) and not np.isfinite(arr).all():
+            # a NaN or inf would spread through every later position: refuse it by name
+            bad = np.argwhere(~np.isfinite(arr))[0]
+            kind = "NaN" if np.isnan(arr[tuple(bad)]) else "inf"
+            raise ValueError(f"{name} holds {kind} at index {tuple(int(i) for i in bad)} "
+                             f"({int((~np.isfinite(arr)).sum())} non-finite values); directions must be finite")
         if arr.shape == shape:
             return np.ascontiguousarray(arr[None], dtype=np.float32), False
         if arr.ndim == len(shape) + 1 and arr.shape[1:] == shape and arr.shape[0] >= 1:
@@ -525,7 +531,7 @@ class Model:
         Args:
             ids: token ids (T,).
             cotangent: (P, d), or (B, P, d) for B cotangents at once; (d,) / (B, d) when
-                ``positions`` is one integer.
+                ``positions`` is one integer; finite (NaN or inf is a ValueError naming its index).
             at: ``(layer, positions)`` with ``layer`` in [0, L] and ``positions`` an int or a
                 sequence of P distinct ints (negative count from the end); a bare ``layer``
                 means every position.
@@ -569,7 +575,8 @@ class Model:
 
         Args:
             ids: token ids (T,).
-            tangent: (T, d) direction added to ``resid[at]``, or (B, T, d) for B at once.
+            tangent: (T, d) direction added to ``resid[at]``, or (B, T, d) for B at once;
+                finite (NaN or inf is a ValueError naming its index).
             at: the layer index l in [0, L] of the stream the tangent enters.
             intervene: an :class:`Intervention`, differentiated as applied.
 

