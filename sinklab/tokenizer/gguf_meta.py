@@ -48,6 +48,51 @@ def _field_value(field: Any) -> Any:
     return bool(value) if main == GGUFValueType.BOOL else value
 
 
+# The value kinds the tokenizer builders rely on, checked once here so that a hostile file gives
+# a ValueError naming the key rather than a TypeError deep inside the builders.
+_STR_KEYS = ("general.architecture", "tokenizer.ggml.model", "tokenizer.ggml.pre")
+_STR_LIST_KEYS = ("tokenizer.ggml.tokens", "tokenizer.ggml.merges")
+_INT_ARRAY_KEYS = ("tokenizer.ggml.token_type",)
+_NUM_ARRAY_KEYS = ("tokenizer.ggml.scores",)
+_FLAG_PREFIX = "tokenizer.ggml.add_"
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_metadata(meta: Dict[str, Any], source: str = "GGUF") -> Dict[str, Any]:
+    """Checks the kind of every tokenizer value the builders read: strings for the model names,
+    lists of str for tokens and merges, 1-D integer / numeric arrays for token types and scores,
+    integers for ``*_token_id`` and booleans (or integers) for ``add_*`` flags.
+
+    Returns:
+        ``meta`` itself.
+
+    Raises:
+        ValueError: a value of the wrong kind; the message names the key and what it holds.
+    """
+    def bad(key: str, want: str) -> ValueError:
+        v = meta[key]
+        return ValueError(f"{source}: metadata {key} should be {want}, holds {type(v).__name__} "
+                          f"{str(v)[:60]!r}")
+
+    for key, v in meta.items():
+        if key in _STR_KEYS and not isinstance(v, str):
+            raise bad(key, "a string")
+        if key in _STR_LIST_KEYS and not (isinstance(v, list) and all(isinstance(t, str) for t in v)):
+            raise bad(key, "an array of strings")
+        if key in _INT_ARRAY_KEYS and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iu"):
+            raise bad(key, "an array of integers")
+        if key in _NUM_ARRAY_KEYS and not (isinstance(v, np.ndarray) and v.ndim == 1 and v.dtype.kind in "iuf"):
+            raise bad(key, "an array of numbers")
+        if key.startswith("tokenizer.ggml.") and key.endswith("_token_id") and not _is_int(v):
+            raise bad(key, "an integer")
+        if key.startswith(_FLAG_PREFIX) and not isinstance(v, (bool, np.bool_)) and not _is_int(v):
+            raise bad(key, "a boolean")
+    return meta
+
+
 def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
     """``general.architecture`` and every ``tokenizer.*`` key of a GGUF file.
 
@@ -57,7 +102,13 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
             or a path to a ``.gguf`` file, opened with :func:`sinklab.io.gguf_loader.open_gguf`.
 
     Returns:
-        {key: value}, values as :func:`_field_value` gives them.
+        {key: value}, values as :func:`_field_value` gives them, their kinds checked by
+        :func:`check_metadata`.
+
+    Raises:
+        ValueError: the file is not a well-formed GGUF (``GGUFError``) or a tokenizer value has
+            the wrong kind.
+        FileNotFoundError: ``reader_or_path`` is a path that does not exist.
     """
     if not hasattr(reader_or_path, "fields"):
         from ..io.gguf_loader import open_gguf
@@ -65,9 +116,12 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
         reader_or_path = open_gguf(os.fspath(reader_or_path))
     from ..io.gguf_reader import GGUFFile
 
+    source = str(getattr(reader_or_path, "path", "GGUF"))
     if isinstance(reader_or_path, GGUFFile):  # values already plain: str, numbers, lists, arrays
-        return {key: value for key, value in reader_or_path.fields.items() if _wanted_key(key)}
-    return {key: _field_value(field) for key, field in reader_or_path.fields.items() if _wanted_key(key)}
+        meta = {key: value for key, value in reader_or_path.fields.items() if _wanted_key(key)}
+    else:
+        meta = {key: _field_value(field) for key, field in reader_or_path.fields.items() if _wanted_key(key)}
+    return check_metadata(meta, source)
 
 
 def token_list(meta: Dict[str, Any]) -> List[str]:
