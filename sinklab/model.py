@@ -445,17 +445,23 @@ class Model:
         arr = np.asarray(x)
         if not (np.issubdtype(arr.dtype, np.floating) or np.issubdtype(arr.dtype, np.integer)):
             raise TypeError(f"{name} must be a float array, got dtype {arr.dtype}")
-        if arr.shape in (shape, arr.shape[:1] + shape) and not np.isfinite(arr).all():
-            # a NaN or inf would spread through every later position: refuse it by name
-            bad = np.argwhere(~np.isfinite(arr))[0]
-            kind = "NaN" if np.isnan(arr[tuple(bad)]) else "inf"
-            raise ValueError(f"{name} holds {kind} at index {tuple(int(i) for i in bad)} "
-                             f"({int((~np.isfinite(arr)).sum())} non-finite values); directions must be finite")
         if arr.shape == shape:
-            return np.ascontiguousarray(arr[None], dtype=np.float32), False
-        if arr.ndim == len(shape) + 1 and arr.shape[1:] == shape and arr.shape[0] >= 1:
-            return np.ascontiguousarray(arr, dtype=np.float32), True
-        raise ValueError(f"{name} must have shape {shape} or (B,) + {shape}, got {arr.shape}")
+            out, batched = arr[None], False
+        elif arr.ndim == len(shape) + 1 and arr.shape[1:] == shape and arr.shape[0] >= 1:
+            out, batched = arr, True
+        else:
+            raise ValueError(f"{name} must have shape {shape} or (B,) + {shape}, got {arr.shape}")
+        with np.errstate(over="ignore"):  # an overflow to inf is reported below, by index
+            out = np.ascontiguousarray(out, dtype=np.float32)
+        finite = np.isfinite(out)
+        if not finite.all():  # a NaN or inf would spread through every later position: refuse it by name
+            first = tuple(int(i) for i in np.argwhere(~finite)[0])
+            bad = first if batched else first[1:]            # the index in the caller's array
+            kind = "NaN" if np.isnan(out[first]) else "inf"
+            big = " (a finite value too large for float32)" if np.isfinite(arr[bad]) else ""
+            raise ValueError(f"{name} holds {kind}{big} at index {bad} ({int((~finite).sum())} non-finite "
+                             f"values); directions must be finite")
+        return out, batched
 
     def _layer_index(self, layer: Any, name: str, lo: int = 0) -> int:
         L = self.config.n_layers
@@ -681,8 +687,14 @@ class Model:
             raise ValueError("no position has a target: need T >= 2 or some targets >= 0")
         self._check_head(("logits",))
         tied = self.weights.get("lm_head") is self.weights["tok_embd"]
-        grads = {k: np.zeros(v.shape, np.float32) for k, v in self.weights.items()
-                 if k != "rope_inv_freq" and not (tied and k == "lm_head")}
+        shapes = {k: tuple(v.shape) for k, v in self.weights.items()
+                  if k != "rope_inv_freq" and not (tied and k == "lm_head")}
+        grad_floats = sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
+        self._check_bytes(self.grad_bytes(T) + 4 * (grad_floats + T * self.config.vocab_size),
+                          f"loss_and_grad on {T} tokens (every layer's saved activations, one layer's "
+                          f"T x T attention, the logits and {grad_floats:,} gradient floats)",
+                          "use fewer tokens: the attention part grows as T^2")
+        grads = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
         bufs = dict(grads, lm_head=grads["tok_embd"]) if tied else grads
         ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
         loss = _core.model_loss_grad(self._handle, arr, tg, bufs, **ivs)

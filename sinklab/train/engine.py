@@ -88,6 +88,21 @@ class AdamW:
     grad_clip: float = 1.0
 
 
+def _check_train_memory(n: int, grad_groups: int) -> None:
+    """MemoryError before allocating when the flat buffers (parameters, gradients, two Adam
+    moments, one gradient buffer per extra group: (3 + grad_groups) n float32) exceed the
+    available memory."""
+    from ..model import available_memory
+
+    need = 4 * n * (3 + grad_groups)
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise MemoryError(f"the trainer's buffers for {n:,} parameters need {need / 1e9:.2f} GB "
+                          f"(parameters, gradients, 2 Adam moments and {grad_groups - 1} extra gradient "
+                          f"group(s)) but only {avail / 1e9:.2f} GB is available; use a smaller model "
+                          f"(d_model, n_layers, vocab_size) or grad_groups=1")
+
+
 class Trainer:
     """Parameters, gradients and Adam moments of a LLaMA-style model in C-owned flat buffers.
 
@@ -111,6 +126,9 @@ class Trainer:
         last = self.layout[-1]
         self.n_params = sum(s.size for s in self.layout)
         n = last.offset + last.size
+        if grad_groups < 1:
+            raise ValueError(f"grad_groups must be >= 1, got {grad_groups}")
+        _check_train_memory(n, grad_groups)
         self.params, self.grads, self.mom, self.vel = _core.train_buffers(n, 4)
         self.weights = {s.name: self.params[s.offset:s.offset + s.size].reshape(s.shape) for s in self.layout}
         self.grad_views = {s.name: self.grads[s.offset:s.offset + s.size].reshape(s.shape) for s in self.layout}
@@ -124,8 +142,6 @@ class Trainer:
         # The batch's windows form grad_groups fixed groups whose gradients are summed apart and
         # then added in order (csrc/train.h): groups run in parallel without barriers, and the
         # bits depend on grad_groups, never on the thread count. Each extra group costs n floats.
-        if grad_groups < 1:
-            raise ValueError(f"grad_groups must be >= 1, got {grad_groups}")
         self.grad_groups = int(grad_groups)
         self._group_grads = (_core.train_buffers((grad_groups - 1) * n, 1)[0].reshape(grad_groups - 1, n)
                              if grad_groups > 1 else None)
