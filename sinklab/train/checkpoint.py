@@ -237,8 +237,8 @@ def latest_checkpoint(run_dir: str) -> Optional[str]:
     path = os.path.join(run_dir, LATEST)
     if not os.path.isfile(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        name = f.read().strip()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        name = f.read(256).strip()
     if not _STEP_DIR.match(name):
         raise CheckpointError(f"{path} should name a step-NNNNNN folder, holds {name[:80]!r}")
     folder = os.path.join(run_dir, name)
@@ -382,13 +382,59 @@ def read_state(folder: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
             state = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{path} is corrupted: not valid JSON ({e})") from None
+    except (ValueError, RecursionError) as e:  # bad UTF-8 or JSON, 5000-digit ints, deep nesting
+        raise CheckpointError(f"{path} is corrupted: not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a sinklab training state (format {FORMAT!r})")
     if state.get("state_sha256") != _state_digest(state):
         raise CheckpointError(f"{path} is corrupted: its contents do not match its state_sha256")
     return state
+
+
+def _is_count(v: Any) -> bool:
+    return type(v) is int and v >= 0
+
+
+def _check_state(folder: str, state: Dict[str, Any]) -> None:
+    """The kinds of the state's fields that loading reads (``files``, ``step``, ``n_flat``,
+    ``model``, ``optimizer``, ``layout``): a state that passes its checksum but was written by
+    something else gives a CheckpointError naming the field, not a TypeError."""
+    where = os.path.join(folder, STATE_FILE)
+    files = state.get("files")
+    if not isinstance(files, dict):
+        raise CheckpointError(f"{where}: 'files' should map file names to their size and sha256")
+    for name, info in files.items():
+        # Plain names only: a listed "../x" must not make loading read outside the folder.
+        if not name or name != os.path.basename(name) or name in (".", ".."):
+            raise CheckpointError(f"{where}: 'files' lists {name[:80]!r}, not a file name of the folder")
+        if not (isinstance(info, dict) and _is_count(info.get("bytes")) and isinstance(info.get("sha256"), str)):
+            raise CheckpointError(f"{where}: 'files' entry {name!r} should hold 'bytes' (int) and 'sha256' (str)")
+    for key in ("step", "n_flat"):
+        if not _is_count(state.get(key)):
+            raise CheckpointError(f"{where}: {key!r} should be a non-negative integer, holds {state.get(key)!r:.80}")
+    for key in ("model", "optimizer"):
+        if not isinstance(state.get(key), dict):
+            raise CheckpointError(f"{where}: {key!r} should be a JSON object")
+    bad = {k: v for k, v in state["optimizer"].items() if type(v) not in (int, float)}
+    if bad:
+        raise CheckpointError(f"{where}: optimizer hyperparameters should be numbers, got {bad!r:.120}")
+
+
+def _model_config(folder: str, state: Dict[str, Any]) -> Tuple[ModelConfig, AdamW]:
+    """The architecture and optimizer a checked state describes (CheckpointError when they are
+    not valid arguments of :func:`llama_config` / :class:`AdamW`)."""
+    where = os.path.join(folder, STATE_FILE)
+    model = state["model"]
+    ints = ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "context_length",
+            "bos_token_id", "eos_token_id")
+    bad = {k: v for k, v in model.items() if (k in ints and v is not None and not _is_count(v))
+           or (k in ("rope_theta", "norm_eps") and type(v) not in (int, float))}
+    if bad:
+        raise CheckpointError(f"{where}: invalid model fields {bad!r:.120}")
+    try:
+        return llama_config(**model), AdamW(**state["optimizer"])
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError) as e:
+        raise CheckpointError(f"{where}: the model or optimizer it describes is invalid ({e})") from None
 
 
 def _verify_files(folder: str, files: Dict[str, Dict[str, Any]]) -> None:
@@ -443,12 +489,16 @@ def load_checkpoint(path: str, verify: bool = True) -> Checkpoint:
             for 100 MB).
 
     Raises:
-        CheckpointError: a missing file, a size or sha256 mismatch, or a state that is not
-            sinklab's; the message names the file.
+        CheckpointError: (a ValueError) a missing file, a size or sha256 mismatch, a corrupted
+            safetensors file, or a state that is not sinklab's or whose fields have the wrong
+            kind; the message names the file. This is the only exception a hostile checkpoint
+            folder raises (checked by benchmarks/fuzz_parsers.py).
+        OSError: a file cannot be read (permissions, I/O error).
     """
     folder = resolve(path)
     state = read_state(folder)
-    files = state.get("files", {})
+    _check_state(folder, state)
+    files = state["files"]
     for need in (CONFIG_FILE, MODEL_FILE, OPTIMIZER_FILE):
         if need not in files:
             raise CheckpointError(f"{folder}: {STATE_FILE} lists no {need}")
@@ -458,7 +508,7 @@ def load_checkpoint(path: str, verify: bool = True) -> Checkpoint:
         for name in files:
             if not os.path.isfile(os.path.join(folder, name)):
                 raise CheckpointError(f"{folder}: missing {name} (listed in {STATE_FILE})")
-    cfg = llama_config(**state["model"])
+    cfg, optimizer = _model_config(folder, state)
     tensors = _f32_tensors(os.path.join(folder, MODEL_FILE))
     opt = _f32_tensors(os.path.join(folder, OPTIMIZER_FILE))
     n = int(state["n_flat"])
@@ -467,7 +517,7 @@ def load_checkpoint(path: str, verify: bool = True) -> Checkpoint:
             raise CheckpointError(f"{os.path.join(folder, OPTIMIZER_FILE)}: {k} should be ({n},) float32")
     tok = os.path.join(folder, TOKENIZER_FILE)
     return Checkpoint(path=folder, step=int(state["step"]), state=state, config=cfg,
-                      optimizer=AdamW(**state["optimizer"]), tensors=tensors, mom=opt["mom"], vel=opt["vel"],
+                      optimizer=optimizer, tensors=tensors, mom=opt["mom"], vel=opt["vel"],
                       tokenizer_path=tok if TOKENIZER_FILE in files else None)
 
 
@@ -478,7 +528,7 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
         CheckpointError: the trainer's parameter layout differs from the checkpoint's.
     """
     layout = [[s.name, list(s.shape), int(s.offset)] for s in trainer.layout]
-    if layout != ckpt.state["layout"] or trainer.params.size != int(ckpt.state["n_flat"]):
+    if layout != ckpt.state.get("layout") or trainer.params.size != int(ckpt.state["n_flat"]):
         raise CheckpointError(f"{ckpt.path}: the checkpoint's parameter layout differs from this trainer's "
                               f"(another architecture?)")
     missing = [hf_name(s.name) for s in trainer.layout if hf_name(s.name) not in ckpt.tensors]
