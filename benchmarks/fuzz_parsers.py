@@ -8,7 +8,7 @@ Parsers (what runs on each input, and the exception types it documents, :data:`D
 
 ``gguf``
     :func:`sinklab.io.gguf_loader.open_gguf` (what ``sinklab.load`` calls) on the file, then
-    every tensor's bytes are touched. Documented: ``GGUFError`` / ``GGUFFormatError`` (ValueError).
+    every tensor's bytes are touched and ``read_config`` reads the model's shape. Documented: ``GGUFError`` / ``GGUFFormatError`` (ValueError).
 ``safetensors``
     :func:`sinklab.io.hf_loader.read_safetensors`, then every F32/F16/BF16 tensor is decoded with
     ``to_f32``. Documented: ``SafetensorsError`` (ValueError).
@@ -162,7 +162,11 @@ def gguf_seeds() -> List[Tuple[bytes, List[Tuple[int, int]]]]:
                ("blk.0.attn_norm.weight", (2, 3), 1, rng.standard_normal(6).astype("<f2").tobytes()),
                ("output.weight", (64,), 8, q8)]
     common = [("general.architecture", 8, "llama"), ("general.alignment", 4, 32),
-              ("llama.block_count", 4, 1), ("nested", 9, (9, [(4, [1, 2]), (4, [3])]))]
+              ("llama.block_count", 4, 1), ("nested", 9, (9, [(4, [1, 2]), (4, [3])])),
+              ("llama.context_length", 4, 16), ("llama.embedding_length", 4, 8), ("llama.feed_forward_length", 4, 16),
+              ("llama.attention.head_count", 4, 2), ("llama.attention.head_count_kv", 4, 1),
+              ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5), ("llama.rope.freq_base", 6, 10000.0),
+              ("llama.vocab_size", 4, 4)]
     bpe = common + [("tokenizer.ggml.model", 8, "gpt2"), ("tokenizer.ggml.pre", 8, "smollm"),
                     ("tokenizer.ggml.tokens", 9, (8, tokens)), ("tokenizer.ggml.token_type", 9, (5, types)),
                     ("tokenizer.ggml.merges", 9, (8, merges)), ("tokenizer.ggml.bos_token_id", 4, len(tokens) - 3),
@@ -401,10 +405,13 @@ class GGUFTarget(Target):
         return "bytes", mutate_bytes(rng, data, fields, other)
 
     def run(self, kind: str, x: Any) -> None:
+        from sinklab.io.gguf_loader import read_config
+
         f = open_gguf(self.write(x))
         for t in f.tensors:  # the views must lie inside the map
             int(np.asarray(t.data).sum(dtype=np.uint64))
-        len(f.fields)
+        if "general.architecture" in f.fields:  # what sinklab.load reads next
+            read_config(f)
 
 
 class SafetensorsTarget(Target):
@@ -506,12 +513,12 @@ class CheckpointTarget(Target):
             state = mutate_json_obj(rng, state)
             if not isinstance(state, dict):
                 files[STATE_FILE] = json.dumps(state).encode()
-                return "files", files
+                return "verify", files
         else:  # bytes of one file, its recorded size and sha256 updated half of the time
             name = rng.choice(sorted(files))
             files[name] = mutate_bytes(rng, files[name], [(0, 8)] if name.endswith(".safetensors") else ())
             if name == STATE_FILE or rng.random() < 0.5:
-                return "files", files
+                return rng.choice(("verify", "noverify")), files
             state["files"][name] = {"bytes": len(files[name]), "sha256": hashlib.sha256(files[name]).hexdigest()}
         if rng.random() < 0.9:
             try:
@@ -522,7 +529,7 @@ class CheckpointTarget(Target):
             files[STATE_FILE] = _json_bytes(state)
         except (TypeError, ValueError):
             files[STATE_FILE] = b"{}"
-        return "files", files
+        return rng.choice(("verify", "noverify")), files
 
     def run(self, kind: str, x: Any) -> None:
         from sinklab.train.checkpoint import load_checkpoint
@@ -533,7 +540,7 @@ class CheckpointTarget(Target):
         for name, data in x.items():
             with open(os.path.join(self.folder, name), "wb") as f:
                 f.write(data)
-        ck = load_checkpoint(self.folder, verify=bool(len(x) % 2))
+        ck = load_checkpoint(self.folder, verify=kind == "verify")
         for a in list(ck.tensors.values()) + [ck.mom, ck.vel]:
             float(np.asarray(a, dtype=np.float64).sum())
 
