@@ -32,8 +32,9 @@ the start) so that a reader trusting a length field of 2^62 fails with MemoryErr
 undocumented) rather than swapping. Every undocumented exception or hang is saved under
 ``--out`` (the input bytes, and a .txt with the traceback).
 
-Prints a Markdown table (inputs, exceptions by type, undocumented, hangs, wall time, inputs/s)
-with the command line, for benchmarks/RESULTS.md.
+Prints a Markdown table (inputs, exceptions by type, undocumented, hangs, line coverage of the
+parser's modules over the first ``--coverage`` inputs (function bodies, writers included), wall
+time, inputs/s) with the command line, for benchmarks/RESULTS.md.
 """
 from __future__ import annotations
 
@@ -281,8 +282,11 @@ def weird_value(rng: random.Random, like: Any) -> Any:
         if choice == 3:
             out = like.copy()
             if out.size and out.dtype.kind in "iuf":
-                out.flat[rng.randrange(out.size)] = rng.choice((-1, 0, 99, 2 ** 7, 127)) if out.dtype.kind != "f" \
-                    else rng.choice((np.nan, np.inf, -np.inf, 1e38))
+                v = rng.choice((-1, 0, 99, 2 ** 7, 127)) if out.dtype.kind != "f" else rng.choice((np.nan, np.inf, 1e38))
+                try:
+                    out.flat[rng.randrange(out.size)] = v
+                except (ValueError, OverflowError):  # -1 into an unsigned array: keep the copy
+                    pass
             return out
         return np.zeros((2, 2), like.dtype)
     if isinstance(like, list):
@@ -559,14 +563,76 @@ TARGETS: Dict[str, Callable[[str], Target]] = {"gguf": GGUFTarget, "safetensors"
                                                "tokenizer": TokenizerTarget, "checkpoint": CheckpointTarget}
 
 
+# ------------------------------------------------------------------ line coverage
+# The modules each parser's code lives in (coverage is reported over whole modules, writers included).
+MODULES: Dict[str, Tuple[str, ...]] = {
+    "gguf": ("sinklab.io.gguf_reader", "sinklab.io.gguf_loader"),
+    "safetensors": ("sinklab.io.hf_loader",),
+    "tokenizer": ("sinklab.tokenizer.gguf_meta", "sinklab.tokenizer.bpe", "sinklab.tokenizer.spm",
+                  "sinklab.tokenizer.core"),
+    "checkpoint": ("sinklab.train.checkpoint",),
+}
+
+
+def _code_lines(code: Any) -> set:
+    lines = {ln for _, _, ln in code.co_lines() if ln is not None}
+    for c in code.co_consts:
+        if hasattr(c, "co_lines"):
+            lines |= _code_lines(c)
+    return lines
+
+
+class LineCoverage:
+    """Lines executed in a set of modules, by a ``sys.settrace`` tracer limited to their files
+    (slow: used on the first ``--coverage`` inputs only)."""
+
+    def __init__(self, modules: Sequence[str]) -> None:
+        import importlib
+
+        self.files: Dict[str, set] = {}
+        for m in modules:
+            path = os.path.realpath(importlib.import_module(m).__file__)
+            with open(path) as f:
+                code = compile(f.read(), path, "exec")
+            # Lines of module-level code run at import, not per input: counted over function bodies.
+            self.files[path] = set().union(*[_code_lines(c) for c in code.co_consts if hasattr(c, "co_lines")])
+        self.hit: Dict[str, set] = {p: set() for p in self.files}
+
+    def _trace(self, frame: Any, event: str, arg: Any) -> Any:
+        hits = self.hit.get(os.path.realpath(frame.f_code.co_filename))
+        if hits is None:
+            return None
+        hits.add(frame.f_lineno)
+
+        def local(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line":
+                hits.add(frame.f_lineno)
+            return local
+        return local
+
+    def __enter__(self) -> "LineCoverage":
+        sys.settrace(self._trace)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        sys.settrace(None)
+
+    def summary(self) -> Tuple[int, int]:
+        """(lines executed, executable lines in function bodies) over all the modules."""
+        hit = sum(len(self.hit[p] & self.files[p]) for p in self.files)
+        return hit, sum(len(v) for v in self.files.values())
+
+
 # ------------------------------------------------------------------ the loop
 def _alarm(signum: int, frame: Any) -> None:
     raise Hang()
 
 
 def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional[str] = None,
-         progress: bool = False, max_seconds: Optional[float] = None) -> Dict[str, Any]:
-    """Runs ``n`` mutated inputs through ``parser`` (one of :data:`PARSERS`).
+         progress: bool = False, max_seconds: Optional[float] = None, coverage: int = 0) -> Dict[str, Any]:
+    """Runs ``n`` mutated inputs through ``parser`` (one of :data:`PARSERS`); the first
+    ``coverage`` of them under a line tracer (the result's "coverage": (lines hit, lines) of
+    :data:`MODULES`, or None).
 
     Returns:
         {"parser", "inputs", "accepted" (parsed without error), "exceptions" ({type name: count}),
@@ -579,7 +645,9 @@ def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional
     dest = out or os.path.join(work, "findings")
     os.makedirs(dest, exist_ok=True)
     res: Dict[str, Any] = {"parser": parser, "inputs": 0, "accepted": 0, "exceptions": collections.Counter(),
-                           "undocumented": [], "hangs": [], "seconds": 0.0, "slowest": 0.0, "findings_dir": dest}
+                           "undocumented": [], "hangs": [], "seconds": 0.0, "slowest": 0.0, "findings_dir": dest,
+                           "coverage": None}
+    cov = LineCoverage(MODULES[parser]) if coverage > 0 else None
     old = signal.signal(signal.SIGALRM, _alarm)
     bar = None
     if progress:
@@ -595,9 +663,14 @@ def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional
             kind, x = target.draw(rng)
             t1 = time.perf_counter()
             hung = False
-            signal.setitimer(signal.ITIMER_REAL, timeout)
+            tracing = cov is not None and i < coverage
+            signal.setitimer(signal.ITIMER_REAL, timeout * (20 if tracing else 1))
             try:
-                target.run(kind, x)
+                if tracing:
+                    with cov:
+                        target.run(kind, x)
+                else:
+                    target.run(kind, x)
                 res["accepted"] += 1
             except Hang:
                 hung = True
@@ -615,8 +688,9 @@ def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
             dt = time.perf_counter() - t1
-            res["slowest"] = max(res["slowest"], dt)
-            if dt > timeout and not hung:
+            if not tracing:
+                res["slowest"] = max(res["slowest"], dt)
+            if dt > timeout and not hung and not tracing:
                 res["hangs"].append(target.save(kind, x, dest))  # a hang no signal could interrupt (native code)
             res["inputs"] += 1
             if bar is not None:
@@ -626,6 +700,8 @@ def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional
         if bar is not None:
             bar.close()
         res["seconds"] = time.perf_counter() - t0
+        if cov is not None:
+            res["coverage"] = cov.summary()
         for name in os.listdir(work):
             if name != "findings":
                 p = os.path.join(work, name)
@@ -635,15 +711,20 @@ def fuzz(parser: str, n: int, seed: int = 0, timeout: float = 5.0, out: Optional
     return res
 
 
+def _cov(c: Optional[Tuple[int, int]]) -> str:
+    return "-" if c is None else f"{c[0]}/{c[1]} lines ({100 * c[0] / max(c[1], 1):.0f}%)"
+
+
 def markdown(results: Sequence[Dict[str, Any]], argv: Sequence[str]) -> str:
     """The Markdown table for benchmarks/RESULTS.md."""
     lines = [f"`python benchmarks/fuzz_parsers.py {' '.join(argv)}`", "",
-             "| parser | inputs | parsed OK | exceptions by type | undocumented | hangs (> 5 s) | slowest input | wall | inputs/s |",
-             "|---|---:|---:|---|---:|---:|---:|---:|---:|"]
+             "| parser | inputs | parsed OK | exceptions by type | undocumented | hangs (> 5 s) | slowest input | "
+             "line coverage | wall | inputs/s |",
+             "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         exc = ", ".join(f"{k} {v}" for k, v in sorted(r["exceptions"].items(), key=lambda kv: -kv[1])) or "-"
         lines.append(f"| {r['parser']} | {r['inputs']:,} | {r['accepted']:,} | {exc} | {len(r['undocumented'])} | "
-                     f"{len(r['hangs'])} | {r['slowest'] * 1e3:.1f} ms | {r['seconds']:.1f} s | "
+                     f"{len(r['hangs'])} | {r['slowest'] * 1e3:.1f} ms | {_cov(r['coverage'])} | {r['seconds']:.1f} s | "
                      f"{r['inputs'] / max(r['seconds'], 1e-9):,.0f} |")
     return "\n".join(lines)
 
@@ -665,6 +746,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default=None, help="folder for reproducers (default: a temp folder, kept if any)")
     p.add_argument("--mem-limit-gb", type=float, default=4.0, help="address space allowed above the start (0: none)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop each parser after this long")
+    p.add_argument("--coverage", type=int, default=300, metavar="K",
+                   help="trace line coverage of the parser's modules over the first K inputs (0: off)")
     args = p.parse_args(argv)
     argv = list(sys.argv[1:] if argv is None else argv)
     import sinklab.tokenizer  # noqa: F401 - imported before the cap: tokenizers maps its arenas early
@@ -674,8 +757,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _cap_memory(args.mem_limit_gb)
     results = []
     for parser in (PARSERS if args.parser == "all" else (args.parser,)):
-        r = fuzz(parser, args.n, args.seed, args.timeout, args.out, progress=True, max_seconds=args.max_seconds)
+        r = fuzz(parser, args.n, args.seed, args.timeout, args.out, progress=True, max_seconds=args.max_seconds,
+                 coverage=args.coverage)
         results.append(r)
+        print(markdown([r], argv).splitlines()[-1], file=sys.stderr, flush=True)  # kept if a later parser fails
         for name, msg, path in r["undocumented"][:20]:
             print(f"UNDOCUMENTED {parser}: {name}: {msg}\n  reproducer: {path}", file=sys.stderr)
         for path in r["hangs"][:20]:

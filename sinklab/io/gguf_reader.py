@@ -109,7 +109,15 @@ class _Cursor:
 
 class GGUFFile:
     """A GGUF file's metadata (``fields``: key -> Python value; arrays as NumPy arrays or lists of
-    str) and tensor table (``tensors``, in file order), with tensor data memory-mapped."""
+    str) and tensor table (``tensors``, in file order), with tensor data memory-mapped.
+
+    Raises:
+        GGUFFormatError: (a ValueError) the file is not a well-formed GGUF: bad magic or version,
+            truncated, a count, length, shape, type or offset inconsistent with the file. No
+            length read from the file is allocated before it is checked against the file's size;
+            this is the only exception a hostile file raises (checked by benchmarks/fuzz_parsers.py).
+        OSError: the file cannot be opened or mapped.
+    """
 
     def __init__(self, path: str) -> None:
         self.path = os.fspath(path)
