@@ -69,6 +69,10 @@ def _write(tmp_path, data: bytes, name: str = "x.bin") -> str:
 
 
 def _peak_alloc(fn) -> int:
+    """Peak bytes Python allocates inside ``fn`` (imports done before: they are not the file's)."""
+    from sinklab.io.gguf_reader import _type_sizes
+
+    _type_sizes()
     tracemalloc.start()
     try:
         fn()
@@ -244,6 +248,16 @@ def test_checkpoint_seed_loads_bitwise(seed_checkpoint, tmp_path):
     assert set(c.tensors) == set(ref) and all(np.array_equal(c.tensors[k], ref[k]) for k in ref)
     digest = hashlib.sha256(Path(seed_checkpoint, ck.MODEL_FILE).read_bytes()).hexdigest()
     assert c.state["files"][ck.MODEL_FILE]["sha256"] == digest
+
+
+def test_gguf_duplicated_metadata_key_is_refused(tmp_path):
+    """A second ``tokenizer.ggml.tokens`` would silently replace the first (llama.cpp and gguf-py
+    refuse the file)."""
+    ok = fz.gguf_bytes([("a", 4, 1), ("b", 4, 2)], [])[0]
+    dup = fz.gguf_bytes([("a", 4, 1), ("a", 4, 2)], [])[0]
+    assert GGUFFile(_write(tmp_path, ok, "ok.gguf")).fields == {"a": 1, "b": 2}
+    with pytest.raises(GGUFFormatError, match="appears twice"):
+        GGUFFile(_write(tmp_path, dup))
 
 
 def test_gguf_open_refuses_truncation_at_every_byte_of_the_header(tmp_path):

@@ -143,6 +143,8 @@ class GGUFFile:
         self.fields: Dict[str, Any] = {}
         for i in range(n_kv):
             key = cur.string(f"metadata key #{i}")
+            if key in self.fields:  # as llama.cpp and gguf-py: which of the two would be meant?
+                raise GGUFFormatError(f"{self.path}: metadata key {key!r} appears twice")
             vtype = cur.scalar("<I", f"type of {key!r}")
             self.fields[key] = cur.value(vtype, f"metadata {key!r}")
         infos = []
