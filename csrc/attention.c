@@ -336,7 +336,8 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_tasks; task++) {
             const int64_t b = find_seq(task_off, B, task), r = task - task_off[b], n_seg = seq_segments(bt, b);
-            int rc = attend_task(s, bt, b, r / n_seg, r % n_seg, q, q_stride, k, kv_stride, out, iv, scratch);
+            int rc = sl_check_interrupt();   /* Ctrl-C waits for one (head, query segment) at most */
+            if (rc == SL_OK) rc = attend_task(s, bt, b, r / n_seg, r % n_seg, q, q_stride, k, kv_stride, out, iv, scratch);
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;
@@ -395,7 +396,8 @@ static int run_tasks(int64_t n, int64_t scratch_floats, attn_task_fn fn, void *a
 #pragma omp for schedule(dynamic, 1)
         for (int64_t i = 0; i < n; i++) {
             if (!ok) continue;
-            int rc = fn(arg, i, scratch);
+            int rc = sl_check_interrupt();
+            if (rc == SL_OK) rc = fn(arg, i, scratch);
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;

@@ -6,6 +6,7 @@
 #include <numpy/arrayobject.h>
 
 #include <math.h>
+#include <signal.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -28,11 +29,76 @@
  * the core runs with the GIL released, and the message is read back from this call's own
  * context, never from a buffer another Python thread may be writing at the same moment. */
 static PyObject *raise_status(const sl_ctx *ctx, int rc) {
+    if (rc == SL_ERR_INTERRUPTED) {
+        /* Python's own handler ran (chained) and tripped its flag: this runs the Python-level
+         * handler, KeyboardInterrupt by default; if that handler raised nothing, raise it here */
+        if (PyErr_CheckSignals() < 0) return NULL;
+        PyErr_SetNone(PyExc_KeyboardInterrupt);
+        return NULL;
+    }
     PyObject *type = rc == SL_ERR_MEMORY ? PyExc_MemoryError
                      : rc == SL_ERR_INTERNAL ? PyExc_RuntimeError
                                              : PyExc_ValueError;
     PyErr_SetString(type, ctx->err[0] ? ctx->err : "unknown error in sinklab core");
     return NULL;
+}
+
+/* ---------------------------------------------------------------- Ctrl-C during long calls */
+
+/* While Python's main thread runs a long call with the GIL released, Python's SIGINT handler only
+ * trips a flag that nothing reads until the call returns, so Ctrl-C would wait for the whole
+ * computation. The guard swaps in a handler that also sets the core's interrupt flag (read
+ * between layers by sl_check_interrupt) and chains to Python's handler, then restores it. A
+ * SIGINT that is ignored (SIG_IGN) or left to the default action is not touched. */
+#if defined(__unix__) || defined(__APPLE__)
+#define SL_HAVE_SIGINT_GUARD 1
+static unsigned long sl_main_thread;
+static struct sigaction sl_python_sigint; /* the handler chained to, set while a guard is on */
+
+static void sl_on_sigint(int sig) {
+    sl_interrupt_set(1);
+    if (sl_python_sigint.sa_handler != SIG_DFL && sl_python_sigint.sa_handler != SIG_IGN)
+        sl_python_sigint.sa_handler(sig);
+}
+#else
+#define SL_HAVE_SIGINT_GUARD 0
+#endif
+
+typedef struct {
+    int on;
+#if SL_HAVE_SIGINT_GUARD
+    struct sigaction prev;
+#endif
+} sigint_guard;
+
+/* Call with the GIL held, after sl_ctx_begin(ctx). */
+static void sigint_guard_begin(sigint_guard *g, sl_ctx *ctx) {
+    g->on = 0;
+#if SL_HAVE_SIGINT_GUARD
+    if (PyThread_get_thread_ident() != sl_main_thread) return;
+    struct sigaction cur;
+    if (sigaction(SIGINT, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) || cur.sa_handler == SIG_IGN ||
+        cur.sa_handler == SIG_DFL || cur.sa_handler == sl_on_sigint)
+        return;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = sl_on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sl_python_sigint = cur;
+    sl_interrupt_set(0);
+    if (sigaction(SIGINT, &sa, &g->prev) != 0) return;
+    ctx->interruptible = 1;
+    g->on = 1;
+#else
+    (void)ctx;
+#endif
+}
+
+static void sigint_guard_end(sigint_guard *g) {
+#if SL_HAVE_SIGINT_GUARD
+    if (g->on) sigaction(SIGINT, &g->prev, NULL);
+#endif
+    g->on = 0;
 }
 
 /* Checks that obj is a C-contiguous, aligned ndarray of dtype `type` with `ndim` dims; dims[i]
@@ -869,9 +935,12 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
+        sigint_guard guard;
+        sigint_guard_begin(&guard, &ctx);
         Py_BEGIN_ALLOW_THREADS
         rc = sl_model_forward_batch(m, PyArray_DATA(ids), B, T, lengths, &cap, &iv, &h->cache);
         Py_END_ALLOW_THREADS
+        sigint_guard_end(&guard);
     }
     sl_ctx_end(prev);
     PyMem_Free(ptrs);
@@ -982,9 +1051,12 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
+        sigint_guard guard;
+        sigint_guard_begin(&guard, &ctx);
         Py_BEGIN_ALLOW_THREADS
         rc = sl_model_vjp(m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out);
         Py_END_ALLOW_THREADS
+        sigint_guard_end(&guard);
     }
     sl_ctx_end(prev);
     PyMem_Free(ptrs);
@@ -1015,9 +1087,12 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
+        sigint_guard guard;
+        sigint_guard_begin(&guard, &ctx);
         Py_BEGIN_ALLOW_THREADS
         rc = sl_model_jvp(m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), tout);
         Py_END_ALLOW_THREADS
+        sigint_guard_end(&guard);
     }
     sl_ctx_end(prev);
     PyMem_Free(tout);
@@ -1104,9 +1179,12 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
+        sigint_guard guard;
+        sigint_guard_begin(&guard, &ctx);
         Py_BEGIN_ALLOW_THREADS
         rc = sl_model_loss_grad(m, PyArray_DATA(ids), PyArray_DATA(targets), T, &iv, &loss, &pg);
         Py_END_ALLOW_THREADS
+        sigint_guard_end(&guard);
     }
     sl_ctx_end(prev);
     PyMem_Free(lg);
@@ -1265,9 +1343,12 @@ static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     sl_ctx ctx;
     sl_ctx *prev = sl_ctx_begin(&ctx);
     if (ok) {
+        sigint_guard guard;
+        sigint_guard_begin(&guard, &ctx);
         Py_BEGIN_ALLOW_THREADS
         rc = sl_train_step(m, &pg, &st, &b, &hp, &loss, &norm);
         Py_END_ALLOW_THREADS
+        sigint_guard_end(&guard);
     }
     sl_ctx_end(prev);
     PyMem_Free(lg);
@@ -1348,6 +1429,9 @@ PyMODINIT_FUNC PyInit__core(void) {
     /* Pin the default (OMP_NUM_THREADS or the core count, as seen by the importing thread) so
      * that every Python thread starts from the same count. */
     sl_set_num_threads(sl_get_num_threads());
+#if SL_HAVE_SIGINT_GUARD
+    sl_main_thread = PyThread_get_thread_ident();  /* Python imports in its main thread, as a rule */
+#endif
     if (PyModule_AddIntConstant(mod, "has_openmp", SL_HAVE_OPENMP) < 0) {
         Py_DECREF(mod);
         return NULL;

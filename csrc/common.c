@@ -20,7 +20,19 @@ static atomic_int sl_threads_setting = 0;
 
 /* The context registered by the calling thread (NULL: none), and the thread's fallback. */
 static _Thread_local sl_ctx *sl_ctx_registered = NULL;
-static _Thread_local sl_ctx sl_ctx_default = {{0}, 0};
+static _Thread_local sl_ctx sl_ctx_default = {{0}, 0, 0};
+
+/* Set from a signal handler: a lock-free atomic store is async-signal-safe. */
+static atomic_int sl_interrupt_flag = 0;
+
+void sl_interrupt_set(int on) { atomic_store(&sl_interrupt_flag, on ? 1 : 0); }
+
+int sl_check_interrupt(void) {
+    const sl_ctx *c = sl_ctx_current();
+    if (c->interruptible && atomic_load_explicit(&sl_interrupt_flag, memory_order_relaxed))
+        return sl_fail(SL_ERR_INTERRUPTED, "interrupted (SIGINT)");
+    return SL_OK;
+}
 
 void sl_set_num_threads(int n) { atomic_store(&sl_threads_setting, n < 1 ? 0 : n); }
 
@@ -36,6 +48,7 @@ int sl_get_num_threads(void) {
 sl_ctx *sl_ctx_begin(sl_ctx *ctx) {
     ctx->err[0] = '\0';
     ctx->num_threads = sl_get_num_threads();
+    ctx->interruptible = 0;
     return sl_ctx_enter(ctx);
 }
 

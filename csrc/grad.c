@@ -366,7 +366,7 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
         memcpy(g.dx, cot, (size_t)(B * T * d) * sizeof(float));
         rc = record_layer(out, at, &g, d);
     }
-    for (int64_t l = at - 1; l >= low && rc == SL_OK; l--) {
+    for (int64_t l = at - 1; l >= low && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; l--) {
         rc = layer_backward(m, iv, l, &g, NULL);
         if (rc == SL_OK) rc = record_layer(out, l, &g, d);
     }
@@ -511,7 +511,12 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
             sl_rmsnorm(xf, rstd, g.dx, m->out_norm.w, T, d, m->norm_eps);
         else
             memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float));
-        rc = sl_linear_nt(T, xf, d, &m->lm_head, logits, V, 0, 1);
+        /* in row chunks with Ctrl-C checks between them (rows are independent: the same bits) */
+        for (int64_t r0 = 0; r0 < T && rc == SL_OK; r0 += 2048) {
+            const int64_t n = T - r0 < 2048 ? T - r0 : 2048;
+            rc = sl_check_interrupt();
+            if (rc == SL_OK) rc = sl_linear_nt(n, xf + r0 * d, d, &m->lm_head, logits + r0 * V, V, 0, 1);
+        }
     }
     if (rc == SL_OK && capped) {
         sl_softcap(logits, T * V, cap);
@@ -519,7 +524,9 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
     }
     if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, denom, loss_sum);
     if (rc == SL_OK && capped) sl_softcap_backward(logits, logits, capped, T * V, cap);
+    if (rc == SL_OK) rc = sl_check_interrupt();
     if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
+    if (rc == SL_OK) rc = sl_check_interrupt();
     if (rc == SL_OK) {
         const int f32 = m->lm_head.type == SL_GGML_F32;
         rc = sgemm_long_k(0, T, d, V, logits, V, f32 ? (const float *)m->lm_head.data : NULL,
@@ -531,7 +538,8 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
     } else if (rc == SL_OK) {
         memcpy(g.dx, g.dxn, (size_t)(T * d) * sizeof(float));
     }
-    for (int64_t l = L - 1; l >= 0 && rc == SL_OK; l--) rc = layer_backward(m, iv, l, &g, &pg->layers[l]);
+    for (int64_t l = L - 1; l >= 0 && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; l--)
+        rc = layer_backward(m, iv, l, &g, &pg->layers[l]);
     if (rc == SL_OK) embed_backward(m, pg, ids, T, g.dx, g.dxn, &et);
     float *owned[] = {xf, mean, rstd, logits, capped, et.in, et.mean, et.rstd};
     for (size_t i = 0; i < sizeof owned / sizeof owned[0]; i++) sl_free(owned[i]);
@@ -617,7 +625,7 @@ int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     int rc = sl_model_forward_tape(m, ids, T, L, g.tapes, iv, NULL, NULL);
     if (rc == SL_OK) memcpy(g.dx, tangent, (size_t)(B * T * d) * sizeof(float));
     if (rc == SL_OK && tout && tout[at]) memcpy(tout[at], g.dx, (size_t)(B * T * d) * sizeof(float));
-    for (int64_t l = at; l < L && rc == SL_OK; l++) {
+    for (int64_t l = at; l < L && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; l++) {
         sl_attn_intervention aiv;
         sl_layer_intervention(m, iv, l, &aiv);
         rc = attention_jvp(m, &m->layers[l], &g.tapes[l], &g, &aiv);

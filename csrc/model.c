@@ -504,6 +504,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
     for (int64_t b = 0; b < w->ab.B; b++)
         SL_TRY(embed(m, w->x + w->ab.off[b] * d, ids + b * w->ab.T_pad, w->ab.len[b], et));
     for (int64_t l = 0; l < n_run; l++) {
+        SL_TRY(sl_check_interrupt());
         capture_resid(m, cap, l, w);
         sl_attn_intervention aiv;
         sl_layer_intervention(m, iv, l, &aiv);
@@ -517,6 +518,8 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
 /* The final norm and the output head on positions logits_from.. of each sequence, packed into
  * xb; one product when no sequence is shorter than T, else one per sequence (each writes its own
  * block of the (B, T - logits_from, V) output, the rest of which is zeroed). */
+#define SL_HEAD_ROWS 2048
+
 static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
     const int64_t d = m->d_model, V = m->vocab_size, from = cap->logits_from, T = w->ab.T_pad, nl = T - from;
     int64_t r = 0;
@@ -529,7 +532,13 @@ static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
     }
     if (m->out_norm.w) norm_rows(m, &m->out_norm, w->xb, NULL, NULL, w->xb, r, d);
     if (!ragged) {
-        SL_TRY(sl_linear_nt(r, w->xb, d, &m->lm_head, cap->logits, V, 0, 1));
+        /* in row chunks, so that Ctrl-C waits for at most one chunk of this long product (rows
+         * are independent: the same bits as one product) */
+        for (int64_t r0 = 0; r0 < r; r0 += SL_HEAD_ROWS) {
+            const int64_t n = r - r0 < SL_HEAD_ROWS ? r - r0 : SL_HEAD_ROWS;
+            SL_TRY(sl_check_interrupt());
+            SL_TRY(sl_linear_nt(n, w->xb + r0 * d, d, &m->lm_head, cap->logits + r0 * V, V, 0, 1));
+        }
         if (m->final_softcap > 0.0f) sl_softcap(cap->logits, r * V, m->final_softcap);
         return SL_OK;
     }
@@ -537,6 +546,7 @@ static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
     for (int64_t b = 0; b < w->ab.B; b++) {
         const int64_t n = w->ab.len[b] > from ? w->ab.len[b] - from : 0;
         float *out = cap->logits + b * nl * V;
+        SL_TRY(sl_check_interrupt());
         if (n > 0) SL_TRY(sl_linear_nt(n, w->xb + r * d, d, &m->lm_head, out, V, 0, 1));
         if (n > 0 && m->final_softcap > 0.0f) sl_softcap(out, n * V, m->final_softcap);
         memset(out + n * V, 0, (size_t)((nl - n) * V) * sizeof(float));

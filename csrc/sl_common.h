@@ -13,7 +13,8 @@ typedef enum {
     SL_ERR_VALUE = 1,   /* bad argument: maps to ValueError */
     SL_ERR_MEMORY = 2,  /* allocation failed or size overflow: MemoryError */
     SL_ERR_FORMAT = 3,  /* corrupt or unsupported data: ValueError */
-    SL_ERR_INTERNAL = 4 /* should not happen: RuntimeError */
+    SL_ERR_INTERNAL = 4, /* should not happen: RuntimeError */
+    SL_ERR_INTERRUPTED = 5 /* SIGINT arrived during the call: KeyboardInterrupt */
 } sl_status;
 
 /* Call context. The binding puts one on its own stack at each entry point and registers it for
@@ -35,6 +36,7 @@ typedef enum {
 typedef struct sl_ctx {
     char err[SL_ERR_LEN]; /* last error message of this call; "" while none */
     int num_threads;      /* OpenMP team size for this call's parallel regions, >= 1 */
+    int interruptible;    /* sl_check_interrupt may stop this call (the binding's SIGINT guard is on) */
 } sl_ctx;
 
 /* Process-wide thread count (atomic): what every new context starts with. n < 1 restores the
@@ -69,6 +71,14 @@ int sl_fail(int code, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
+/* Ctrl-C. The binding, when Python's main thread enters a long call, installs a SIGINT handler
+ * that sets a process-wide flag (and chains to Python's own handler) and marks the call's context
+ * interruptible. Long loops call sl_check_interrupt between blocks (layers, chunks): it returns
+ * SL_ERR_INTERRUPTED once the flag is set, so the call unwinds through its normal error path,
+ * freeing what it allocated, and Python raises KeyboardInterrupt. */
+void sl_interrupt_set(int on);
+int sl_check_interrupt(void);
+
 /* The current context's message (a generic text while none was recorded). */
 const char *sl_last_error(void);
 
