@@ -14,6 +14,19 @@ and are picked at run time, so one build runs on any x86-64 machine (and elsewhe
 portable path). -ffp-contract=off: clang would otherwise fuse a*b+c into an FMA in the portable
 C code of functions compiled for an FMA target, and its results would drift from gcc's (gcc
 already does not fuse under -std=c11).
+
+``SINKLAB_SANITIZE`` (read at build time; unset or empty: the normal build above, flags
+unchanged): a comma-separated list of ``address`` and ``undefined`` builds the extension under
+AddressSanitizer and/or UndefinedBehaviorSanitizer for testing the C core:
+``SINKLAB_SANITIZE=address,undefined pip install -e .`` compiles with ``-fsanitize=address,undefined
+-fno-sanitize-recover=undefined -fno-omit-frame-pointer -g -O1`` (in place of -O3) and links the
+sanitizer runtimes. Python itself is not instrumented, so an ASan extension needs the runtime
+preloaded and CPython's deliberate leaks ignored::
+
+    LD_PRELOAD=$(gcc -print-file-name=libasan.so) ASAN_OPTIONS=detect_leaks=0 \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 python -m pytest tests/test_sgemm.py
+
+(.ci/sanitize does this in a fresh venv). build_info()'s cflags name the sanitizer flags.
 """
 import glob
 import os
@@ -36,6 +49,31 @@ def _openmp_request() -> str:
     if value not in ("0", "1", "auto"):
         raise SystemExit(f"error: SINKLAB_OPENMP={os.environ['SINKLAB_OPENMP']!r} must be 0, 1 or auto")
     return value
+
+
+SANITIZERS = ("address", "undefined")
+
+
+def _sanitize_request() -> list:
+    """The sanitizers SINKLAB_SANITIZE asks for, in SANITIZERS order; [] for a normal build."""
+    raw = os.environ.get("SINKLAB_SANITIZE", "").strip().lower()
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    bad = [n for n in names if n not in SANITIZERS]
+    if bad:
+        raise SystemExit(f"error: SINKLAB_SANITIZE={os.environ['SINKLAB_SANITIZE']!r}: unknown "
+                         f"sanitizer {bad[0]!r}; use a comma-separated list of {', '.join(SANITIZERS)}")
+    return [n for n in SANITIZERS if n in names]
+
+
+def _sanitize_flags(flags: list, sanitizers: list):
+    """(compile flags, link flags) for a sanitizer build: -O1 in place of -O3 (usable stack
+    traces at bearable speed), debug info, frame pointers; UBSan errors abort instead of
+    printing and continuing, so that no report can go unnoticed in a passing test run."""
+    fs = "-fsanitize=" + ",".join(sanitizers)
+    extra = [fs, "-fno-omit-frame-pointer", "-g"]
+    if "undefined" in sanitizers:
+        extra.append("-fno-sanitize-recover=undefined")
+    return [("-O1" if f == "-O3" else f) for f in flags] + extra, [fs]
 
 
 def _try_compile(compiler, src: str, flags, link: bool = False) -> str:
@@ -101,6 +139,13 @@ class BuildExt(build_ext):
         # train.c): a missed optimisation, not a defect; those loops run scalar, same results.
         if omp and _knows_warning(self.compiler, "pass-failed"):
             flags.append("-Wno-pass-failed")
+        link_flags = ["-fopenmp"] if omp else []
+        sanitizers = _sanitize_request()
+        if sanitizers:
+            flags, san_link = _sanitize_flags(flags, sanitizers)
+            link_flags = link_flags + san_link
+            print(f"sinklab: building with -fsanitize={','.join(sanitizers)} (SINKLAB_SANITIZE)",
+                  flush=True)
         build_info = [("SL_HAVE_OPENMP", "1" if omp else "0"),
                       ("SL_BUILD_CC", _c_string(cc_name)),
                       ("SL_BUILD_CFLAGS", _c_string(" ".join(cc[n_cmd:] + flags))),
@@ -108,7 +153,7 @@ class BuildExt(build_ext):
                       ("SL_BUILD_OPENMP_REQUEST", _c_string(request))]
         for ext in self.extensions:
             ext.extra_compile_args = flags
-            ext.extra_link_args = ["-fopenmp"] if omp else []
+            ext.extra_link_args = link_flags
             ext.define_macros = BASE_MACROS + build_info
         if not omp:
             print(f"sinklab: building without OpenMP ({reason}); the kernels will run on one thread",
