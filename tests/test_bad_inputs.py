@@ -344,12 +344,7 @@ def test_cases_cover_25_kinds():
     assert len({c[1] for c in CASES}) >= 25 and len(CASES) == len({_case_id(c) for c in CASES})
 
 
-XFAIL = {
-    "disk_full:_train_checkpoint": "sinklab/train/checkpoint.py (not in this change) leaves its "
-    "step-NNNNNN.tmp-<pid> folder with the partial model.safetensors when a write fails; "
-    "save_checkpoint should remove it on any exception (the destination itself stays clean: "
-    "test_checkpoint_disk_full_destination)",
-}
+XFAIL: dict = {}  # every kind passes; a case that cannot yet goes here with its reason (strict xfail)
 
 
 def _param(c):

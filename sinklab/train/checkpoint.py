@@ -308,34 +308,39 @@ def save_checkpoint(trainer: Trainer, run_dir: str, run_state: Optional[Dict[str
     if os.path.exists(tmp):
         shutil.rmtree(tmp)
     os.mkdir(tmp)
-    cfg = trainer.config
-    meta = {"format": FORMAT, "step": str(step)}
-    files: Dict[str, Dict[str, Any]] = {}
-    weights = {hf_name(s.name): trainer.weights[s.name] for s in trainer.layout}
-    files[MODEL_FILE] = _write_file(os.path.join(tmp, MODEL_FILE), _safetensors_bytes(weights, meta))
-    _pause(step)
-    files[OPTIMIZER_FILE] = _write_file(os.path.join(tmp, OPTIMIZER_FILE),
-                                        _safetensors_bytes({"mom": trainer.mom, "vel": trainer.vel}, meta))
-    files[CONFIG_FILE] = _write_file(os.path.join(tmp, CONFIG_FILE), _json_bytes(hf_config(cfg, init_std)))
-    if tokenizer_path is not None:
-        with open(tokenizer_path, "rb") as f:
-            files[TOKENIZER_FILE] = _write_file(os.path.join(tmp, TOKENIZER_FILE), f.read())
-        tcfg = _tokenizer_config(tokenizer_path, cfg)
-        if tcfg is not None:
-            files[TOKENIZER_CONFIG_FILE] = _write_file(os.path.join(tmp, TOKENIZER_CONFIG_FILE), _json_bytes(tcfg))
-    from .. import __version__
+    # a failed write (full disk, Ctrl-C) removes its temporary folder: nothing half-written stays
+    try:
+        cfg = trainer.config
+        meta = {"format": FORMAT, "step": str(step)}
+        files: Dict[str, Dict[str, Any]] = {}
+        weights = {hf_name(s.name): trainer.weights[s.name] for s in trainer.layout}
+        files[MODEL_FILE] = _write_file(os.path.join(tmp, MODEL_FILE), _safetensors_bytes(weights, meta))
+        _pause(step)
+        files[OPTIMIZER_FILE] = _write_file(os.path.join(tmp, OPTIMIZER_FILE),
+                                            _safetensors_bytes({"mom": trainer.mom, "vel": trainer.vel}, meta))
+        files[CONFIG_FILE] = _write_file(os.path.join(tmp, CONFIG_FILE), _json_bytes(hf_config(cfg, init_std)))
+        if tokenizer_path is not None:
+            with open(tokenizer_path, "rb") as f:
+                files[TOKENIZER_FILE] = _write_file(os.path.join(tmp, TOKENIZER_FILE), f.read())
+            tcfg = _tokenizer_config(tokenizer_path, cfg)
+            if tcfg is not None:
+                files[TOKENIZER_CONFIG_FILE] = _write_file(os.path.join(tmp, TOKENIZER_CONFIG_FILE), _json_bytes(tcfg))
+        from .. import __version__
 
-    state = dict(run_state or {})
-    state.update({"format": FORMAT, "step": step, "data_position": step, "sinklab_version": __version__,
-                  "model": model_kwargs(cfg), "optimizer": asdict(trainer.optimizer),
-                  "n_params": int(trainer.n_params), "n_flat": int(trainer.params.size),
-                  "layout": [[s.name, list(s.shape), int(s.offset)] for s in trainer.layout],
-                  "rng": "none kept: the weights are drawn from PCG64(seed) at step 0 and every batch is a "
-                         "pure function of (seed, step)",
-                  "files": files})
-    state["state_sha256"] = _state_digest(state)
-    _write_file(os.path.join(tmp, STATE_FILE), _json_bytes(state))
-    _fsync_dir(tmp)
+        state = dict(run_state or {})
+        state.update({"format": FORMAT, "step": step, "data_position": step, "sinklab_version": __version__,
+                      "model": model_kwargs(cfg), "optimizer": asdict(trainer.optimizer),
+                      "n_params": int(trainer.n_params), "n_flat": int(trainer.params.size),
+                      "layout": [[s.name, list(s.shape), int(s.offset)] for s in trainer.layout],
+                      "rng": "none kept: the weights are drawn from PCG64(seed) at step 0 and every batch is a "
+                             "pure function of (seed, step)",
+                      "files": files})
+        state["state_sha256"] = _state_digest(state)
+        _write_file(os.path.join(tmp, STATE_FILE), _json_bytes(state))
+        _fsync_dir(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     if os.path.exists(final):  # left by a run killed between this rename and updating latest
         _delete_dir(final)
     os.rename(tmp, final)
