@@ -89,16 +89,29 @@ static void sigint_guard_begin(sigint_guard *g, sl_ctx *ctx) {
     if (sigaction(SIGINT, &sa, &g->prev) != 0) return;
     ctx->interruptible = 1;
     g->on = 1;
+    sl_check_gaps_begin();
 #else
     (void)ctx;
 #endif
 }
 
+/* The last guarded call's Ctrl-C checks (count, longest time without one in s), for the tests. */
+static int64_t sl_last_checks = -1;
+static double sl_last_check_gap = 0.0;
+
 static void sigint_guard_end(sigint_guard *g) {
 #if SL_HAVE_SIGINT_GUARD
-    if (g->on) sigaction(SIGINT, &g->prev, NULL);
+    if (g->on) {
+        sigaction(SIGINT, &g->prev, NULL);
+        sl_check_gaps_end(&sl_last_checks, &sl_last_check_gap);
+    }
 #endif
     g->on = 0;
+}
+
+static PyObject *py_interrupt_check_gaps(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return Py_BuildValue("(Ld)", (long long)sl_last_checks, sl_last_check_gap);
 }
 
 /* Checks that obj is a C-contiguous, aligned ndarray of dtype `type` with `ndim` dims; dims[i]
@@ -150,6 +163,17 @@ static PyObject *py_set_num_threads(PyObject *self, PyObject *arg) {
     /* Process-wide, not omp_set_num_threads: that sets only the calling OS thread's value. */
     sl_set_num_threads((int)n);
     Py_RETURN_NONE;
+}
+
+/* The calling thread's own count (0 clears it); returns the previous one (0: none). Calls this
+ * Python thread starts use it instead of the process-wide setting. */
+static PyObject *py_set_thread_num_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    if (n < 0) return PyErr_Format(PyExc_ValueError, "number of threads must be >= 1 (or 0 to clear), got %ld", n);
+    if (n > 4096) return PyErr_Format(PyExc_ValueError, "number of threads must be <= 4096, got %ld", n);
+    return PyLong_FromLong(sl_set_thread_num_threads((int)n));
 }
 
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
@@ -1362,7 +1386,13 @@ static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
 static PyMethodDef methods[] = {
     {"set_num_threads", py_set_num_threads, METH_O,
      "set_num_threads(n): OpenMP threads for every later call, from any Python thread (process-wide)."},
-    {"get_num_threads", py_get_num_threads, METH_NOARGS, "get_num_threads() -> int: the process-wide setting."},
+    {"get_num_threads", py_get_num_threads, METH_NOARGS,
+     "get_num_threads() -> int: the count a call started now from this thread uses."},
+    {"_interrupt_check_gaps", py_interrupt_check_gaps, METH_NOARGS,
+     "_interrupt_check_gaps() -> (checks, longest_gap_s) of the last main-thread call guarded for Ctrl-C "
+     "(-1 checks: none yet). Test-only."},
+    {"set_thread_num_threads", py_set_thread_num_threads, METH_O,
+     "set_thread_num_threads(n) -> previous: this OS thread's own count (0 clears), over the process-wide one."},
     {"_team_size", py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},

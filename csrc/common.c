@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #if defined(_OPENMP) && (!defined(SL_HAVE_OPENMP) || SL_HAVE_OPENMP)
 #include <omp.h>
@@ -17,6 +18,9 @@
 /* 0: not set, use the OpenMP default. Atomic because any Python thread may set it while
  * others start calls; a call reads it once, at sl_ctx_begin, so it never changes mid-call. */
 static atomic_int sl_threads_setting = 0;
+/* The calling OS thread's own count (0: none), which wins over the process-wide one: a Python
+ * thread is an OS thread, so two Python threads can run calls with different counts at once. */
+static _Thread_local int sl_threads_this_thread = 0;
 
 /* The context registered by the calling thread (NULL: none), and the thread's fallback. */
 static _Thread_local sl_ctx *sl_ctx_registered = NULL;
@@ -27,16 +31,62 @@ static atomic_int sl_interrupt_flag = 0;
 
 void sl_interrupt_set(int on) { atomic_store(&sl_interrupt_flag, on ? 1 : 0); }
 
+static double sl_gap_last, sl_gap_max; /* under critical(sl_check_gaps): workers check too */
+static int64_t sl_gap_count;
+
+static double seconds_now(void) {
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void note_check_gap(void) {
+    const double now = seconds_now();
+#pragma omp critical(sl_check_gaps)
+    {
+        if (now - sl_gap_last > sl_gap_max) sl_gap_max = now - sl_gap_last;
+        sl_gap_last = now;
+        sl_gap_count++;
+    }
+}
+
+void sl_check_gaps_begin(void) {
+#pragma omp critical(sl_check_gaps)
+    {
+        sl_gap_last = seconds_now();
+        sl_gap_max = 0.0;
+        sl_gap_count = 0;
+    }
+}
+
+void sl_check_gaps_end(int64_t *n_checks, double *max_gap_s) {
+    note_check_gap(); /* the stretch from the last check to the return */
+#pragma omp critical(sl_check_gaps)
+    {
+        *n_checks = sl_gap_count - 1;
+        *max_gap_s = sl_gap_max;
+    }
+}
+
 int sl_check_interrupt(void) {
     const sl_ctx *c = sl_ctx_current();
-    if (c->interruptible && atomic_load_explicit(&sl_interrupt_flag, memory_order_relaxed))
+    if (!c->interruptible) return SL_OK;
+    note_check_gap();
+    if (atomic_load_explicit(&sl_interrupt_flag, memory_order_relaxed))
         return sl_fail(SL_ERR_INTERRUPTED, "interrupted (SIGINT)");
     return SL_OK;
 }
 
 void sl_set_num_threads(int n) { atomic_store(&sl_threads_setting, n < 1 ? 0 : n); }
 
+int sl_set_thread_num_threads(int n) {
+    const int prev = sl_threads_this_thread;
+    sl_threads_this_thread = n < 1 ? 0 : n;
+    return prev;
+}
+
 int sl_get_num_threads(void) {
+    if (sl_threads_this_thread > 0) return sl_threads_this_thread;
     int n = atomic_load(&sl_threads_setting);
     if (n > 0) return n;
 #if SL_COMMON_OMP

@@ -176,6 +176,34 @@ static void qk_norm(const sl_model *m, const grad_bufs *g, float *dd, const floa
 
 /* Reduction length per block of the products whose K is long. */
 #define SL_GRAD_K_BLOCK 2048
+/* Output rows per chunk of those products: a multiple of every register and cache tile height
+ * (6, 12, 14, 112, 168), so chunks fall on the tiles' own boundaries. Chunks bound the scratch
+ * memory and the time between Ctrl-C checks (~5 GFLOP per chunk x K block at d = 576). */
+#define SL_GRAD_M_BLOCK 2016
+
+/* One chunk of sgemm_long_k: rows [m0, m0 + mb) of C, its K blocks summed in double in order. */
+static int sgemm_long_k_rows(int trans_a, int64_t m0, int64_t mb, int64_t N, int64_t K, const float *A, int64_t lda,
+                             const float *B, const sl_weight *Bw, int64_t ldb, float *C, int64_t ldc, int accumulate,
+                             float *part, double *acc) {
+    int rc = SL_OK;
+    for (int64_t i = 0; i < mb; i++)
+        for (int64_t j = 0; j < N; j++) acc[i * N + j] = accumulate ? C[(m0 + i) * ldc + j] : 0.0;
+    for (int64_t k0 = 0; k0 < K && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; k0 += SL_GRAD_K_BLOCK) {
+        const int64_t kb = K - k0 < SL_GRAD_K_BLOCK ? K - k0 : SL_GRAD_K_BLOCK;
+        const float *a = trans_a ? A + k0 * lda + m0 : A + m0 * lda + k0;
+        if (Bw) {
+            const sl_weight rows = {Bw->type, (const uint8_t *)Bw->data + k0 * Bw->row_bytes, kb, Bw->cols,
+                                    Bw->row_bytes};
+            rc = sl_linear_nn(mb, a, lda, &rows, part, N, 0, 1);
+        } else {
+            rc = sl_sgemm(trans_a, 0, mb, N, kb, a, lda, B + k0 * ldb, ldb, part, N, 0, 1);
+        }
+        for (int64_t i = 0; i < mb * N && rc == SL_OK; i++) acc[i] += part[i];
+    }
+    for (int64_t i = 0; i < mb && rc == SL_OK; i++)
+        for (int64_t j = 0; j < N; j++) C[(m0 + i) * ldc + j] = (float)acc[i * N + j];
+    return rc;
+}
 
 /* C (+)= op(A) . B (B stored (K, N); A stored (M, K), or (K, M) with trans_a) for the long K of the
  * LM head's backward (the vocabulary) and of weight gradients over many positions. B is floats, or
@@ -183,31 +211,21 @@ static void qk_norm(const sl_model *m, const grad_bufs *g, float *dd, const floa
  * sl_linear_nn, so a quantized LM head is never decoded whole. K is cut into
  * fixed blocks, each block's product one float chain, the blocks (and C when accumulating) summed
  * in double in order. A single float chain over ~50k terms loses about 1e-4 relative; the blocks
- * depend on K only, so results stay the same for any thread count. */
+ * depend on K only, so results stay the same for any thread count. Output rows go in chunks
+ * (each element's sum is unchanged), with a Ctrl-C check before every block. */
 static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                         const float *B, const sl_weight *Bw, int64_t ldb, float *C, int64_t ldc, int accumulate) {
     if (K <= SL_GRAD_K_BLOCK && !Bw) return sl_sgemm(trans_a, 0, M, N, K, A, lda, B, ldb, C, ldc, accumulate, 1);
+    const int64_t mb_max = M < SL_GRAD_M_BLOCK ? M : SL_GRAD_M_BLOCK;
     int64_t n;
-    if (!sl_mul_size(M, N, &n)) return sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
-    float *part = sl_alloc_floats(n);
-    double *acc = (double *)sl_alloc_floats(2 * n);
+    if (!sl_mul_size(mb_max, N, &n)) return sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
+    float *part = sl_alloc_floats_uninit(n);
+    double *acc = (double *)sl_alloc_floats_uninit(2 * n);
     int rc = part && acc ? SL_OK : sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld floats", (long long)(3 * n));
-    for (int64_t i = 0; i < M && rc == SL_OK && accumulate; i++)
-        for (int64_t j = 0; j < N; j++) acc[i * N + j] = C[i * ldc + j];
-    for (int64_t k0 = 0; k0 < K && rc == SL_OK; k0 += SL_GRAD_K_BLOCK) {
-        const int64_t kb = K - k0 < SL_GRAD_K_BLOCK ? K - k0 : SL_GRAD_K_BLOCK;
-        const float *a = trans_a ? A + k0 * lda : A + k0;
-        if (Bw) {
-            const sl_weight rows = {Bw->type, (const uint8_t *)Bw->data + k0 * Bw->row_bytes, kb, Bw->cols,
-                                    Bw->row_bytes};
-            rc = sl_linear_nn(M, a, lda, &rows, part, N, 0, 1);
-        } else {
-            rc = sl_sgemm(trans_a, 0, M, N, kb, a, lda, B + k0 * ldb, ldb, part, N, 0, 1);
-        }
-        for (int64_t i = 0; i < n && rc == SL_OK; i++) acc[i] += part[i];
+    for (int64_t m0 = 0; m0 < M && rc == SL_OK; m0 += SL_GRAD_M_BLOCK) {
+        const int64_t mb = M - m0 < SL_GRAD_M_BLOCK ? M - m0 : SL_GRAD_M_BLOCK;
+        rc = sgemm_long_k_rows(trans_a, m0, mb, N, K, A, lda, B, Bw, ldb, C, ldc, accumulate, part, acc);
     }
-    for (int64_t i = 0; i < M && rc == SL_OK; i++)
-        for (int64_t j = 0; j < N; j++) C[i * ldc + j] = (float)acc[i * N + j];
     sl_free(part);
     sl_free(acc);
     return rc;
@@ -512,8 +530,8 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
         else
             memcpy(xf, g.dx, (size_t)(T * d) * sizeof(float));
         /* in row chunks with Ctrl-C checks between them (rows are independent: the same bits) */
-        for (int64_t r0 = 0; r0 < T && rc == SL_OK; r0 += 2048) {
-            const int64_t n = T - r0 < 2048 ? T - r0 : 2048;
+        for (int64_t r0 = 0; r0 < T && rc == SL_OK; r0 += SL_HEAD_ROWS) {
+            const int64_t n = T - r0 < SL_HEAD_ROWS ? T - r0 : SL_HEAD_ROWS;
             rc = sl_check_interrupt();
             if (rc == SL_OK) rc = sl_linear_nt(n, xf + r0 * d, d, &m->lm_head, logits + r0 * V, V, 0, 1);
         }

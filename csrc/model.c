@@ -518,8 +518,6 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
 /* The final norm and the output head on positions logits_from.. of each sequence, packed into
  * xb; one product when no sequence is shorter than T, else one per sequence (each writes its own
  * block of the (B, T - logits_from, V) output, the rest of which is zeroed). */
-#define SL_HEAD_ROWS 2048
-
 static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
     const int64_t d = m->d_model, V = m->vocab_size, from = cap->logits_from, T = w->ab.T_pad, nl = T - from;
     int64_t r = 0;

@@ -98,6 +98,10 @@ typedef struct {
  * of at most SL_WS_CACHE_MAX_BYTES: a larger one is freed at the end of its call. Zero-initialise
  * the struct; sl_ws_cache_clear frees what it holds (when no call can be running). */
 #define SL_WS_CACHE_MAX_BYTES ((int64_t)1 << 30)
+
+/* Rows per chunk of the output head's products (T x V x d, the longest in a call), with a Ctrl-C
+ * check between chunks: 512 x 49152 x 576 is ~30 GFLOP, well under a second even on a busy core. */
+#define SL_HEAD_ROWS 512
 typedef struct sl_workspace sl_workspace;
 typedef struct {
     _Atomic(sl_workspace *) slot;

@@ -39,12 +39,17 @@ typedef struct sl_ctx {
     int interruptible;    /* sl_check_interrupt may stop this call (the binding's SIGINT guard is on) */
 } sl_ctx;
 
-/* Process-wide thread count (atomic): what every new context starts with. n < 1 restores the
- * OpenMP default (omp_get_max_threads() of the calling thread, 1 without OpenMP). */
+/* Process-wide thread count (atomic). n < 1 restores the OpenMP default (omp_get_max_threads()
+ * of the calling thread, 1 without OpenMP). */
 void sl_set_num_threads(int n);
+/* The calling thread's own count, which overrides the process-wide one (n < 1: none); returns
+ * the previous one (0: none). */
+int sl_set_thread_num_threads(int n);
+/* The count a context begun now on this thread starts with: the thread's own, else the
+ * process-wide one. */
 int sl_get_num_threads(void);
 
-/* Initialises ctx (empty message, process-wide thread count), registers it for the calling
+/* Initialises ctx (empty message, this thread's thread count), registers it for the calling
  * thread and returns the previous registration, to be given back to sl_ctx_end. */
 sl_ctx *sl_ctx_begin(sl_ctx *ctx);
 void sl_ctx_end(sl_ctx *prev);
@@ -78,6 +83,11 @@ int sl_fail(int code, const char *fmt, ...)
  * freeing what it allocated, and Python raises KeyboardInterrupt. */
 void sl_interrupt_set(int on);
 int sl_check_interrupt(void);
+/* The spacing of those checks in the interruptible call now running (one at a time: the main
+ * thread's), which bounds Ctrl-C's latency whenever the signal lands: _begin at its start,
+ * _end at its return gives the number of checks and the longest time (s) without one. */
+void sl_check_gaps_begin(void);
+void sl_check_gaps_end(int64_t *n_checks, double *max_gap_s);
 
 /* The current context's message (a generic text while none was recorded). */
 const char *sl_last_error(void);

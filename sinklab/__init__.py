@@ -12,10 +12,11 @@ et al., COLM 2025) that run on a trained model.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import warnings
-from typing import Any, Dict
+from typing import Any, Dict, Iterator
 
 # How long an OpenMP thread spins before it sleeps while waiting for work. Spinning long takes a
 # shared core from other processes, and a team whose thread shares a core with another process
@@ -51,7 +52,7 @@ from .sweeps.runner import SweepResult, sweep
 __version__ = "0.1.0"
 __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchitecture", "Trace", "AttentionStats",
            "Intervention", "sink_rate", "key_importance",
-           "first_token_importance", "set_num_threads", "get_num_threads", "simd", "build_info",
+           "first_token_importance", "set_num_threads", "get_num_threads", "threads", "simd", "build_info",
            "sink_study", "compare_bos", "perturb", "perturbation_study", "PerturbationStudy", "text_key_entropy",
            "rank_collapse", "prop31_check", "Prop31", "representational_collapse",
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
@@ -64,17 +65,39 @@ def set_num_threads(n: int) -> None:
     """Sets the number of OpenMP threads (``n >= 1``) every later C-core call uses.
 
     The setting is process-wide: it applies to calls from every Python thread, not only the
-    one that set it (each call reads it once, when it starts). It is not a per-thread option,
-    so two Python threads cannot run with different counts at the same time. Results are
-    bitwise identical for any ``n``. The environment variable ``SINKLAB_NUM_THREADS`` sets it
-    at import; without it the default is OpenMP's (``OMP_NUM_THREADS`` or the core count).
+    one that set it (each call reads it once, when it starts), except a thread inside
+    :func:`threads`, whose own count wins. Results are bitwise identical for any ``n``. The
+    environment variable ``SINKLAB_NUM_THREADS`` sets it at import; without it the default is
+    OpenMP's (``OMP_NUM_THREADS`` or the core count).
     """
     _core.set_num_threads(int(n))
 
 
 def get_num_threads() -> int:
-    """The process-wide thread count set by :func:`set_num_threads` (the same in every thread)."""
+    """The thread count a C-core call started now from this Python thread uses: the count of
+    an enclosing :func:`threads` block, else the process-wide :func:`set_num_threads` one."""
     return _core.get_num_threads()
+
+
+@contextlib.contextmanager
+def threads(n: int) -> Iterator[None]:
+    """Per-call thread count: C-core calls this Python thread starts inside the block use ``n``
+    OpenMP threads, whatever other threads use at the same time::
+
+        with sl.threads(1):
+            model.run(ids)          # one core, while another thread runs with the default
+
+    The count belongs to the OS thread (blocks nest, the previous count comes back on exit);
+    calls started by other Python threads keep theirs. Results are bitwise the same for any count.
+    """
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"number of threads must be >= 1, got {n}")
+    previous = _core.set_thread_num_threads(n)
+    try:
+        yield
+    finally:
+        _core.set_thread_num_threads(previous)
 
 
 def simd() -> str:

