@@ -9,16 +9,17 @@ stream, logits); leaking them on every call would add ~70 MB over the measured i
 above 1% of this process's RSS.
 """
 import gc
-import json
-import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import sinklab
 from sinklab.train import AdamW, Trainer, llama_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_interrupt import interrupted_rss  # noqa: E402  (the long version's runner)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 
@@ -80,77 +81,6 @@ def test_rss_flat_over_repeated_failed_loads(smollm2_gguf, tmp_path):
 
     warm, end = flat(step)
     assert abs(end - warm) <= TOLERANCE * warm, f"RSS {warm / 2**20:.1f} -> {end / 2**20:.1f} MiB"
-
-
-
-INTERRUPTED = textwrap.dedent("""
-    import gc, json, os, signal, sys, threading, time
-    import numpy as np
-    import sinklab as sl
-
-    def rss():
-        with open("/proc/self/status") as f:
-            return next(int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:"))
-
-    try:  # glibc keeps freed heap memory (the OpenMP threads' arenas) for reuse; trimming returns it
-        import ctypes
-        trim = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):
-        trim = lambda pad: 0
-
-    model = sl.load(sys.argv[1], quiet=True)
-    T, n = int(sys.argv[2]), int(sys.argv[3])
-    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, T)
-    calls = {"forward": lambda: model.run(ids, capture=("stats",)), "loss_and_grad": lambda: model.loss_and_grad(ids)}
-    secs = {}
-    for name, call in calls.items():  # warm-up, uninterrupted: the workspace and caches at full size
-        t = time.perf_counter()
-        call()
-        secs[name] = time.perf_counter() - t
-    warm = rss()
-    fractions = (0.1, 0.2, 0.3, 0.4)  # of the call's duration: stopped at varied points
-
-    def interrupted(call, delay):
-        done = threading.Event()
-        th = threading.Thread(target=lambda: done.wait(delay) or os.kill(os.getpid(), signal.SIGINT))
-        th.start()
-        try:
-            try:
-                call()
-                return 0
-            finally:
-                done.set()
-                th.join()
-        except KeyboardInterrupt:
-            return 1
-
-    hits, raw, series = 0, [], []
-    for i in range(n):
-        for name, call in calls.items():
-            hits += interrupted(call, fractions[i % len(fractions)] * secs[name])
-        gc.collect()
-        raw.append(rss())
-        trim(0)
-        series.append(rss())
-    print(json.dumps({"hits": hits, "calls": len(calls) * n, "rss": series, "rss_untrimmed": raw, "warm_rss": warm,
-                      "call_s": secs}))
-""")
-
-
-def interrupted_rss(gguf, T: int, n: int) -> dict:
-    """RSS (bytes) after each of ``n`` rounds of a forward (capture "stats") and a loss_and_grad
-    of ``T`` tokens on ``gguf``, each stopped by SIGINT from a timer thread (caught) at 10-40%
-    of its uninterrupted duration, after one uninterrupted warm-up of each; in a subprocess, so
-    that no SIGINT reaches pytest. ``hits``: calls that did stop.
-
-    ``rss`` is read after glibc's ``malloc_trim(0)``: memory still allocated stays, memory
-    freed goes back to the system. Without it (``rss_untrimmed``) glibc's arenas keep up to
-    ~450 MB of freed gradient buffers for reuse on SmolLM2: RSS steps up over the first rounds,
-    then stays flat; not a leak, but it hides one."""
-    r = subprocess.run([sys.executable, "-c", INTERRUPTED, str(gguf), str(T), str(n)], capture_output=True,
-                       text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_rss_flat_over_interrupted_forward_and_loss_and_grad(smollm2_gguf):

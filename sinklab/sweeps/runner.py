@@ -157,6 +157,13 @@ def _run_dask(client: Any, tasks: List[Task], out: str, threads: Optional[int], 
             except Exception as e:  # the task raised, or killed its workers allowed-failures times
                 failed[t.name] = f"{type(e).__name__}: {e}"
             bar.update(1)
+    except KeyboardInterrupt:
+        # on a cluster this sweep does not own, its queued tasks would run on after Ctrl-C
+        try:
+            client.cancel(list(futures))
+        except Exception:  # the interrupt matters more than a failed cancel
+            pass
+        raise
     finally:
         bar.close()
     return ran

@@ -207,6 +207,10 @@ class Trainer:
         Returns:
             (loss, grad_norm): the batch's mean cross-entropy in nats before the update, and the
             gradient's global L2 norm before clipping.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C. The step is applied whole (``step_count`` counts it) or
+                not at all; a caller that catches it can go on from ``step_count``.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         targets = np.ascontiguousarray(targets, dtype=np.int64)
