@@ -83,16 +83,17 @@ CALLS_CHILD = textwrap.dedent("""
                     os.kill(os.getpid(), signal.SIGINT)
             th = threading.Thread(target=fire)
             th.start()
+            result, stopped = "finished", None
             try:
                 try:
                     call()
-                    result = "finished"
                 except KeyboardInterrupt:
-                    result = "KeyboardInterrupt"
-                stopped = time.perf_counter()
-            finally:
-                done.set()
-                th.join()
+                    result, stopped = "KeyboardInterrupt", time.perf_counter()
+                finally:
+                    done.set()
+                    th.join()
+            except KeyboardInterrupt:  # a SIGINT that fired just as the call finished
+                pass
             lat.append(stopped - sent["t"] if result == "KeyboardInterrupt" else None)
         out[name] = lat
     print(json.dumps(out))
