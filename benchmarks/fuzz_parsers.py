@@ -20,6 +20,15 @@ Parsers (what runs on each input, and the exception types it documents, :data:`D
     :func:`sinklab.train.checkpoint.load_checkpoint` on a copy of a tiny checkpoint folder with one
     file mutated (bytes), or with ``trainer_state.json`` mutated structurally and its sha256
     fields recomputed (so the parser gets past the checksums). Documented: ``CheckpointError``.
+``hfconfig``
+    :func:`sinklab.load` on a Hugging Face folder whose ``config.json`` is mutated (wrong types,
+    huge/negative sizes, NaN, missing keys, unknown architectures, RoPE scaling garbage, bytes)
+    next to the ``model.safetensors`` of a tiny LLaMA, then a 4-token forward. Documented:
+    ``ValueError`` and ``KeyError`` (a missing required key or tensor, named).
+``core``
+    :func:`sinklab.load` on a mutated GGUF of a whole tiny LLaMA (F32/F16/Q8_0/Q4_0/Q4_1/Q6_K),
+    then a 4-token forward: the C core's size and offset checks see hostile shapes and blocks
+    (run it with the ASan build: ``.ci/sanitize --fuzz N``). Documented: ``ValueError``.
 
 Seeds are small synthetic files written here (a GGUF with byte-level BPE and SentencePiece
 tokenizer metadata, F32/F16/Q8_0 tensors and a nested array; a safetensors file; a checkpoint of
@@ -67,8 +76,12 @@ DOCUMENTED: Dict[str, Tuple[type, ...]] = {
     "safetensors": (SafetensorsError,),
     "tokenizer": (ValueError,),
     "checkpoint": (CheckpointError,),
+    # a missing required config key or tensor is a KeyError naming it (sinklab.families.base.hf_need)
+    "hfconfig": (ValueError, KeyError),
+    "core": (ValueError,),
 }
 PARSERS = tuple(DOCUMENTED)
+TINY_IDS = (1, 5, 2, 7)  # the 4 token ids of the hfconfig and core targets' forward
 
 _INTERESTING = (0, 1, 2, 3, 7, 8, 12, 13, 31, 32, 33, 255, 256, 0x7FFF, 0xFFFF, 0x7FFFFFFF, 0x80000000,
                 0xFFFFFFFF, 1 << 32, 1 << 40, 1 << 62, (1 << 63) - 1, 1 << 63, (1 << 64) - 1)
@@ -203,6 +216,97 @@ def checkpoint_seed(folder: str) -> str:
 
     cfg = llama_config(vocab_size=32, d_model=16, n_layers=1, n_heads=2, context_length=16)
     return save_checkpoint(Trainer(cfg, seed=0), folder)
+
+
+def _f16_blocks(rng: Any, n: int, nbytes: int, halves: int = 1) -> bytes:
+    """``n`` blocks of a block-quant type of ``nbytes`` each: ``halves`` fp16 header values
+    (scale 0.01, then minimum 0) and random quant bytes."""
+    head = struct.pack("<" + "e" * halves, 0.01, *([0.0] * (halves - 1)))
+    return b"".join(head + rng.integers(0, 256, nbytes - 2 * halves, dtype=np.uint8).tobytes() for _ in range(n))
+
+
+def _q6k_blocks(rng: Any, n: int) -> bytes:
+    """``n`` Q6_K super-blocks of 256 values (ql 128, qh 64, int8 scales 16, fp16 d: 210 bytes)
+    with random quants and small scales."""
+    return b"".join(rng.integers(0, 64, 208, dtype=np.uint8).tobytes() + struct.pack("<e", 0.001) for _ in range(n))
+
+
+def tiny_model_gguf() -> Tuple[bytes, List[Tuple[int, int]]]:
+    """A GGUF of a whole tiny LLaMA the loader accepts and the C core runs: 1 layer, d 32, 2
+    heads (1 kv head, head_dim 16), F 256, vocabulary 32, no tokenizer; F32 embedding, norms
+    and up, F16 LM head and gate, Q8_0 Q, Q4_0 K, Q4_1 V and output, Q6_K down (rows of F = 256).
+    Returns the bytes and their integer fields (as :func:`gguf_bytes`)."""
+    rng = np.random.default_rng(0)
+    d, F, V, hd = 32, 256, 32, 16
+
+    def f32(*shape: int) -> bytes:
+        return (0.1 * rng.standard_normal(int(np.prod(shape)))).astype("<f4").tobytes()
+
+    tensors = [("token_embd.weight", (V, d), 0, f32(V, d)),
+               ("output_norm.weight", (d,), 0, np.ones(d, "<f4").tobytes()),
+               ("output.weight", (V, d), 1, (0.1 * rng.standard_normal(V * d)).astype("<f2").tobytes()),
+               ("blk.0.attn_norm.weight", (d,), 0, np.ones(d, "<f4").tobytes()),
+               ("blk.0.attn_q.weight", (2 * hd, d), 8, _f16_blocks(rng, 2 * hd * d // 32, 34)),
+               ("blk.0.attn_k.weight", (hd, d), 2, _f16_blocks(rng, hd * d // 32, 18)),
+               ("blk.0.attn_v.weight", (hd, d), 3, _f16_blocks(rng, hd * d // 32, 20, 2)),
+               ("blk.0.attn_output.weight", (d, 2 * hd), 3, _f16_blocks(rng, d * 2 * hd // 32, 20, 2)),
+               ("blk.0.ffn_norm.weight", (d,), 0, np.ones(d, "<f4").tobytes()),
+               ("blk.0.ffn_gate.weight", (F, d), 1, (0.1 * rng.standard_normal(F * d)).astype("<f2").tobytes()),
+               ("blk.0.ffn_up.weight", (F, d), 0, f32(F, d)),
+               ("blk.0.ffn_down.weight", (d, F), 14, _q6k_blocks(rng, d * F // 256))]
+    kv = [("general.architecture", 8, "llama"), ("general.alignment", 4, 32),
+          ("llama.block_count", 4, 1), ("llama.context_length", 4, 64), ("llama.embedding_length", 4, d),
+          ("llama.feed_forward_length", 4, F), ("llama.attention.head_count", 4, 2),
+          ("llama.attention.head_count_kv", 4, 1), ("llama.attention.layer_norm_rms_epsilon", 6, 1e-5),
+          ("llama.rope.freq_base", 6, 10000.0), ("llama.rope.dimension_count", 4, hd), ("llama.vocab_size", 4, V)]
+    return gguf_bytes(kv, tensors)
+
+
+def _tiny_hf_config(**changes: Any) -> Dict[str, Any]:
+    c = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": 8, "intermediate_size": 16,
+         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 16,
+         "max_position_embeddings": 32, "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu",
+         "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    c.update(changes)
+    return {k: v for k, v in c.items() if v is not None}
+
+
+def hf_config_seeds() -> List[bytes]:
+    """config.json texts: the tiny LLaMA that matches :func:`tiny_hf_safetensors` (with and
+    without RoPE scaling), and small configs of the other supported families."""
+    configs = [_tiny_hf_config(),
+               _tiny_hf_config(rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+               _tiny_hf_config(rope_scaling={"type": "linear", "factor": 2.0}, tie_word_embeddings=True),
+               _tiny_hf_config(rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=None),
+               _tiny_hf_config(model_type="mistral", sliding_window=4),
+               _tiny_hf_config(model_type="qwen2", use_sliding_window=False, sliding_window=4, max_window_layers=1),
+               _tiny_hf_config(model_type="gemma3_text", head_dim=4, query_pre_attn_scalar=4, sliding_window=4,
+                               layer_types=["sliding_attention"], rope_local_base_freq=10000.0,
+                               final_logit_softcapping=None, attn_logit_softcapping=None,
+                               hidden_activation="gelu_pytorch_tanh", hidden_act=None),
+               {"model_type": "gpt2", "n_embd": 8, "n_head": 2, "n_layer": 1, "n_positions": 32, "n_inner": 16,
+                "vocab_size": 16, "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new"},
+               {"model_type": "bert", "hidden_size": 8, "num_attention_heads": 2, "num_hidden_layers": 1,
+                "intermediate_size": 16, "vocab_size": 16, "max_position_embeddings": 32, "type_vocab_size": 2,
+                "layer_norm_eps": 1e-12, "hidden_act": "gelu", "position_embedding_type": "absolute"}]
+    return [json.dumps(c, indent=1).encode() for c in configs]
+
+
+def tiny_hf_safetensors() -> bytes:
+    """model.safetensors of the tiny LLaMA of :func:`_tiny_hf_config` (HF tensor names, float32,
+    with an untied lm_head)."""
+    from safetensors.numpy import save
+
+    rng = np.random.default_rng(0)
+    d, F, V, hd = 8, 16, 16, 4
+    t = {"model.embed_tokens.weight": (V, d), "model.norm.weight": (d,), "lm_head.weight": (V, d),
+         "model.layers.0.input_layernorm.weight": (d,), "model.layers.0.post_attention_layernorm.weight": (d,),
+         "model.layers.0.self_attn.q_proj.weight": (2 * hd, d), "model.layers.0.self_attn.k_proj.weight": (hd, d),
+         "model.layers.0.self_attn.v_proj.weight": (hd, d), "model.layers.0.self_attn.o_proj.weight": (d, 2 * hd),
+         "model.layers.0.mlp.gate_proj.weight": (F, d), "model.layers.0.mlp.up_proj.weight": (F, d),
+         "model.layers.0.mlp.down_proj.weight": (d, F)}
+    return save({k: (0.3 * rng.standard_normal(s)).astype(np.float32) for k, s in t.items()})
 
 
 # ------------------------------------------------------------------ mutations
@@ -559,8 +663,92 @@ class CheckpointTarget(Target):
         return path
 
 
+def forward4(model: Any) -> None:
+    """A 4-token forward of ``model`` in the C core (ids below its vocabulary), touching the
+    attention probabilities."""
+    ids = np.array([i % model.config.vocab_size for i in TINY_IDS], np.int64)
+    tr = model.run(ids, capture="attn", progress=False)
+    with np.errstate(all="ignore"):
+        float(np.asarray(tr.attn, np.float64).sum())
+
+
+_CONFIG_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size",
+                "vocab_size", "max_position_embeddings", "head_dim", "rope_theta", "rope_scaling", "rope_parameters",
+                "rms_norm_eps", "sliding_window", "layer_types", "model_type", "tie_word_embeddings", "eos_token_id",
+                "hidden_act", "final_logit_softcapping", "attn_logit_softcapping", "query_pre_attn_scalar", "n_layer")
+
+
+def mutate_config(rng: random.Random, c: Any) -> bytes:
+    """config.json text of ``c`` (a parsed config) with one to three hostile edits: a key the
+    families read set to a wrong type, a huge or negative size, NaN, or RoPE scaling garbage;
+    or a value anywhere replaced, deleted or duplicated (:func:`mutate_json_obj`)."""
+    for _ in range(rng.choice((1, 1, 2, 3))):
+        if isinstance(c, dict) and rng.random() < 0.3:
+            key = rng.choice(_CONFIG_KEYS)
+            c[key] = rng.choice((weird_value(rng, c.get(key)), {"rope_type": rng.choice(("llama3", "linear", "x")),
+                                 "factor": rng.choice((0, -1.0, float("nan"), "8", 1e308))}, 1 << 62, -(1 << 40)))
+        else:
+            c = mutate_json_obj(rng, c)
+    try:
+        return json.dumps(c).encode()
+    except (TypeError, ValueError):
+        return b"{}"
+
+
+class HFConfigTarget(Target):
+    """A Hugging Face folder whose config.json is the input, next to the tiny LLaMA's
+    model.safetensors: :func:`sinklab.load`, then a 4-token forward."""
+
+    name = "hfconfig"
+    _SPECIAL = (b"[" * 100000 + b"]" * 100000, b'{"a":' * 50000 + b"1" + b"}" * 50000, b"\xff\xfe{}", b"",
+                b"null", b"[]", b'"llama"', b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}")
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self.folder = os.path.join(workdir, "hf")
+        os.makedirs(self.folder, exist_ok=True)
+        with open(os.path.join(self.folder, "model.safetensors"), "wb") as f:
+            f.write(tiny_hf_safetensors())
+        self.path = os.path.join(self.folder, "config.json")
+        self.texts = hf_config_seeds()
+        self.configs = [json.loads(t) for t in self.texts]
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        r = rng.random()
+        if r < 0.02:
+            return "bytes", rng.choice(self._SPECIAL)
+        if r < 0.3:
+            return "bytes", mutate_bytes(rng, rng.choice(self.texts))
+        return "bytes", mutate_config(rng, json.loads(json.dumps(rng.choice(self.configs))))
+
+    def run(self, kind: str, x: Any) -> None:
+        import sinklab as sl
+
+        self.write(x)
+        forward4(sl.load(self.folder))
+
+
+class CoreTarget(Target):
+    """A GGUF of a whole tiny LLaMA: :func:`sinklab.load`, then a 4-token forward in the C core."""
+
+    name = "core"
+
+    def __init__(self, workdir: str) -> None:
+        super().__init__(workdir)
+        self.seed, self.fields = tiny_model_gguf()
+
+    def draw(self, rng: random.Random) -> Tuple[str, Any]:
+        return "bytes", mutate_bytes(rng, self.seed, self.fields)
+
+    def run(self, kind: str, x: Any) -> None:
+        import sinklab as sl
+
+        forward4(sl.load(self.write(x)))
+
+
 TARGETS: Dict[str, Callable[[str], Target]] = {"gguf": GGUFTarget, "safetensors": SafetensorsTarget,
-                                               "tokenizer": TokenizerTarget, "checkpoint": CheckpointTarget}
+                                               "tokenizer": TokenizerTarget, "checkpoint": CheckpointTarget,
+                                               "hfconfig": HFConfigTarget, "core": CoreTarget}
 
 
 # ------------------------------------------------------------------ line coverage
@@ -571,6 +759,10 @@ MODULES: Dict[str, Tuple[str, ...]] = {
     "tokenizer": ("sinklab.tokenizer.gguf_meta", "sinklab.tokenizer.bpe", "sinklab.tokenizer.spm",
                   "sinklab.tokenizer.core"),
     "checkpoint": ("sinklab.train.checkpoint",),
+    "hfconfig": ("sinklab.io.hf_loader", "sinklab.families.config", "sinklab.families.base", "sinklab.families.llama",
+                 "sinklab.families.qwen2", "sinklab.families.gemma", "sinklab.families.gpt2", "sinklab.families.bert",
+                 "sinklab.families.rope"),
+    "core": ("sinklab.io.gguf_reader", "sinklab.io.gguf_loader", "sinklab.families.llama", "sinklab.families.tensors"),
 }
 
 

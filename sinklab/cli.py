@@ -12,6 +12,8 @@ models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model
 Global options (``--threads``, ``--quiet``, ``--debug``) go before or after the subcommand.
 Errors a user can fix (a missing path, a corrupt model file, prompts too short for
 ``--max-tokens``) print one line ``sinklab: error: ...`` to stderr and exit with status 1;
+Ctrl-C prints ``sinklab: interrupted`` (for ``train`` and ``sweep`` with where the work stands
+and how a rerun resumes it) and exits with status 130;
 a model file of an architecture sinklab does not support exits with status 2 (as a usage
 error), its line naming the architecture and the supported ones. ``--debug`` shows the
 traceback instead.
@@ -368,11 +370,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except (OSError, ValueError):
             pass
         return 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         if args.debug:
             raise
-        print("sinklab: interrupted", file=sys.stderr)
-        return 130
+        # train and sweep say where their work stands and how a rerun resumes it
+        said = str(e.args[0]) if e.args and e.args[0] else ""
+        print(f"sinklab: interrupted{': ' + said if said else ''}", file=sys.stderr)
+        return 130  # 128 + SIGINT, as a shell reports a process that Ctrl-C ended
     except Exception as e:  # one line for the user; the traceback only with --debug
         if args.debug:
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import uuid
 from typing import IO, Any, Callable, Dict, Tuple, Union
 
 import numpy as np
@@ -34,12 +35,31 @@ def to_jsonable(x: Any) -> Any:
     return _nan_to_none(x)
 
 
-def _write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> str:
+def _fsync_dir(folder: str) -> None:
+    """Makes a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> str:
     """Calls ``write(f)`` on a temporary file beside ``path``, fsyncs it and renames it to
-    ``path``; on any error (a full disk, Ctrl-C) the temporary file is removed and ``path`` is
-    left as it was, so no reader ever sees a half-written file."""
+    ``path`` (then fsyncs the folder); on any error (a full disk, Ctrl-C) the temporary file is
+    removed and ``path`` is left as it was, so no reader ever sees a half-written file.
+
+    The temporary name is ``<path>.tmp-<pid>-<random>``: unique per call (two threads may write
+    the same path), and a process killed mid-write (no ``finally`` runs) leaves a name the
+    cleaners of :mod:`sinklab.sweeps.store` and :mod:`sinklab.train.checkpoint` recognise by
+    its ``.tmp-<pid>`` part. Returns ``path``."""
     path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -49,14 +69,18 @@ def _write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], No
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+    _fsync_dir(os.path.dirname(os.path.abspath(path)))
     return path
+
+
+_write_atomic = write_atomic  # the name this module's writers used before it was public
 
 
 def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
     """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
     temporary file and renamed into place, so an interrupted write leaves no partial file."""
     text = json.dumps(to_jsonable(obj), indent=indent).encode("utf-8")
-    return _write_atomic(path, lambda f: f.write(text))
+    return write_atomic(path, lambda f: f.write(text))
 
 
 def npz_path(path: Union[str, os.PathLike]) -> str:
@@ -71,7 +95,7 @@ def save_npz(path: Union[str, os.PathLike], arrays: Dict[str, np.ndarray], meta:
     out = {k: np.asarray(v) for k, v in arrays.items()}
     out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
     # atomic like save_json; np.savez writes the zip into the open temporary file
-    return _write_atomic(npz_path(path), lambda f: np.savez(f, **out))
+    return write_atomic(npz_path(path), lambda f: np.savez(f, **out))
 
 
 def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:
@@ -85,7 +109,7 @@ def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict
 def save_tagged_json(path: Union[str, os.PathLike], fmt: str, payload: Dict[str, Any]) -> None:
     """Writes ``{"format": fmt, **payload}`` as JSON, atomically (see :func:`save_json`)."""
     text = json.dumps({"format": fmt, **payload}).encode("utf-8")
-    _write_atomic(path, lambda f: f.write(text))
+    write_atomic(path, lambda f: f.write(text))
 
 
 def load_tagged_json(path: Union[str, os.PathLike], fmt: str) -> Dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import platform
 import shutil
 import struct
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
+import fuzz_atheris as fa  # noqa: E402
 import fuzz_parsers as fz  # noqa: E402
 from sinklab.io.gguf_loader import GGUFError, open_gguf  # noqa: E402
 from sinklab.io.gguf_reader import GGUFFile, GGUFFormatError  # noqa: E402
@@ -26,8 +28,10 @@ from sinklab.io.hf_loader import SafetensorsError, read_safetensors  # noqa: E40
 from sinklab.tokenizer import Tokenizer  # noqa: E402
 from sinklab.train import checkpoint as ck  # noqa: E402
 
-# inputs per parser in CI: about 5 s in all on 2 cores
-SHORT_RUN = {"gguf": 2000, "safetensors": 2000, "tokenizer": 800, "checkpoint": 800}
+from reference_models import require  # noqa: E402
+
+# inputs per parser in CI: about 8 s in all on 2 cores
+SHORT_RUN = {"gguf": 2000, "safetensors": 2000, "tokenizer": 800, "checkpoint": 800, "hfconfig": 2000, "core": 1000}
 
 
 @pytest.mark.parametrize("parser", fz.PARSERS)
@@ -59,6 +63,54 @@ def test_harness_reports_a_hang(tmp_path, monkeypatch):
     monkeypatch.setattr(fz, "open_gguf", lambda path: time.sleep(10))
     r = fz.fuzz("gguf", 1, seed=0, timeout=0.2, out=str(tmp_path))
     assert len(r["hangs"]) == 1 and r["seconds"] < 5
+
+
+# ------------------------------------------------------------------ coverage-guided short run (atheris)
+# inputs per parser in CI: ~3 s each with the instrumented import (the long run: RESULTS.md)
+ATHERIS_RUNS = {"gguf": 1500, "safetensors": 3000, "tokenizer": 1000, "checkpoint": 1500, "hfconfig": 2000,
+                "core": 1000}
+
+
+def _atheris():
+    """atheris where pyproject's test extra installs it (CPython < 3.12 on x86-64 Linux, where
+    its wheel exists; CI fails if it is missing there); elsewhere the test skips."""
+    if sys.version_info >= (3, 12) or platform.machine() != "x86_64" or not sys.platform.startswith("linux"):
+        pytest.skip("atheris 2.3.0 has no wheel for this Python or platform")
+    if fa._under_asan():  # .ci/sanitize fuzzes with fuzz_parsers.py instead (see fuzz_atheris's docstring)
+        pytest.skip("under gcc's libasan atheris gets no coverage (libasan provides the coverage symbols)")
+    return require("atheris")
+
+
+@pytest.mark.parametrize("parser", fa.PARSERS)
+def test_short_coverage_guided_run_raises_only_documented_exceptions(parser, tmp_path):
+    _atheris()
+    runs = ATHERIS_RUNS[parser]
+    r = fa.campaign(parser, runs, str(tmp_path), coverage=False)
+    assert not fa.failed(r), r["log"][-3000:]
+    assert r["executed"] == r["inputs"] == runs and r["accepted"] + sum(r["exceptions"].values()) == runs
+    assert set(r["exceptions"]) <= {t.__name__ for t in fz.DOCUMENTED[parser]} | {
+        "GGUFError", "UnsupportedGGUFArchitecture", "UnsupportedArchitecture", "JSONDecodeError"}
+    # coverage feedback works: inputs that reached new branches were kept beyond the seeds
+    n_seeds = len([n for n in os.listdir(tmp_path / f"corpus-{parser}") if n.startswith("seed-")])
+    assert r["corpus"] > n_seeds and r["edges"] > 0
+
+
+def test_short_coverage_guided_run_fails_on_an_undocumented_exception(tmp_path):
+    """What the run above relies on: a parser raising a type it does not document stops the run
+    with a non-zero status and a reproducer (here the parser raises KeyError once it has parsed
+    an input: the seed, which parses)."""
+    _atheris()
+    r = fa.campaign("safetensors", 500, str(tmp_path), coverage=False, inject="KeyError")
+    assert fa.failed(r) and r["rc"] != 0 and len(r["crashes"]) == 1
+    assert r["exceptions"].get("KeyError") == 1
+    assert "KeyError: 'injected'" in Path(r["crashes"][0] + ".txt").read_text()  # the traceback, saved
+    read_safetensors(_write(tmp_path, Path(r["crashes"][0]).read_bytes(), "crash.safetensors"))  # parses
+
+
+def test_packed_checkpoint_input_round_trips():
+    files = {"b.json": b"{}", "a.bin": b"\x00\x01", "c": b""}
+    assert fa.unpack_files(fa.pack_files(files, 3), list(files)) == (3, files)
+    assert fa.unpack_files(b"\x01\x05\x00", list(files)) == (1, {"a.bin": b"", "b.json": b"", "c": b""})
 
 
 # ------------------------------------------------------------------ huge lengths
@@ -268,3 +320,139 @@ def test_gguf_open_refuses_truncation_at_every_byte_of_the_header(tmp_path):
     for cut in range(0, end, 13):
         with pytest.raises(GGUFError):
             open_gguf(_write(tmp_path, data[:cut], "cut.gguf"))
+
+
+# ------------------------------------------------------------------ regressions: Hugging Face config.json
+def _hf_folder(tmp_path, config) -> str:
+    folder = tmp_path / "hf"
+    folder.mkdir(exist_ok=True)
+    (folder / "model.safetensors").write_bytes(fz.tiny_hf_safetensors())
+    (folder / "config.json").write_bytes(config if isinstance(config, bytes) else json.dumps(config).encode())
+    return str(folder)
+
+
+def test_hf_seed_config_loads_and_runs(tmp_path):
+    """The refusals below are of a folder that otherwise loads: the tiny LLaMA's attention rows
+    are probability distributions over the causal prefix."""
+    import sinklab as sl
+
+    m = sl.load(_hf_folder(tmp_path, fz._tiny_hf_config()))
+    attn = m.run(np.array([1, 5, 2, 7]), capture="attn", progress=False).attn
+    assert attn.shape == (1, 2, 4, 4) and np.allclose(attn.sum(-1), 1, atol=1e-6)
+    assert np.all(np.triu(attn[0, 0], 1) == 0)
+
+
+HUGE = 1 << 62
+
+
+@pytest.mark.parametrize("changes", [
+    {"hidden_size": [8]},                                   # was TypeError: int() of a list
+    {"num_attention_heads": {"a": 1}},                      # was TypeError
+    {"num_hidden_layers": HUGE},                            # was a hang listing 2^62 layers' tensor names
+    {"num_hidden_layers": 1 << 40},                         # (the C int bound: each size < 2^31)
+    {"vocab_size": -16},
+    {"intermediate_size": 1e308},                           # was OverflowError
+    {"max_position_embeddings": -5},
+    {"rope_theta": float("nan")},                           # was accepted: NaN RoPE frequencies
+    {"rope_theta": {"x": 1}},                               # was TypeError: float() of a dict
+    {"rope_theta": -10000.0},
+    {"rms_norm_eps": [1e-5]},                               # was TypeError
+    {"rope_parameters": 5, "rope_theta": None},             # was AttributeError: 'int' has no .get
+    {"rope_scaling": [1, 2]},                               # was TypeError: dict() of a list
+    {"rope_scaling": {"rope_type": "linear", "factor": float("nan")}},
+    {"rope_scaling": {"rope_type": "linear", "factor": "8"}},   # was TypeError deep in RoPE
+    {"rope_scaling": {"rope_type": "linear"}},
+    {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 4.0,
+                      "original_max_position_embeddings": 16}},  # was 0/0: NaN frequencies
+    {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+    {"rope_scaling": {"rope_type": ["llama3"]}},
+    {"model_type": "mistral", "sliding_window": 4, "num_hidden_layers": 1 << 40},  # was an 8 TB tuple (ASan)
+    {"model_type": "gemma3_text", "sliding_window": 4, "num_hidden_layers": 1 << 31, "layer_types": None},
+    {"model_type": "mistral", "sliding_window": 1e308},     # was OverflowError in the C core's model_new
+    {"model_type": "mistral", "sliding_window": [4]},       # was TypeError
+    {"model_type": "gemma3_text", "layer_types": 7},        # was TypeError: len() of an int
+    {"model_type": "nonexistent"},
+    {"model_type": ["llama"]},
+    {"eos_token_id": {"a": 1}},                             # was TypeError
+    {"bos_token_id": "one"},
+    {"hidden_size": None},                                  # a missing key: KeyError naming it
+])
+def test_hf_config_fuzz_regressions(changes, tmp_path):
+    import time
+
+    import sinklab as sl
+
+    folder = _hf_folder(tmp_path, fz._tiny_hf_config(**changes))  # a None value drops the key
+    t0 = time.perf_counter()
+    with pytest.raises(KeyError if changes == {"hidden_size": None} else ValueError):
+        sl.load(folder)
+    assert time.perf_counter() - t0 < 2.0
+
+
+@pytest.mark.parametrize("content", [b"[" * 100000 + b"]" * 100000,           # was RecursionError
+                                     b'{"model_type": "llama", "hidden_size": ' + b"9" * 5000 + b"}",
+                                     b"\xff\xfe\x00{", b"", b"[]", b"NaN"])
+def test_hf_config_json_that_breaks_the_decoder(content, tmp_path):
+    from sinklab.io.hf_loader import read_config
+
+    with pytest.raises(ValueError):
+        read_config(_hf_folder(tmp_path, content))
+
+
+def test_hf_shard_index_naming_a_file_outside_the_folder_is_refused(tmp_path):
+    import sinklab as sl
+
+    folder = _hf_folder(tmp_path, fz._tiny_hf_config())
+    Path(folder, "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "../x.safetensors"}}))
+    with pytest.raises(ValueError, match="plain file names"):
+        sl.load(folder)
+    Path(folder, "model.safetensors.index.json").write_text(json.dumps({"weight_map": [1]}))
+    with pytest.raises(ValueError, match="weight_map"):
+        sl.load(folder)
+
+
+def test_gguf_block_count_of_2_31_is_refused_fast(tmp_path):
+    """A GGUF stating 2^31 - 1 layers is refused before the names of its layers are listed
+    (was minutes of CPU and GBs of memory)."""
+    import time
+
+    import sinklab as sl
+
+    data, fields = fz.tiny_model_gguf()
+    needle = b"llama.block_count" + struct.pack("<I", 4)
+    i = data.index(needle) + len(needle)
+    assert struct.unpack("<I", data[i:i + 4]) == (1,)
+    for count in (2 ** 31 - 1, 2 ** 32 - 1, 7):
+        path = _write(tmp_path, data[:i] + struct.pack("<I", count) + data[i + 4:], "m.gguf")
+        t0 = time.perf_counter()
+        with pytest.raises(GGUFError, match=f"states {count} layers"):
+            sl.load(path)
+        assert time.perf_counter() - t0 < 2.0
+    # with a sliding window, the family built a (count,)-long tuple of windows before any check
+    windowed = fz.gguf_bytes([("general.architecture", 8, "llama"), ("llama.block_count", 4, 2 ** 32 - 1),
+                              ("llama.attention.sliding_window", 4, 4)], [])[0]
+    with pytest.raises(GGUFError, match="layers"):
+        sl.load(_write(tmp_path, windowed, "w.gguf"))
+    assert sl.load(_write(tmp_path, data, "ok.gguf")).config.n_layers == 1
+
+
+@pytest.mark.parametrize("kw,match", [
+    ({"rope_theta": float("inf")}, "rope_theta"),
+    ({"rope_theta": "10000"}, "rope_theta"),
+    ({"norm_eps": "1e-5"}, "norm_eps"),                     # was TypeError in math.isfinite
+    ({"attn_softcap": float("nan")}, "attn_softcap"),
+    ({"window": 5}, "window"),                              # was TypeError: int is not iterable
+    ({"window": (2 ** 40,)}, "window"),
+    ({"d_model": 2 ** 31}, "d_model"),
+    ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "factor"),
+    ({"rope_local_scaling": "linear"}, "rope_local_scaling"),
+    ({"layer_norms": 5}, "layer_norms"),
+])
+def test_model_config_refuses_values_of_the_wrong_type_or_range(kw, match):
+    from sinklab.families.config import ModelConfig
+
+    base = dict(arch="llama", n_layers=1, n_heads=2, n_kv_heads=1, d_model=8, head_dim=4, d_ff=16, vocab_size=16,
+                context_length=32, rope_theta=10000.0, norm_eps=1e-5, tied_embeddings=False)
+    ModelConfig(**base)
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**{**base, **kw})

@@ -4,6 +4,7 @@ fields from a file, and :meth:`ModelConfig.core_config` hands them to the C core
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
@@ -18,6 +19,41 @@ LAYER_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "attn_post_norm", "att
                "ffn_norm", "ffn_post_norm", "ffn_res_norm")
 QK_NORMS = ("attn_q_norm", "attn_k_norm")  # per head (head_dim,), always RMSNorm, no bias
 LAYER_BIASES = ("attn_q_b", "attn_k_b", "attn_v_b", "attn_output_b", "ffn_gate_b", "ffn_up_b", "ffn_down_b")
+# Sizes, windows and positions are C ints in the core: a config.json stating 2^62 layers or a
+# 1e308 window is refused here, before anything is sized from it.
+MAX_SIZE = 2 ** 31 - 1
+ROPE_SCALING_TYPES = ("default", "linear", "llama3")  # what sinklab.families.rope computes
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_positive_number(v: Any) -> bool:
+    """A finite real > 0 (NaN, inf, strings, lists and bools are not)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+
+
+def check_rope_scaling(scaling: Any, name: str = "rope_scaling") -> None:
+    """ValueError unless ``scaling`` is None or a RoPE scaling dict sinklab computes:
+    ``rope_type`` (or ``type``) default, linear with a positive ``factor``, or llama3 with
+    positive ``factor``, ``low_freq_factor`` < ``high_freq_factor`` and
+    ``original_max_position_embeddings``."""
+    if scaling is None:
+        return
+    if not isinstance(scaling, dict):
+        raise ValueError(f"model config {name}={scaling!r} must be a dict or None")
+    kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
+    if not isinstance(kind, str) or kind not in ROPE_SCALING_TYPES:
+        raise ValueError(f"unsupported RoPE scaling type {kind!r} in {name} "
+                         f"(supported: {', '.join(ROPE_SCALING_TYPES)})")
+    need = {"default": (), "linear": ("factor",), "llama3": _LLAMA3_KEYS}[kind]
+    for key in need:
+        if not _is_positive_number(scaling.get(key)):
+            raise ValueError(f"{kind} RoPE scaling needs a positive finite {key!r}, got {scaling.get(key)!r} in {name}")
+    if kind == "llama3" and not scaling["low_freq_factor"] < scaling["high_freq_factor"]:
+        raise ValueError(f"llama3 RoPE scaling needs low_freq_factor < high_freq_factor, got {scaling!r} in {name}")
 
 
 @dataclass(frozen=True)
@@ -99,8 +135,8 @@ class ModelConfig:
         for name in ("n_layers", "n_heads", "n_kv_heads", "d_model", "head_dim", "d_ff",
                      "vocab_size", "context_length"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"model config {name}={value!r} must be a positive integer")
+            if not _is_int(value) or not 0 < value <= MAX_SIZE:
+                raise ValueError(f"model config {name}={value!r} must be a positive integer below 2^31")
         if self.n_heads % self.n_kv_heads:
             raise ValueError(f"n_heads={self.n_heads} is not a multiple of n_kv_heads={self.n_kv_heads}")
         self._check_choice("norm_kind", NORM_KINDS)
@@ -108,22 +144,36 @@ class ModelConfig:
         self._check_choice("positions", POSITIONS)
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
-        if self.positions == "learned" and (not isinstance(self.n_pos, int) or self.n_pos <= 0):
+        if not _is_int(self.n_pos) or not 0 <= self.n_pos <= MAX_SIZE:
+            raise ValueError(f"model config n_pos={self.n_pos!r} must be an integer in [0, 2^31)")
+        if self.positions == "learned" and self.n_pos <= 0:
             raise ValueError(f"learned positions need n_pos > 0, got {self.n_pos!r}")
-        for name in ("norm_eps", "embd_scale"):
-            if not (math.isfinite(getattr(self, name)) and getattr(self, name) > 0):
+        for name in ("norm_eps", "embd_scale", "rope_theta"):
+            if not _is_positive_number(getattr(self, name)):
                 raise ValueError(f"model config {name}={getattr(self, name)!r} must be a positive number")
-        if self.attn_scale is not None and not (math.isfinite(self.attn_scale) and self.attn_scale > 0):
-            raise ValueError(f"model config attn_scale={self.attn_scale!r} must be a positive number or None")
+        for name in ("attn_scale", "rope_local_theta"):
+            v = getattr(self, name)
+            if v is not None and not _is_positive_number(v):
+                raise ValueError(f"model config {name}={v!r} must be a positive number or None")
         for name in ("attn_softcap", "final_softcap"):
             v = getattr(self, name)
-            if not (math.isfinite(v) and v >= 0):
+            if not (v == 0 or _is_positive_number(v)):
                 raise ValueError(f"model config {name}={v!r} must be >= 0 (0 = no soft-capping)")
+        check_rope_scaling(self.rope_scaling, "rope_scaling")
+        check_rope_scaling(self.rope_local_scaling, "rope_local_scaling")
+        for name in ("bos_token_id", "eos_token_id"):
+            v = getattr(self, name)
+            if v is not None and not _is_int(v):
+                raise ValueError(f"model config {name}={v!r} must be an integer or None")
         if self.window is not None:
-            w = tuple(self.window)
-            if len(w) != self.n_layers or any(not isinstance(x, int) or isinstance(x, bool) or x < 0 for x in w):
-                raise ValueError(f"window must be {self.n_layers} ints >= 0 (one per layer, 0 = full), got {self.window!r}")
+            w = tuple(self.window) if isinstance(self.window, (tuple, list)) else None
+            if w is None or len(w) != self.n_layers or any(not _is_int(x) or not 0 <= x <= MAX_SIZE for x in w):
+                raise ValueError(f"window must be {self.n_layers} ints in [0, 2^31) (one per layer, 0 = full), "
+                                 f"got {self.window!r}")
             object.__setattr__(self, "window", w if any(w) else None)
+        for name in ("layer_norms", "biases"):
+            if not isinstance(getattr(self, name), (tuple, list)):
+                raise ValueError(f"model config {name}={getattr(self, name)!r} must be a tuple of names")
         bad = [n for n in self.layer_norms if n not in LAYER_NORMS]
         if bad:
             raise ValueError(f"unknown per-layer norms {bad} (known: {', '.join(LAYER_NORMS)})")

@@ -98,6 +98,11 @@ def family_of(reader):
 def read_config(reader) -> ModelConfig:
     """The ModelConfig stated by a GGUF file's metadata (read by its family module)."""
     fam = family_of(reader)
+    n = reader.fields.get(f"{_field(reader, 'general.architecture')}.block_count")
+    # families build per-layer tuples (windows) from it before ModelConfig checks anything
+    if isinstance(n, (int, np.integer)) and not isinstance(n, bool) and 2 * int(n) > len(reader.tensors):
+        raise GGUFError(f"the metadata states {int(n)} layers, but the file holds only {len(reader.tensors)} "
+                        "tensors (each layer has an attention and an MLP matrix at least)")
     try:
         return fam.config_from_gguf(GGUFMeta(reader))
     except GGUFError:
@@ -162,8 +167,12 @@ def load_gguf_weights(reader, cfg: ModelConfig) -> Dict[str, Tensor]:
     """The canonical tensors (``tok_embd``, ``blk.N.attn_q`` …; :mod:`sinklab.families.base`),
     numpy order (out, in): float32 arrays, matrices possibly :class:`QuantizedTensor`."""
     fam = families.family_of(cfg.family)
+    src = GGUFSource(reader)
+    if 2 * cfg.n_layers > len(src.names):  # before every layer's names are listed (2^31 layers: hours)
+        raise GGUFError(f"the metadata states {cfg.n_layers} layers, but the file holds only {len(src.names)} "
+                        "tensors (each layer has an attention and an MLP matrix at least)")
     try:
-        return fam.weights(cfg, GGUFSource(reader))
+        return fam.weights(cfg, src)
     except GGUFError:
         raise
     except ValueError as e:

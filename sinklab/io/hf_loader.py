@@ -31,6 +31,10 @@ _DTYPES = {"F32": (np.float32, 4), "F16": (np.float16, 2), "BF16": (np.uint16, 2
 _OTHER_ITEMSIZE = {"F64": 8, "I64": 8, "U64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2, "I8": 1, "U8": 1,
                    "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
 _MAX_HEADER = 100 * 1024 * 1024
+# config.json keys the families read the layer count from, and the most layers a config may
+# state (released models have at most a few hundred; 2^40 would make gigabyte-long tuples)
+_LAYER_KEYS = ("num_hidden_layers", "n_layer")
+MAX_LAYERS = 1 << 16
 
 
 class SafetensorsError(ValueError):
@@ -103,9 +107,13 @@ def to_f32(dtype: str, shape: Tuple[int, ...], raw: np.ndarray) -> np.ndarray:
 def _files(folder: str) -> Iterable[str]:
     index = os.path.join(folder, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index) as f:
-            weight_map = json.load(f).get("weight_map", {})
+        index_json = _read_json(index)
+        weight_map = index_json.get("weight_map", {}) if isinstance(index_json, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(x, str) for x in weight_map.values()):
+            raise ValueError(f"{index}: weight_map is not an object of tensor name -> file name")
         files = sorted(set(weight_map.values()))
+        if any(os.path.basename(x) != x or x in ("", ".", "..") for x in files):
+            raise ValueError(f"{index}: shard names must be plain file names in the folder, got {files[:5]}")
         missing = [x for x in files if not os.path.isfile(os.path.join(folder, x))]
         if missing:
             raise FileNotFoundError(f"{folder}: shards named in model.safetensors.index.json are missing: {missing}")
@@ -116,17 +124,46 @@ def _files(folder: str) -> Iterable[str]:
     return [os.path.join(folder, x) for x in files]
 
 
+def _read_json(path: str) -> object:
+    """A JSON file's value; ValueError (never RecursionError) for text that is not JSON."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as e:  # ValueError: also bad UTF-8 and 5000-digit ints
+        raise ValueError(f"{path} is not valid JSON ({type(e).__name__}: {str(e)[:100]})") from None
+
+
 def read_config(folder: str) -> ModelConfig:
-    """The ModelConfig of a Hugging Face folder's config.json (read by its family module)."""
+    """The ModelConfig of a Hugging Face folder's config.json (read by its family module).
+
+    Raises:
+        FileNotFoundError: no config.json.
+        ValueError: config.json is not a JSON object, names an unsupported ``model_type``
+            (:class:`sinklab.families.UnsupportedArchitecture`), or holds a value of the wrong
+            type or range (sizes must be positive integers below 2^31, at most
+            :data:`MAX_LAYERS` layers, RoPE bases and epsilons positive finite numbers, RoPE
+            scaling one sinklab computes).
+        KeyError: a required key (``hidden_size`` …) is missing.
+    """
     path = os.path.join(folder, "config.json")
     if not os.path.isfile(path):
         raise FileNotFoundError(f"{folder} has no config.json")
-    with open(path) as f:
-        c = json.load(f)
+    c = _read_json(path)
     if not isinstance(c, dict):
         raise ValueError(f"{path} is not a JSON object")
     fam = families.for_hf_type(c.get("model_type"), path)
-    return fam.config_from_hf(c, path)
+    for key in _LAYER_KEYS:  # families build per-layer tuples (windows) before ModelConfig checks
+        n = c.get(key)
+        if isinstance(n, (int, float)) and not isinstance(n, bool) and not n <= MAX_LAYERS:
+            raise ValueError(f"{path}: {key}={n!r} is not a layer count sinklab loads (at most {MAX_LAYERS})")
+    try:
+        return fam.config_from_hf(c, path)
+    except (TypeError, AttributeError, OverflowError, ZeroDivisionError, IndexError, RecursionError) as e:
+        # a value of the wrong JSON type (a list where a size goes, a dict for rope_theta, 1e308
+        # layers): the family reads config.json trusting its types; the user gets one ValueError
+        raise ValueError(f"{path}: a config value has the wrong type or is out of range "
+                         f"({type(e).__name__}: {str(e)[:200]})") from None
 
 
 class HFSource:
@@ -162,8 +199,20 @@ class HFSource:
 
 def load_hf_weights(folder: str, cfg: ModelConfig) -> Dict[str, Tensor]:
     """The canonical tensors (:mod:`sinklab.families.base`), numpy order (out, in): float32
-    (fp32 files are not copied), F16/BF16 matrices as QuantizedTensor."""
-    return families.family_of(cfg.family).weights(cfg, HFSource(folder))
+    (fp32 files are not copied), F16/BF16 matrices as QuantizedTensor. ValueError when the
+    config states more layers than the files hold tensors (checked before the canonical names
+    of every layer are listed: 2^31 layers would take hours)."""
+    src = HFSource(folder)
+    check_layer_count(cfg, len(src.names), folder)
+    return families.family_of(cfg.family).weights(cfg, src)
+
+
+def check_layer_count(cfg: ModelConfig, n_tensors: int, where: str) -> None:
+    """ValueError unless ``n_tensors`` can hold ``cfg.n_layers`` layers (each has an attention
+    and an MLP matrix at least)."""
+    if 2 * cfg.n_layers > n_tensors:
+        raise ValueError(f"{where}: the config states {cfg.n_layers} layers, but the files hold only "
+                         f"{n_tensors} tensors (each layer has an attention and an MLP matrix at least)")
 
 
 def rope_layout(cfg: ModelConfig) -> int:

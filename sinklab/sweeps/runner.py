@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..progress import progress_bar
+from ..results import write_atomic
 from . import analyses, cluster, store
 from .grid import AXES, Grid, SpecError, Task, address_all, read_spec
 
@@ -38,6 +39,8 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
     import sinklab
 
     n = cluster.task_threads(threads, slots)
+    if slots is not None or _on_dask_worker():
+        cluster.prepare_worker()
     before = sinklab.get_num_threads()
     sinklab.set_num_threads(n)
     mark = store.mark_running(out, task)
@@ -54,12 +57,22 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
                 "pid": os.getpid(), "threads": n}
         store.write_result(out, task, rows, arrays, info)
         return {"name": task.name, **info}
-    except BaseException:
+    except Exception:  # Ctrl-C (KeyboardInterrupt) is no failure of the task: nothing recorded
         store.write_failure(out, task, traceback.format_exc())
         raise
     finally:
         os.remove(mark)
         sinklab.set_num_threads(before)
+
+
+def _on_dask_worker() -> bool:
+    try:
+        from distributed import get_worker
+
+        get_worker()
+        return True
+    except (ImportError, ValueError):
+        return False
 
 
 @dataclass
@@ -135,15 +148,24 @@ def _run_dask(client: Any, tasks: List[Task], out: str, threads: Optional[int], 
                              pure=False): t for t in tasks}
     ran = []
     bar = progress_bar(total=len(tasks), progress=progress, desc="sweep (dask)", unit="task")
-    for fut in as_completed(futures):
-        t = futures[fut]
+    try:
+        for fut in as_completed(futures):
+            t = futures[fut]
+            try:
+                fut.result()
+                ran.append(t.name)
+            except Exception as e:  # the task raised, or killed its workers allowed-failures times
+                failed[t.name] = f"{type(e).__name__}: {e}"
+            bar.update(1)
+    except KeyboardInterrupt:
+        # on a cluster this sweep does not own, its queued tasks would run on after Ctrl-C
         try:
-            fut.result()
-            ran.append(t.name)
-        except Exception as e:  # the task raised, or killed its workers allowed-failures times
-            failed[t.name] = f"{type(e).__name__}: {e}"
-        bar.update(1)
-    bar.close()
+            client.cancel(list(futures))
+        except Exception:  # the interrupt matters more than a failed cancel
+            pass
+        raise
+    finally:
+        bar.close()
     return ran
 
 
@@ -170,13 +192,31 @@ def _run_pending(pending: List[Task], out: str, serial: bool, client: Any, sched
     dashboard = client.dashboard_link
     say(f"Dask dashboard: {dashboard}")
     try:
-        return _run_dask(client, pending, out, threads, progress, failed), dashboard, where
-    finally:
+        ran = _run_dask(client, pending, out, threads, progress, failed)
+    except KeyboardInterrupt:
+        if own and scheduler is None:  # our LocalCluster: kill its workers, do not wait for their tasks
+            cluster.stop_local_now(client)
+            store.clear_markers(out)  # the killed workers' (the sweep cleared older ones at its start)
+        elif own:
+            _close_quietly(client)
+        raise
+    except BaseException:
         if own:
-            local = getattr(client, "cluster", None)
-            client.close()
-            if local is not None:
-                local.close()
+            _close_quietly(client)
+        raise
+    if own:
+        cluster.close_local(client)
+    return ran, dashboard, where
+
+
+def _close_quietly(client: Any) -> None:
+    """Closes a client this sweep opened (and its LocalCluster) while another error propagates."""
+    for closing in (client, getattr(client, "cluster", None)):
+        try:
+            if closing is not None:
+                closing.close(timeout=5)
+        except Exception:  # already failing: the original error matters
+            pass
 
 
 def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[str] = None,
@@ -200,6 +240,11 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
 
     Returns:
         :class:`SweepResult`. Raises :class:`SpecError` on a bad spec before anything runs.
+
+    Ctrl-C raises KeyboardInterrupt (its message: the tasks finished and saved, and that a rerun
+    runs the rest): a serial sweep stops inside the running task's C call; on its own
+    LocalCluster the sweep kills the workers instead of waiting for their tasks. Finished
+    results stay, half-written files and the in-flight markers are removed.
     """
     import sinklab
 
@@ -228,9 +273,13 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
     failed: Dict[str, str] = {}
     ran, dashboard, where = [], None, "nothing to run"
     if pending:
-        _prepare_corpora(pending)
-        ran, dashboard, where = _run_pending(pending, out, serial, client, scheduler, workers, threads,
-                                             progress, failed, say)
+        try:
+            _prepare_corpora(pending)
+            ran, dashboard, where = _run_pending(pending, out, serial, client, scheduler, workers, threads,
+                                                 progress, failed, say)
+        except KeyboardInterrupt as e:
+            e.args = (_interrupted(out, tasks, e),)
+            raise
     lost = store.interrupted(out)
     store.clear_markers(out, lost)
     store.clear_partial(out)
@@ -246,6 +295,15 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
     for name, err in failed.items():
         say(f"FAILED {name}: {err} (traceback in {os.path.join(out, 'failed', name + '.json')})")
     return result
+
+
+def _interrupted(out: str, tasks: List[Task], e: KeyboardInterrupt) -> str:
+    """After Ctrl-C: removes half-written files from ``out`` and says what a rerun will do."""
+    store.clear_partial(out)
+    done = sum(store.is_done(out, t) for t in tasks)
+    said = f"{e.args[0]}; " if e.args and e.args[0] else ""
+    return (f"{said}sweep interrupted: {done} of {len(tasks)} task(s) finished and saved in {os.path.abspath(out)}; "
+            f"run the same sweep again to run the other {len(tasks) - done}")
 
 
 def _need_pandas() -> Any:
@@ -276,10 +334,7 @@ def table(out: str, tasks: List[Task]) -> Any:
     df = pd.DataFrame(rows)
     axes = [a for a in AXES if a in df]
     df = df[axes + [c for c in df.columns if c not in axes]]
-    path = os.path.join(out, "table.parquet")
-    tmp = f"{path}.tmp-{os.getpid()}"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, path)
+    write_atomic(os.path.join(out, "table.parquet"), lambda f: df.to_parquet(f, index=False))
     return df
 
 

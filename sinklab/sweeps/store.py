@@ -19,13 +19,11 @@ from __future__ import annotations
 import json
 import os
 import socket
-import uuid
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..results import to_jsonable
-from ..train.checkpoint import write_text_atomic
+from ..results import to_jsonable, write_atomic
 from .grid import Task
 
 RESULT_FORMAT = "sinklab.sweeps.TaskResult/1"
@@ -59,27 +57,15 @@ def is_done(out: str, task: Task) -> bool:
     return isinstance(d, dict) and d.get("format") == RESULT_FORMAT and d.get("key") == task.key
 
 
-def _save_npz_atomic(path: str, arrays: Dict[str, np.ndarray]) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            np.savez(f, **{k: np.asarray(v) for k, v in arrays.items()})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
 def write_result(out: str, task: Task, rows: List[Dict[str, Any]], arrays: Dict[str, np.ndarray],
                  info: Dict[str, Any]) -> str:
     """Writes the task's arrays, then its rows (the completion mark); returns the JSON path."""
     path = result_path(out, task)
-    _save_npz_atomic(path[:-5] + ".npz", arrays)
+    arrays = {k: np.asarray(v) for k, v in arrays.items()}
+    write_atomic(path[:-5] + ".npz", lambda f: np.savez(f, **arrays))
     doc = {"format": RESULT_FORMAT, "key": task.key, "name": task.name, "identity": task.identity,
            "rows": [{**task.point, **r, **m} for r, m in zip(task.rows, rows)], "info": info}
-    write_text_atomic(path, json.dumps(to_jsonable(doc), sort_keys=True, indent=1))
+    _write_json(path, doc, sort_keys=True)
     failed = os.path.join(out, "failed", task.name + ".json")
     if os.path.exists(failed):
         os.remove(failed)
@@ -88,7 +74,12 @@ def write_result(out: str, task: Task, rows: List[Dict[str, Any]], arrays: Dict[
 
 def write_failure(out: str, task: Task, error: str) -> None:
     doc = {"key": task.key, "name": task.name, "identity": task.identity, "error": error}
-    write_text_atomic(os.path.join(out, "failed", task.name + ".json"), json.dumps(to_jsonable(doc), indent=1))
+    _write_json(os.path.join(out, "failed", task.name + ".json"), doc)
+
+
+def _write_json(path: str, doc: Dict[str, Any], sort_keys: bool = False) -> None:
+    text = json.dumps(to_jsonable(doc), sort_keys=sort_keys, indent=1).encode("utf-8")
+    write_atomic(path, lambda f: f.write(text))
 
 
 def read_result(out: str, task: Task) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:
@@ -128,13 +119,24 @@ def clear_markers(out: str, names: Optional[List[str]] = None) -> None:
             pass
 
 
-def clear_partial(out: str) -> None:
-    """Removes temporary files a killed writer left in ``tasks/`` (never a finished result).
-    Two sweeps writing one folder at the same time are not supported."""
-    d = os.path.join(out, "tasks")
-    for n in os.listdir(d) if os.path.isdir(d) else []:
-        if ".tmp-" in n:
-            try:
-                os.remove(os.path.join(d, n))
-            except FileNotFoundError:
-                pass
+def clear_partial(out: str) -> List[str]:
+    """Removes the temporary files a killed or interrupted writer left in ``tasks/`` and
+    ``failed/`` (never a finished result), and the stale checkpoint temporaries of the training
+    runs in ``runs/``; returns the paths removed. Two sweeps writing one folder at the same time
+    are not supported."""
+    from ..train.checkpoint import clean_stale
+
+    removed = []
+    for sub in ("tasks", "failed"):
+        d = os.path.join(out, sub)
+        for n in os.listdir(d) if os.path.isdir(d) else []:
+            if ".tmp-" in n:
+                try:
+                    os.remove(os.path.join(d, n))
+                    removed.append(os.path.join(d, n))
+                except FileNotFoundError:
+                    pass
+    runs = os.path.join(out, "runs")
+    for n in os.listdir(runs) if os.path.isdir(runs) else []:
+        removed += clean_stale(os.path.join(runs, n))
+    return removed

@@ -8,8 +8,11 @@ paper's §5 strategies), global-norm clipping and AdamW, with the GIL released.
 from __future__ import annotations
 
 import math
+import signal
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, List, Optional, Tuple
+from typing import Any, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -103,6 +106,29 @@ def _check_train_memory(n: int, grad_groups: int) -> None:
                           f"(d_model, n_layers, vocab_size) or grad_groups=1")
 
 
+@contextmanager
+def _sigint_deferred() -> Iterator[None]:
+    """Holds Python's SIGINT handler (KeyboardInterrupt by default) until the block ends, so that
+    a Ctrl-C arriving just as a C call returns cannot split the call from the bookkeeping that
+    must follow it. A KeyboardInterrupt the C call raises itself (it stopped before changing
+    anything) still propagates at once. Main thread only (elsewhere Python runs no handler)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.getsignal(signal.SIGINT)
+    if not callable(prev):  # SIG_IGN / SIG_DFL: nothing Python-level to hold
+        yield
+        return
+    held: List[Any] = []
+    signal.signal(signal.SIGINT, lambda sig, frame: held.append((sig, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+    if held:  # the block completed: now run the handler it held back (raises KeyboardInterrupt)
+        prev(*held[0])
+
+
 class Trainer:
     """Parameters, gradients and Adam moments of a LLaMA-style model in C-owned flat buffers.
 
@@ -181,6 +207,10 @@ class Trainer:
         Returns:
             (loss, grad_norm): the batch's mean cross-entropy in nats before the update, and the
             gradient's global L2 norm before clipping.
+
+        Raises:
+            KeyboardInterrupt: Ctrl-C. The step is applied whole (``step_count`` counts it) or
+                not at all; a caller that catches it can go on from ``step_count``.
         """
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         targets = np.ascontiguousarray(targets, dtype=np.int64)
@@ -193,10 +223,14 @@ class Trainer:
             key_start = np.ascontiguousarray(key_start, dtype=np.int64)
         o = self.optimizer
         groups = min(self.grad_groups, ids.shape[0])
-        loss, norm = _core.train_step(self.model._handle, self._core_grads, self.params, self.grads, self.mom,
-                                      self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
-                                      float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,
-                                      self.step_count + 1,
-                                      self._group_grads[:groups - 1] if groups > 1 else None)
-        self.step_count += 1
+        # Ctrl-C: the C step either stops before the update (KeyboardInterrupt, nothing changed) or
+        # applies it whole; a SIGINT that lands as it returns is held until step_count agrees with
+        # the weights, so an interrupted trainer is always at a step boundary.
+        with _sigint_deferred():
+            loss, norm = _core.train_step(self.model._handle, self._core_grads, self.params, self.grads, self.mom,
+                                          self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
+                                          float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,
+                                          self.step_count + 1,
+                                          self._group_grads[:groups - 1] if groups > 1 else None)
+            self.step_count += 1
         return float(loss), float(norm)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..progress import progress_bar
+from ..results import write_atomic
 from . import checkpoint as ckpt_io
 from .engine import AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
@@ -309,7 +310,8 @@ def _vocab_size(corpus: Any, tok: Any) -> int:
 
 
 def _write_log(path: str, records: List[Dict[str, Any]]) -> None:
-    ckpt_io.write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
+    text = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
+    write_atomic(path, lambda f: f.write(text))
 
 
 def _append_log(path: str, record: Dict[str, Any]) -> None:
@@ -388,6 +390,9 @@ def train(config: TrainConfig, resume: bool = True, progress: bool = True, *, co
         ConfigError: an invalid config, or one that differs from the run being resumed.
         CheckpointError: the checkpoint to resume from is missing a file or corrupted.
         FloatingPointError: the loss became NaN or infinite.
+        KeyboardInterrupt: Ctrl-C. The run stops at the next check (between C blocks of a step,
+            or between steps), removes its half-written files and names, in the exception's
+            message, the latest checkpoint a rerun resumes from.
 
     ``config.threads`` applies during the run only; the thread count is restored after it.
     """
@@ -399,8 +404,27 @@ def train(config: TrainConfig, resume: bool = True, progress: bool = True, *, co
         sinklab.set_num_threads(config.threads)
     try:
         return _train(config, resume, progress, corpus, packer_cls)
+    except KeyboardInterrupt as e:
+        e.args = (_interrupted(config.out_dir, e),)
+        raise
     finally:
         sinklab.set_num_threads(threads_before)
+
+
+def _interrupted(out: str, e: KeyboardInterrupt) -> str:
+    """After Ctrl-C: removes this process's half-written files from ``out`` (a checkpoint's
+    temporary folder, ``latest`` or the log's temporary file) and says where the run resumes."""
+    ckpt_io.clean_stale(out)  # counts this process's own temporaries as stale: no save runs now
+    try:
+        latest = ckpt_io.latest_checkpoint(out)
+    except ckpt_io.CheckpointError:
+        latest = None
+    said = f"{e.args[0]}; " if e.args and e.args[0] else ""
+    if latest is None:
+        return f"{said}training interrupted before its first checkpoint: a rerun starts at step 0"
+    step = int(os.path.basename(latest).split("-")[1])
+    return (f"{said}training interrupted; {latest} (step {step}) is the latest checkpoint: run again with the "
+            f"same config and out_dir to resume from it")
 
 
 def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
