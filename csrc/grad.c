@@ -273,11 +273,15 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
             m, &lw->ffn_post_norm, &lw->ffn_res_norm, dx, dxn, rows, T, lt->mo, lt->mo_mean, lt->mo_rstd, lt->yr,
             lt->yr_mean, lt->yr_rstd, lg ? lg->ffn_post_norm : NULL, lg ? lg->ffn_post_norm_b : NULL,
             lg ? lg->ffn_res_norm : NULL, lg ? lg->ffn_res_norm_b : NULL);
+        /* Ctrl-C checks between the products: with many directions (B * T rows) each is long */
+        SL_TRY(sl_check_interrupt());
         SL_TRY(sl_linear_nn(rows, dm, d, &lw->w_down, g->dact, F, 0, 1));
         if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dm, g->act));
         if (lg && lg->b_down) sl_bias_backward(lg->b_down, dm, rows, d, d);
         sl_swiglu_backward(gated ? g->dg : NULL, g->du, g->dact, gated ? g->dh_dg : NULL, g->dh_du, rows * F, T * F);
+        SL_TRY(sl_check_interrupt());
         if (gated) SL_TRY(sl_linear_nn(rows, g->dg, F, &lw->w_gate, dxn, d, 0, 1));
+        SL_TRY(sl_check_interrupt());
         SL_TRY(sl_linear_nn(rows, g->du, F, &lw->w_up, dxn, d, gated, 1));
         if (lg) {
             if (gated) SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
@@ -305,6 +309,7 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
         m, &lw->attn_post_norm, &lw->attn_res_norm, g->dx, g->dxn, rows, T, lt->o, lt->o_mean, lt->o_rstd, lt->hr,
         lt->hr_mean, lt->hr_rstd, lg ? lg->attn_post_norm : NULL, lg ? lg->attn_post_norm_b : NULL,
         lg ? lg->attn_res_norm : NULL, lg ? lg->attn_res_norm_b : NULL);
+    SL_TRY(sl_check_interrupt()); /* between the products, as in mlp_backward */
     SL_TRY(sl_linear_nn(rows, dout, d, &lw->wo, g->dz, qd, 0, 1));
     if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, dout, lt->z));
     if (lg && lg->bo) sl_bias_backward(lg->bo, dout, rows, d, d);
@@ -315,7 +320,9 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
     rope_rows(m, lw, g, g->dk, kvd, G, 1);
     qk_norm(m, g, g->dq, lw->attn_q_norm, lg ? lg->attn_q_norm : NULL, lt->qr, lt->q_rstd, H, 1);
     qk_norm(m, g, g->dk, lw->attn_k_norm, lg ? lg->attn_k_norm : NULL, lt->kr, lt->k_rstd, G, 1);
+    SL_TRY(sl_check_interrupt());
     SL_TRY(sl_linear_nn(rows, g->dq, qd, &lw->wq, g->dxn, d, 0, 1));
+    SL_TRY(sl_check_interrupt());
     SL_TRY(sl_linear_nn(rows, g->dk, kvd, &lw->wk, g->dxn, d, 1, 1));
     SL_TRY(sl_linear_nn(rows, g->dv, kvd, &lw->wv, g->dxn, d, 1, 1));
     if (lg) {

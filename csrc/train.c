@@ -138,7 +138,7 @@ static int batch_gradient(const sl_model *m, const sl_model_grads *pg, sl_train_
     if (status == SL_OK) {
 #pragma omp parallel for schedule(dynamic, 1) num_threads(outer)
         for (int64_t g = 0; g < G; g++) {
-            sl_ctx mine = {.num_threads = inner};
+            sl_ctx mine = {.num_threads = inner, .interruptible = ctx->interruptible};
             mine.err[0] = 0;
             sl_ctx *prev = sl_ctx_enter(&mine);
             const int rc = group_gradient(m, &gp[g], b, g * b->B / G, (g + 1) * b->B / G, denom, &sums[g]);
