@@ -167,7 +167,7 @@ def test_an_interrupted_optimizer_step_leaves_the_trainer_at_a_step_boundary(tmp
         from sinklab.train import Trainer, llama_config
         cfg = llama_config(vocab_size=256, d_model=64, n_layers=2, n_heads=4, context_length=128)
         rng = np.random.default_rng(0)
-        batches = rng.integers(0, 256, size=(12, 4, 129))
+        batches = rng.integers(0, 256, size=(48, 4, 129))  # ~0.8 s of steps: ~20 interrupts
         def run(interrupt):
             tr = Trainer(cfg, seed=1)
             stop, hits = threading.Event(), [0]
