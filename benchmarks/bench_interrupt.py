@@ -4,6 +4,9 @@ interrupted calls (issue 13).
 
 Parts (each case in a subprocess, so that no SIGINT reaches this process):
 
+0. The longest stretch without a Ctrl-C check in uninterrupted calls (the core times them):
+   forward T with logits, loss_and_grad T, vjp and jvp T_jvp, the Jacobian at T = 256, one
+   training step of the default-size model; this bounds the latency wherever the SIGINT lands.
 1. C calls on SmolLM2-135M (the GGUF of the registry): forward T (capture "stats"), the
    Jacobian of the last position's output over T_jac tokens, a jvp over T_jvp tokens and
    loss_and_grad T; SIGINT from a timer thread ``--delay`` s into the call; seconds until
@@ -103,6 +106,45 @@ CALLS_CHILD = textwrap.dedent("""
 def c_calls(gguf: str, T: int, T_jac: int, T_jvp: int, delay: float, reps: int) -> Dict[str, List[Optional[float]]]:
     """{call: [seconds from SIGINT to KeyboardInterrupt, or None when the call finished first]}."""
     r = subprocess.run([sys.executable, "-c", CALLS_CHILD, gguf, str(T), str(T_jac), str(T_jvp), str(delay), str(reps)],
+                       capture_output=True, text=True, env=ENV, timeout=3600)
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr[-2000:])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+GAPS_CHILD = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    import sinklab as sl
+    from sinklab import _core
+    from sinklab.train import Trainer, llama_config
+
+    gguf, T, T_jac, T_jvp = sys.argv[1], *map(int, sys.argv[2:5])
+    model = sl.load(gguf, quiet=True)
+    ids = np.random.default_rng(0).integers(0, model.config.vocab_size, max(T, T_jac, T_jvp))
+    d, L = model.config.d_model, model.config.n_layers
+    tr = Trainer(llama_config(vocab_size=4096, d_model=256, n_layers=4, n_heads=4, context_length=256), seed=0)
+    batch = np.random.default_rng(1).integers(0, 4096, (32, 257))
+    calls = {
+        f"forward + logits T={T}": lambda: model.run(ids[:T], capture=("logits", "stats")),
+        f"loss_and_grad T={T}": lambda: model.loss_and_grad(ids[:T]),
+        f"vjp T={T_jvp}": lambda: model.vjp(ids[:T_jvp], np.ones((T_jvp, d), np.float32), at=L),
+        f"jvp T={T_jvp}": lambda: model.jvp(ids[:T_jvp], np.ones((T_jvp, d), np.float32), at=0),
+        f"jacobian T={T_jac}": lambda: model.jacobian(ids[:T_jac], of=(L, T_jac - 1), progress=False),
+        "train step 32 x 256 (d 256, 4 layers)": lambda: tr.step(batch[:, :-1], batch[:, 1:], lr=1e-3),
+    }
+    out = {}
+    for name, call in calls.items():
+        call()
+        out[name] = _core._interrupt_check_gaps()
+    print(json.dumps(out))
+""")
+
+
+def check_gaps(gguf: str, T: int, T_jac: int, T_jvp: int) -> Dict[str, List[float]]:
+    """{call: [Ctrl-C checks, longest seconds without one]} of uninterrupted calls: the latency
+    bound wherever the SIGINT lands (the core times the stretches between its checks)."""
+    r = subprocess.run([sys.executable, "-c", GAPS_CHILD, gguf, str(T), str(T_jac), str(T_jvp)],
                        capture_output=True, text=True, env=ENV, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(r.stderr[-2000:])
@@ -391,6 +433,11 @@ def main() -> None:
             print(f"\n== {load}")
             with contextlib.nullcontext() if load == "idle" else BusyCore():
                 part: Dict[str, Any] = {}
+                gaps = check_gaps(gguf, T, 64 if q else 256, T_jvp)
+                print("Longest stretch without a Ctrl-C check (uninterrupted calls; bounds the latency):")
+                for name, (n, longest) in gaps.items():
+                    print(f"  {name:38s} {longest:.3f} s ({n} checks)")
+                part["check_gaps"] = gaps
                 calls = c_calls(gguf, T, T_jac, T_jvp, delay, reps)
                 print(f"C calls, SIGINT {delay:g} s in -> KeyboardInterrupt:")
                 for name, lat in calls.items():
