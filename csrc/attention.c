@@ -489,6 +489,7 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
     for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
         const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0;
+        SL_TRY(sl_check_interrupt()); /* a task is a whole head: ~1 s at T = 8192 */
         int64_t ka, kb;
         block_keys(s, &o, i0, i1, T, &ka, &kb);
         const int64_t nk = kb - ka;

@@ -520,9 +520,11 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
     SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, 1, L, 1, 0));
     int64_t n_logits = 0, n_x = 0;
     int ok = sl_mul_size(T, d, &n_x) && sl_mul_size(T, V, &n_logits);
-    float *xf = ok ? sl_alloc_floats(n_x) : NULL, *mean = sl_alloc_floats(T), *rstd = sl_alloc_floats(T);
-    float *logits = ok ? sl_alloc_floats(n_logits) : NULL;
-    float *capped = ok && cap > 0.0f ? sl_alloc_floats(n_logits) : NULL; /* the soft-capped logits */
+    /* xf, logits and capped are written whole before they are read: not zeroed, since zeroing
+     * T x V floats (1.6 GB at T = 8192) takes most of a second with no Ctrl-C check */
+    float *xf = ok ? sl_alloc_floats_uninit(n_x) : NULL, *mean = sl_alloc_floats(T), *rstd = sl_alloc_floats(T);
+    float *logits = ok ? sl_alloc_floats_uninit(n_logits) : NULL;
+    float *capped = ok && cap > 0.0f ? sl_alloc_floats_uninit(n_logits) : NULL; /* the soft-capped logits */
     sl_embd_tape et = {en && ok ? sl_alloc_floats(n_x) : NULL, en ? sl_alloc_floats(T) : NULL,
                        en ? sl_alloc_floats(T) : NULL};
     int rc = (!xf || !mean || !rstd || !logits || (cap > 0.0f && !capped) || (en && (!et.in || !et.mean || !et.rstd)))

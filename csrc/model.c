@@ -510,6 +510,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
         sl_layer_intervention(m, iv, l, &aiv);
         sl_layer_tape *lt = tapes ? &tapes[l] : NULL;
         SL_TRY(attention_block(m, &m->layers[l], w, cap, l, &aiv, lt));
+        SL_TRY(sl_check_interrupt()); /* the MLP's three products are the layer's longest stretch */
         SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt));
     }
     return SL_OK;
