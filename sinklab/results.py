@@ -73,9 +73,6 @@ def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], Non
     return path
 
 
-_write_atomic = write_atomic  # the name this module's writers used before it was public
-
-
 def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
     """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
     temporary file and renamed into place, so an interrupted write leaves no partial file."""

@@ -240,6 +240,17 @@ def _hf_no_config(m, tmp, mp):
     sl.load(_hf_folder(tmp, _good_safetensors(), config=False), quiet=True)
 
 
+def _hf_config(**changes):
+    """Loads a tiny Hugging Face folder whose config.json has ``changes`` applied."""
+    def f(m, tmp, mp):
+        folder = _hf_folder(tmp, _good_safetensors())
+        config = json.loads((folder / "config.json").read_text())
+        config.update(changes)
+        (folder / "config.json").write_text(json.dumps(config))
+        sl.load(folder, quiet=True)
+    return f
+
+
 def _train_bad_key(m, tmp, mp):
     from sinklab.train.run import TrainConfig
     TrainConfig.from_dict({"d_model": 64, "learning_rate": 1e-3})
@@ -319,6 +330,12 @@ CASES = [
     ("safetensors", "header length past the end", ValueError, ["header length", str(1 << 50)], _st(_st_header_len)),
     ("safetensors", "truncated data", ValueError, ["model.embed_tokens.weight", "offsets"], _st(_st_truncated)),
     ("HF folder", "no config.json", FileNotFoundError, ["hf", "config.json"], _hf_no_config),
+    ("HF config", "rope_theta NaN", ValueError, ["rope_theta=nan"], _hf_config(rope_theta=float("nan"))),
+    ("HF config", "vocab_size -5", ValueError, ["vocab_size=-5"], _hf_config(vocab_size=-5)),
+    ("HF config", "2^40 layers", ValueError, ["config.json", f"num_hidden_layers={1 << 40}"],
+     _hf_config(num_hidden_layers=1 << 40)),
+    ("HF config", "rope_scaling yarn", ValueError, ["yarn", "rope_scaling"],
+     _hf_config(rope_scaling={"rope_type": "yarn", "factor": 4.0})),
     ("cache", "cached file with a wrong sha256", registry.FetchError, ["sha256", "SmolLM2-135M-Instruct.Q4_1.gguf"],
      _wrong_sha),
     ("cache", "cache folder not writable", OSError, ["afile", "SINKLAB_HOME"], _readonly_cache),

@@ -41,6 +41,7 @@ import numpy as np
 from ..families import base, llama
 from ..families.config import ModelConfig
 from ..io.hf_loader import SafetensorsError, read_safetensors
+from ..results import _fsync_dir, write_atomic
 from .engine import AdamW, Trainer, llama_config
 
 FORMAT = "sinklab.TrainCheckpoint/1"
@@ -103,14 +104,6 @@ def hf_name(key: str) -> str:
 
 
 # ------------------------------------------------------------------ atomic file writing
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_file(path: str, data: bytes) -> Dict[str, Any]:
     """Writes ``data`` and fsyncs it; returns its size and sha256."""
     with open(path, "wb") as f:
@@ -131,13 +124,8 @@ def _file_digest(path: str) -> Tuple[int, str]:
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    """Replaces ``path`` by ``text`` atomically: a temp file in the same folder, fsync,
-    ``os.replace``, fsync of the folder."""
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = f"{path}.tmp-{os.getpid()}"
-    _write_file(tmp, text.encode("utf-8"))
-    os.replace(tmp, path)
-    _fsync_dir(folder)
+    """Replaces ``path`` by ``text`` atomically (:func:`sinklab.results.write_atomic`)."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _pause(step: int) -> None:
