@@ -59,6 +59,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ..progress import progress_bar
+from ..results import _fsync_dir
 
 CORPUS_VERSION = 1
 CORPUS_NAME = "pd-english"
@@ -155,19 +156,6 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def fetch_source(src: DebSource, debs_dir: PathLike, quiet: bool = False) -> Path:
