@@ -73,6 +73,12 @@ def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], Non
     return path
 
 
+def write_text_atomic(path: Union[str, os.PathLike], text: str) -> str:
+    """``text`` (UTF-8) written to ``path`` through :func:`write_atomic`; returns ``path``."""
+    data = text.encode("utf-8")
+    return write_atomic(path, lambda f: f.write(data))
+
+
 def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:
     """``obj`` as JSON (through :func:`to_jsonable`: NumPy values and NaN handled), written to a
     temporary file and renamed into place, so an interrupted write leaves no partial file."""

@@ -166,16 +166,21 @@ def stop_local_now(client: Any, timeout: float = 1.0) -> List[int]:
     level = quiet.level
     quiet.setLevel(logging.CRITICAL)
     try:
-        for closing in (client, local):
-            if closing is None:
-                continue
-            try:
-                closing.close(timeout=timeout)
-            except Exception:  # a timeout while closing: the processes are gone already
-                pass
+        close_quietly(client, timeout)  # a timeout while closing: the processes are gone already
     finally:
         quiet.setLevel(level)
     return pids
+
+
+def close_quietly(client: Any, timeout: float = 5.0) -> None:
+    """Closes a client and its LocalCluster (if it has one) with ``timeout``-second waits,
+    ignoring their errors: for paths where another error (or Ctrl-C) is already propagating."""
+    for closing in (client, getattr(client, "cluster", None)):
+        try:
+            if closing is not None:
+                closing.close(timeout=timeout)
+        except Exception:  # already failing: the original error matters
+            pass
 
 
 def connect(address: str) -> Any:

@@ -198,25 +198,15 @@ def _run_pending(pending: List[Task], out: str, serial: bool, client: Any, sched
             cluster.stop_local_now(client)
             store.clear_markers(out)  # the killed workers' (the sweep cleared older ones at its start)
         elif own:
-            _close_quietly(client)
+            cluster.close_quietly(client)
         raise
     except BaseException:
         if own:
-            _close_quietly(client)
+            cluster.close_quietly(client)
         raise
     if own:
         cluster.close_local(client)
     return ran, dashboard, where
-
-
-def _close_quietly(client: Any) -> None:
-    """Closes a client this sweep opened (and its LocalCluster) while another error propagates."""
-    for closing in (client, getattr(client, "cluster", None)):
-        try:
-            if closing is not None:
-                closing.close(timeout=5)
-        except Exception:  # already failing: the original error matters
-            pass
 
 
 def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[str] = None,

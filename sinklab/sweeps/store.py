@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..results import to_jsonable, write_atomic
+from ..results import to_jsonable, write_atomic, write_text_atomic
 from .grid import Task
 
 RESULT_FORMAT = "sinklab.sweeps.TaskResult/1"
@@ -78,8 +78,7 @@ def write_failure(out: str, task: Task, error: str) -> None:
 
 
 def _write_json(path: str, doc: Dict[str, Any], sort_keys: bool = False) -> None:
-    text = json.dumps(to_jsonable(doc), sort_keys=sort_keys, indent=1).encode("utf-8")
-    write_atomic(path, lambda f: f.write(text))
+    write_text_atomic(path, json.dumps(to_jsonable(doc), sort_keys=sort_keys, indent=1))
 
 
 def read_result(out: str, task: Task) -> Tuple[Dict[str, Any], Dict[str, np.ndarray]]:

@@ -41,7 +41,7 @@ import numpy as np
 from ..families import base, llama
 from ..families.config import ModelConfig
 from ..io.hf_loader import SafetensorsError, read_safetensors
-from ..results import _fsync_dir, write_atomic
+from ..results import _fsync_dir, write_text_atomic
 from .engine import AdamW, Trainer, llama_config
 
 FORMAT = "sinklab.TrainCheckpoint/1"
@@ -121,11 +121,6 @@ def _file_digest(path: str) -> Tuple[int, str]:
             h.update(chunk)
             n += len(chunk)
     return n, h.hexdigest()
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    """Replaces ``path`` by ``text`` atomically (:func:`sinklab.results.write_atomic`)."""
-    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def _pause(step: int) -> None:

@@ -27,7 +27,7 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..progress import progress_bar
-from ..results import write_atomic
+from ..results import write_text_atomic
 from . import checkpoint as ckpt_io
 from .engine import AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
@@ -310,8 +310,7 @@ def _vocab_size(corpus: Any, tok: Any) -> int:
 
 
 def _write_log(path: str, records: List[Dict[str, Any]]) -> None:
-    text = "".join(json.dumps(r) + "\n" for r in records).encode("utf-8")
-    write_atomic(path, lambda f: f.write(text))
+    write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in records))
 
 
 def _append_log(path: str, record: Dict[str, Any]) -> None:
