@@ -462,12 +462,14 @@ def replay_coverage(parser: str, corpus: str) -> Tuple[int, int]:
 
 def markdown(results: Sequence[Dict[str, Any]], argv: Sequence[str]) -> str:
     """The Markdown table for benchmarks/RESULTS.md."""
+    import fuzz_parsers as fz
+
     lines = [f"`python benchmarks/fuzz_atheris.py {' '.join(argv)}`", "",
              "| parser | inputs | parsed OK | exceptions by type | crashes | hangs (> 5 s) | OOM | sanitizer reports | "
              "edges (libFuzzer cov) | line coverage (corpus replay) | corpus | wall |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        exc = ", ".join(f"{k} {v}" for k, v in sorted(r["exceptions"].items(), key=lambda kv: -kv[1])) or "-"
+        exc = fz.exceptions_cell(r["exceptions"])
         lc = r["line_coverage"]
         cov = "-" if not lc else f"{lc[0]}/{lc[1]} ({100 * lc[0] / max(lc[1], 1):.0f}%)"
         lines.append(f"| {r['parser']} | {r.get('executed', r['inputs']):,} | {r['accepted']:,} | {exc} | "

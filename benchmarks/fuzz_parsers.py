@@ -907,6 +907,11 @@ def _cov(c: Optional[Tuple[int, int]]) -> str:
     return "-" if c is None else f"{c[0]}/{c[1]} lines ({100 * c[0] / max(c[1], 1):.0f}%)"
 
 
+def exceptions_cell(counts: Dict[str, int]) -> str:
+    """``{type: count}`` as a table cell, the most frequent first."""
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "-"
+
+
 def markdown(results: Sequence[Dict[str, Any]], argv: Sequence[str]) -> str:
     """The Markdown table for benchmarks/RESULTS.md."""
     lines = [f"`python benchmarks/fuzz_parsers.py {' '.join(argv)}`", "",
@@ -914,8 +919,7 @@ def markdown(results: Sequence[Dict[str, Any]], argv: Sequence[str]) -> str:
              "line coverage | wall | inputs/s |",
              "|---|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
-        exc = ", ".join(f"{k} {v}" for k, v in sorted(r["exceptions"].items(), key=lambda kv: -kv[1])) or "-"
-        lines.append(f"| {r['parser']} | {r['inputs']:,} | {r['accepted']:,} | {exc} | {len(r['undocumented'])} | "
+        lines.append(f"| {r['parser']} | {r['inputs']:,} | {r['accepted']:,} | {exceptions_cell(r['exceptions'])} | {len(r['undocumented'])} | "
                      f"{len(r['hangs'])} | {r['slowest'] * 1e3:.1f} ms | {_cov(r['coverage'])} | {r['seconds']:.1f} s | "
                      f"{r['inputs'] / max(r['seconds'], 1e-9):,.0f} |")
     return "\n".join(lines)
