@@ -502,3 +502,46 @@ def find_conditional_heads(model: Any, with_trigger_text: Union[TextLike, Sequen
     meta = {"model": getattr(model, "name", None), "bos_token_id": c.bos_token_id if bos else None,
             "setting": setting, "window": window, "n_with": len(withs), "n_without": len(withouts)}
     return ConditionalHeads(trigger=name, trigger_ids=trig, n_top=int(top), meta=meta, **mean)
+
+
+# ---------------------------------------------------------------------- status criterion
+def noop_log_ratios(res: NoopResult, eps: float = 0.5, kv_rule: str = "majority") -> Dict[str, np.ndarray]:
+    """Per prompt, the two quantities of the no-op reading, as natural logs (< 0 supports it):
+
+    ``out_norm``: log(mean ||o_i^h|| / ||v_i|| over sink heads / the same over other heads), queries
+    i >= 1; ``first_value``: median over sink kv heads of log(||v_0|| / median_j>=1 ||v_j||).
+    Sink heads (sink mass > ``eps``) are chosen once, on all prompts. Each (P,) float64 (NaN where
+    a group is empty)."""
+    sink = res.sink_mass() > eps
+    kv_sink = res.kv_sink_heads(eps, kv_rule)
+    out, val = [], []
+    for o, r, v in zip(res.out_norm, res.resid_norm, res.kv_value_norm()):
+        rel = (o / r[:, None, :])[..., 1:].mean(axis=-1)                       # (L, H)
+        out.append(np.log(rel[sink].mean() / rel[~sink].mean()) if sink.any() and (~sink).any() else np.nan)
+        if v.shape[-1] > 1 and kv_sink.any():
+            val.append(float(np.median(np.log(v[..., 0] / np.median(v[..., 1:], axis=-1))[kv_sink])))
+        else:
+            val.append(np.nan)
+    return {"out_norm": np.asarray(out, np.float64), "first_value": np.asarray(val, np.float64)}
+
+
+def criterion_noop(res: NoopResult, eps: float = 0.5) -> Dict[str, Any]:
+    """The paper's no-op reading (§3.2–3.3) as two verdicts: sink heads write less into the
+    residual stream than other heads (``out_norm``), and ⟨bos⟩'s value vector is smaller than
+    other tokens' in sink kv heads (``first_value``); each reproduced when the interval over
+    prompts of its mean log ratio lies below 0. No sink heads at all: not testable."""
+    from . import status as S
+    from .stats import mean_ci
+
+    lr = noop_log_ratios(res, eps)
+    out = {}
+    for key, what in (("out_norm", "log(sink-head / other-head relative output norm)"),
+                      ("first_value", "log(⟨bos⟩ value norm / median token's) in sink kv heads")):
+        x = lr[key][np.isfinite(lr[key])]
+        if x.size == 0:
+            out[key] = S.not_testable(f"no sink heads (mass > {eps:g}) to compare")
+            continue
+        iv = mean_ci(x)
+        out[key] = S.directional(iv, -1, what)
+        out[key + "_log_ratio"] = iv
+    return out

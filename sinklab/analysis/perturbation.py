@@ -802,3 +802,46 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
             "min_after": int(min_after), "pairs": pair_words, "passage_source": source,
             "passage_indices": used, "skipped": skipped, "swaps": swaps}
     return PerturbationStudy(results=results, passage=np.asarray(passage_idx, dtype=np.int64), meta=meta)
+
+
+# ---------------------------------------------------------------------- status criterion
+def spread_log_ratio_by_passage(study: PerturbationStudy, relative: bool = True) -> np.ndarray:
+    """(P,) float64: per passage, the mean over its swaps and layers l >= 1 of
+    log(spread without ⟨bos⟩ / spread with ⟨bos⟩) (> 0: the swap spreads further without ⟨bos⟩).
+    Swaps of one passage share its text, so the passage is the unit of resampling."""
+    r = study.spread_ratios(relative)[:, 1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lr = np.where(np.isfinite(r) & (r > 0), np.log(r), np.nan)
+    return np.array([np.nanmean(lr[study.passage == p]) for p in np.unique(study.passage)])
+
+
+def entropy_change_by_passage(study: PerturbationStudy) -> np.ndarray:
+    """(P,) float64 nats: per passage, mean attention entropy without ⟨bos⟩ minus with ⟨bos⟩ on
+    the same (text) keys, over layers, heads and text queries (> 0: smoother without ⟨bos⟩)."""
+    e = study.entropies()
+    return (e["nobos"] - e["bos_text_keys"]).mean(axis=1)
+
+
+def criterion_fig23(study: PerturbationStudy, trained_with_bos: Optional[bool]) -> Dict[str, Any]:
+    """Fig. 2–3's two claims as verdicts: without ⟨bos⟩ (a) a one-word perturbation spreads
+    further (mean log spread ratio over passages > 0) and (b) attention is smoother (entropy on
+    the same keys rises). Tested only on a model trained with a fixed ⟨bos⟩ (the paper's Gemma);
+    on one trained without, the paper predicts no difference (the sink moves to the first text
+    token), so its numbers are a contrast and its verdict is "not testable here".
+
+    Returns ``{"spread": Verdict, "entropy": Verdict, "spread_log_ratio": Interval,
+    "entropy_change": Interval}``."""
+    from .stats import mean_ci
+    from . import status as S
+
+    spread, ent = mean_ci(spread_log_ratio_by_passage(study)), mean_ci(entropy_change_by_passage(study))
+    if not trained_with_bos:
+        why = ("this model was not trained with a fixed ⟨bos⟩: without it the sink moves to the first text token and "
+               "the paper predicts no difference" if trained_with_bos is False else
+               "whether this model was trained with a fixed ⟨bos⟩ is not recorded")
+        return {"spread": S.not_testable(why, numbers={"effect": spread}),
+                "entropy": S.not_testable(why, numbers={"effect": ent}),
+                "spread_log_ratio": spread, "entropy_change": ent}
+    return {"spread": S.directional(spread, +1, "mean log spread ratio (without / with ⟨bos⟩)"),
+            "entropy": S.directional(ent, +1, "attention entropy change without ⟨bos⟩ (nats, same keys)"),
+            "spread_log_ratio": spread, "entropy_change": ent}
