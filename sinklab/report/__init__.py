@@ -1,0 +1,29 @@
+"""``sinklab reproduce``: the paper's analyses on trained models, in one report.
+
+Writes ``report.md`` (Markdown with PNG figures) and ``results.json`` (every number, every
+verdict with its criterion, the models' sha256, settings and library versions) to ``out``.
+
+The report opens with a table of every element of Barbero et al. (2025) — its definitions,
+Prop. 3.1, Thm. 3.2, Fig. 2, 3 and 5, Tables 1 and 2, the ⟨bos⟩-removal benchmarks — and the
+status a criterion in code computed for it from a measured effect and its interval (see
+:mod:`sinklab.analysis.status`). The paper's ⟨bos⟩ claims are tested on the *study* model, the
+one trained with a fixed ⟨bos⟩ (Gemma-3-270M by default); models trained without one
+(SmolLM2-135M by default) are the contrast, where the paper predicts no ⟨bos⟩ effect.
+
+One module per section (``sinks``, ``quality``, ``controls``, ``perturbation``, ``noop``,
+``collapse``, ``oversquashing``, ``long_context``, ``training``), each formatting what
+:mod:`sinklab.analysis` computed; ``families`` is the cross-family study
+(``sinklab reproduce --families``).
+"""
+from .core import DEFAULT_MODELS, Context, ModelRole, Section, Settings, trained_with_bos
+from .elements import ELEMENTS, element_rows
+from .families import (BOS_REMOVAL_MODELS, ENCODER_MODELS, FAMILIES_FORMAT, TABLE1_MODELS, FamilySettings,
+                       bos_removal, families_figures, families_markdown, families_study, load_families,
+                       reproduce_families, table1_row)
+from .run import markdown, reproduce
+from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, find_training_summaries,
+                       load_training_summaries, run_training_profile, section_training, training_model_size,
+                       training_results, uniform_first_importance)
+
+__all__ = ["reproduce", "reproduce_families", "families_study", "Settings", "FamilySettings", "Context", "Section",
+           "ModelRole", "ELEMENTS", "DEFAULT_MODELS"]
