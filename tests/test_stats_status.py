@@ -146,3 +146,20 @@ def test_bos_removal_criteria_every_outcome():
     assert R.criterion_task_removed(right, right, True, "task").status == V.INCONCLUSIVE   # at ceiling: no test
     with pytest.raises(ValueError, match="same predicted tokens"):
         R.nll_change(base, _Ppl(base.nll, n + 1))
+
+
+def test_paired_proportions_newcombe():
+    """Newcombe's paired interval: its coverage on simulated correlated pairs (400 samples of 60
+    pairs; the binomial 99.9% band around 0.95 is about [0.92, 0.98]), and wide at ceiling."""
+    at_ceiling = S.paired_proportion_difference([1, 1], [1, 1])
+    assert at_ceiling.value == 0 and at_ceiling.lo < -0.5 and at_ceiling.hi > 0.5
+    rng = np.random.default_rng(11)
+    hits = 0
+    for _ in range(400):
+        x = rng.random(60) < 0.7
+        y = np.where(rng.random(60) < 0.8, x, rng.random(60) < 0.5)   # correlated with x
+        # true difference: P(y) - P(x) = 0.8 * 0.7 + 0.2 * 0.5 - 0.7 = -0.04
+        hits += not S.paired_proportion_difference(x.astype(float), y.astype(float)).excludes(-0.04)
+    assert 0.92 <= hits / 400 <= 0.99
+    with pytest.raises(ValueError, match="0/1"):
+        S.paired_proportion_difference([0.5], [1])

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import status as S
-from .stats import Interval, mean_ci, paired_difference, ratio_of_means
+from .stats import Interval, mean_ci, paired_difference, paired_proportion_difference, ratio_of_means
 
 # Thresholds of the criteria, fixed from the paper's claims before any measurement here.
 SINK_COLLAPSE_RATIO = 0.5      # "the sinks vanish": the text-only sink rate is at most half the ⟨bos⟩ one
@@ -118,8 +118,9 @@ def criterion_task_removed(bos_correct: np.ndarray, nobos_correct: np.ndarray, t
     Fixed-⟨bos⟩ model: the paper predicts a drop, reproduced when the paired accuracy change's
     interval lies below 0 (the rebuttal's drops are 20–80 points). Model trained without one:
     reproduced when it lies within ±``margin``. A task at ceiling or at chance in both conditions
-    cannot show a drop: the interval then includes 0 and the verdict is inconclusive."""
-    d = paired_difference(np.asarray(bos_correct, float), np.asarray(nobos_correct, float))
+    cannot show a drop: the interval then includes 0 and the verdict is inconclusive. The interval
+    is Newcombe's for paired proportions, which stays honest at ceiling and with few trials."""
+    d = paired_proportion_difference(bos_correct, nobos_correct)
     if trained_with_bos is None:
         return S.not_testable("whether this model was trained with a fixed ⟨bos⟩ is not recorded in its file")
     if trained_with_bos:

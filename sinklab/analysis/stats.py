@@ -219,6 +219,30 @@ def wilson(k: int, n: int, level: float = LEVEL) -> Interval:
     return Interval(p, max(0.0, mid - half), min(1.0, mid + half), n, level, "wilson")
 
 
+def paired_proportion_difference(a: Any, b: Any, level: float = LEVEL) -> Interval:
+    """Interval of p_b − p_a for two accuracies measured on the same items (0/1 per item), by
+    Newcombe's hybrid score method for paired proportions (Newcombe 1998, Stat. Med. 17:2635,
+    method 10). Unlike a bootstrap it stays wide when few items agree perfectly (two trials both
+    right in both conditions give ±0.66, not [0, 0]), so a task at ceiling cannot pass as "no
+    effect"."""
+    x, y = np.asarray(a, float).reshape(-1), np.asarray(b, float).reshape(-1)
+    if x.shape != y.shape or x.size == 0:
+        raise ValueError(f"paired proportions need the same non-zero number of items, got {x.size} and {y.size}")
+    if not (np.isin(x, (0, 1)).all() and np.isin(y, (0, 1)).all()):
+        raise ValueError("paired proportions take 0/1 outcomes")
+    n = x.size
+    both, only_a, only_b = int((x * y).sum()), int((x * (1 - y)).sum()), int(((1 - x) * y).sum())
+    neither = n - both - only_a - only_b
+    pa, pb = (both + only_a) / n, (both + only_b) / n
+    wa, wb = wilson(both + only_a, n, level), wilson(both + only_b, n, level)
+    den = (both + only_a) * (only_b + neither) * (both + only_b) * (only_a + neither)
+    phi = (both * neither - only_a * only_b) / math.sqrt(den) if den > 0 else 0.0
+    d = pb - pa
+    lo = d - math.sqrt(max(0.0, (pb - wb.lo) ** 2 - 2 * phi * (pb - wb.lo) * (wa.hi - pa) + (wa.hi - pa) ** 2))
+    hi = d + math.sqrt(max(0.0, (wb.hi - pb) ** 2 - 2 * phi * (wb.hi - pb) * (pa - wa.lo) + (pa - wa.lo) ** 2))
+    return Interval(d, max(-1.0, lo), min(1.0, hi), n, level, "newcombe")
+
+
 def _z(level: float) -> float:
     """The standard normal quantile at (1 + level) / 2, by bisection on erf (no SciPy needed)."""
     target = (1 + level) / 2

@@ -89,17 +89,20 @@ def threshold(effect: Interval, predicted_at_least: float, null: float, what: st
     interval is < ``predicted_at_least`` *and* it does not exclude the null on the predicted side
     by much either (i.e. its upper end is below the threshold); inconclusive when it straddles
     the threshold."""
-    rule = criterion or (f"reproduced if the 95% interval of {what} lies at or above {predicted_at_least:g} (the "
-                         f"paper's size of effect), contradicted if it lies wholly below it, else inconclusive")
+    side = "at or above" if predicted_at_least >= null else "at or below"
+    rule = criterion or (f"reproduced if the 95% interval of {what} lies {side} {predicted_at_least:g} (the paper's "
+                         f"size of effect), contradicted if it lies wholly on the other side, else inconclusive")
     shown = effect.fmt(spec)
     nums = {"effect": effect, "threshold": predicted_at_least, "null": null}
     if not effect.defined:
         return Verdict(INCONCLUSIVE, f"{what} = {shown} has no interval ({effect.n} units)", rule, nums)
     up = predicted_at_least >= null
+    beyond, short = (("≥", "<") if up else ("≤", ">"))
     if (up and effect.lo >= predicted_at_least) or (not up and effect.hi <= predicted_at_least):
-        return Verdict(REPRODUCED, f"{what} = {shown}, beyond {predicted_at_least:g} as the paper reports", rule, nums)
+        return Verdict(REPRODUCED, f"{what} = {shown}, {beyond} {predicted_at_least:g} as the paper reports", rule, nums)
     if (up and effect.hi < predicted_at_least) or (not up and effect.lo > predicted_at_least):
-        return Verdict(CONTRADICTED, f"{what} = {shown}, short of the paper's {predicted_at_least:g}", rule, nums)
+        return Verdict(CONTRADICTED, f"{what} = {shown}, {short} {predicted_at_least:g}: short of the paper's effect",
+                       rule, nums)
     return Verdict(INCONCLUSIVE, f"{what} = {shown}: the interval straddles {predicted_at_least:g}", rule, nums)
 
 

@@ -16,7 +16,12 @@ from ..analysis.sinkset import compare_bos, sink_study
 from ..inputs import BOS, LABELS, NOBOS
 from ..prompts import load_passages
 from ..results import save_json, to_jsonable
+from ..analysis import bos_removal as R
+from ..analysis import status as S
+from ..analysis.stats import paired_difference, wilson
+from ..analysis.stats import Interval
 from .core import pct as _pct
+from .core import pct_ci
 from .run import _versions
 from .sinks import TABLE1
 
@@ -59,7 +64,7 @@ class FamilySettings:
 
 def _weight_types(model) -> Dict[str, int]:
     """{storage type: parameters} over the model's weight matrices and vectors (tied once)."""
-    from .families.tensors import TYPE_NAMES
+    from ..families.tensors import TYPE_NAMES
 
     out: Dict[str, int] = {}
     seen = set()
@@ -99,29 +104,75 @@ def model_facts(model) -> Dict[str, Any]:
             "tokenizer_adds_bos": getattr(model.tokenizer, "add_bos_default", None)}
 
 
-def table1_row(model, s: FamilySettings, progress: bool = False, study: Any = None) -> Dict[str, Any]:
-    """One row of Table 1 here: the model's facts and its sink rates with ⟨bos⟩ (T = s.T tokens,
-    ⟨bos⟩ among them), per eps, with per-layer rates and the mean a_0 per (layer, head).
-    ``study``: the with-⟨bos⟩ :class:`SinkStudy` of the same settings, when already run."""
+def own_format(model) -> bool:
+    """Whether the model's own tokenizer puts its first token (⟨bos⟩, [CLS]) in front of a text:
+    Table 1 here measures every model in the format it was trained on."""
+    adds = getattr(model.tokenizer, "add_bos_default", None)
+    return True if adds is None else bool(adds)
+
+
+def table1_row(model, s: FamilySettings, progress: bool = False, studies: Optional[Dict[str, Any]] = None
+               ) -> Dict[str, Any]:
+    """One row of Table 1 here: the model's facts and its sink rates in its own format (⟨bos⟩+text
+    when its tokenizer prepends ⟨bos⟩, else text only; T = s.T tokens), per eps with a 95% bootstrap
+    interval over prompts, per-layer rates and the mean a_0 per (layer, head). ``studies``: the
+    {"bos", "nobos"} :class:`SinkStudy` of the same settings, when already run. The (P, L, H)
+    importances ride along as ``"_importance"`` (for :func:`size_trend`; not saved)."""
     t0 = time.perf_counter()
-    st = study or sink_study(model, load_passages("sinks")[: s.sink_prompts], T=s.T, eps=s.eps, bos=True,
-                             skip_short=True, progress=progress)
-    return {**model_facts(model), "n_prompts": st.n_prompts, "n_skipped": st.n_skipped, "T": st.T,
+    bos = own_format(model)
+    key = BOS if bos else NOBOS
+    st = (studies or {}).get(key) or sink_study(model, load_passages("sinks")[: s.sink_prompts], T=s.T, eps=s.eps,
+                                                bos=bos, skip_short=True, progress=progress)
+    return {**model_facts(model), "format": LABELS_FORMAT[key], "n_prompts": st.n_prompts,
+            "n_skipped": st.n_skipped, "T": st.T, "kept_prompts": list(st.meta["kept_prompts"]),
             "sink_rate": {f"{e:g}": st.sink_rate(e) for e in s.eps},
+            "sink_rate_ci": {f"{e:g}": R.sink_rate_ci(st.importance, e).to_dict() for e in s.eps},
             "layer_sink_rate": {f"{e:g}": st.layer_sink_rate(e) for e in s.eps},
-            "mean_importance": st.mean, "seconds": time.perf_counter() - t0}
+            "mean_importance": st.mean, "seconds": time.perf_counter() - t0, "_importance": st.importance}
+
+
+LABELS_FORMAT = {BOS: "⟨bos⟩+text", NOBOS: "text only"}
+
+
+def size_trend(rows: Sequence[Dict[str, Any]], eps: Sequence[float]) -> Dict[str, Any]:
+    """Table 1's claim (the sink rate grows with size) tested where it can be: within a family,
+    between sizes measured in the same format on the same prompts (a paired bootstrap over
+    prompts of larger minus smaller). Returns {family: {"models", "eps": {e: Verdict dict}}};
+    families with one size are absent (nothing to test)."""
+    out: Dict[str, Any] = {}
+    by_family: Dict[str, List[Dict[str, Any]]] = {}
+    for r in rows:
+        by_family.setdefault(r["family"], []).append(r)
+    for fam, rs in by_family.items():
+        rs = sorted(rs, key=lambda r: r["params"])
+        if len(rs) < 2:
+            continue
+        small, big = rs[0], rs[-1]
+        if small["format"] != big["format"] or small["kept_prompts"] != big["kept_prompts"]:
+            out[fam] = {"models": [small["name"], big["name"]], "eps": {f"{e:g}": S.not_testable(
+                "the two sizes were not measured in one format on the same prompts").to_dict() for e in eps}}
+            continue
+        verdicts = {}
+        for e in eps:
+            d = paired_difference((small["_importance"] > e).astype(float), (big["_importance"] > e).astype(float))
+            verdicts[f"{e:g}"] = S.directional(d, +1, f"sink-rate change {small['name']} → {big['name']} (ε {e:g})"
+                                               ).to_dict()
+        out[fam] = {"models": [small["name"], big["name"]], "eps": verdicts}
+    return out
 
 
 def bos_removal(model, s: FamilySettings, progress: bool = False) -> Dict[str, Any]:
     """The paper's "fixed ⟨bos⟩ removed at inference" on one model, with and without its ⟨bos⟩:
     sink rate, where each head's largest attention mass sits, held-out perplexity and passkey
-    accuracy (quality.py), on the same texts and prompts in both conditions."""
+    accuracy (quality.py), on the same texts and prompts in both conditions, with intervals and
+    the verdicts of :mod:`sinklab.analysis.bos_removal`."""
     out: Dict[str, Any] = {"facts": model_facts(model), "seconds": {}}
     t0 = time.perf_counter()
     cmp = compare_bos(model, load_passages("sinks")[: s.sink_prompts], T=s.T, eps=s.eps, skip_short=True,
                       keep_keys=True, progress=progress)
     out["seconds"]["sinks"] = time.perf_counter() - t0
     out["sinks"] = {k: {"sink_rate": {f"{e:g}": st.sink_rate(e) for e in s.eps},
+                        "sink_rate_ci": {f"{e:g}": R.sink_rate_ci(st.importance, e).to_dict() for e in s.eps},
                         "layer_sink_rate": {f"{e:g}": st.layer_sink_rate(e) for e in s.eps},
                         "location": st.location(), "n_prompts": st.n_prompts}
                     for k, st in ((BOS, cmp.bos), (NOBOS, cmp.nobos))}
@@ -136,30 +187,28 @@ def bos_removal(model, s: FamilySettings, progress: bool = False) -> Dict[str, A
                             trials=s.passkey_trials, progress=progress, perplexities=ppl)
     out["seconds"].update({k: v for k, v in q.seconds.items() if k.startswith("passkey")})
     out["perplexity"] = {k: {"perplexity": v.perplexity, "mean_nll": v.mean_nll,
+                             "mean_nll_ci": R.nll_ci(v).to_dict(),
                              "n_predicted": int(v.n_predicted.sum()), "n_texts": len(v.nll)}
                          for k, v in q.perplexity.items()}
+    correct = {k: np.array([t.correct for t in v.trials], float) for k, v in q.passkey.items()}
     out["passkey"] = {k: {"accuracy": {str(n): a for n, a in v.accuracy.items()},
                           "digit_accuracy": {str(n): a for n, a in v.digit_accuracy.items()},
-                          "trials": s.passkey_trials} for k, v in q.passkey.items()}
-    out["verdict"] = bos_removal_verdict(out, s.eps)
-    out["_bos_study"] = cmp.bos       # reused for Table 1, not saved
+                          "trials": s.passkey_trials,
+                          "overall_ci": wilson(int(correct[k].sum()), len(correct[k])).to_dict()}
+                      for k, v in q.passkey.items()}
+    out["verdicts"] = bos_removal_verdicts(model, cmp, q.perplexity, correct, min(s.eps))
+    out["_studies"] = {BOS: cmp.bos, NOBOS: cmp.nobos}       # reused for Table 1, not saved
     return out
 
 
-def bos_removal_verdict(r: Dict[str, Any], eps: Sequence[float]) -> Dict[str, Any]:
-    """Whether removing ⟨bos⟩ collapses the sinks (the eps = min(eps) rate on position 0 falls to
-    less than half) and the quality (perplexity × 1.5 or more, or mean passkey accuracy down by
-    more than a third of the trials) — the two halves of the paper's collapse."""
-    e = f"{min(eps):g}"
-    w, wo = r["sinks"][BOS]["sink_rate"][e], r["sinks"][NOBOS]["sink_rate"][e]
-    ppl_ratio = r["perplexity"][NOBOS]["perplexity"] / r["perplexity"][BOS]["perplexity"]
-    acc = {k: float(np.mean(list(r["passkey"][k]["accuracy"].values()))) for k in (BOS, NOBOS)}
-    sinks_collapse = wo < 0.5 * w
-    quality_collapse = ppl_ratio >= 1.5 or acc[NOBOS] < acc[BOS] - 0.34
-    return {"eps": float(e), "sink_rate_bos": w, "sink_rate_nobos": wo, "ppl_ratio": ppl_ratio,
-            "passkey_mean_bos": acc[BOS], "passkey_mean_nobos": acc[NOBOS],
-            "sinks_collapse": bool(sinks_collapse), "quality_collapse": bool(quality_collapse),
-            "matches_paper_collapse": bool(sinks_collapse and quality_collapse)}
+def bos_removal_verdicts(model, cmp: Any, ppl: Dict[str, Any], correct: Dict[str, np.ndarray],
+                         eps: float) -> Dict[str, Any]:
+    """The criteria of :mod:`sinklab.analysis.bos_removal` on one model's ⟨bos⟩ removal:
+    ``sinks``, ``quality`` (perplexity) and ``passkey``, each a Verdict's dict."""
+    tb = getattr(model.tokenizer, "add_bos_default", None)
+    return {"sinks": R.criterion_sinks_removed(cmp.bos.importance, cmp.nobos.importance, eps, tb).to_dict(),
+            "quality": R.criterion_quality_removed(ppl[BOS], ppl[NOBOS], tb).to_dict(),
+            "passkey": R.criterion_task_removed(correct[BOS], correct[NOBOS], tb, "passkey").to_dict()}
 
 
 def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Sequence[str]] = None,
@@ -169,7 +218,7 @@ def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Se
     """Table 1 across ``models`` (+ ``encoders`` as extra rows) and :func:`bos_removal` on
     ``bos_models``; each model is loaded once (``loader``, default :func:`sinklab.load`).
     Returns the JSON-able results (what ``families.json`` holds)."""
-    from . import load
+    from .. import load
 
     s = settings or FamilySettings.for_run(quick)
     models = TABLE1_MODELS if models is None else tuple(models)
@@ -182,15 +231,18 @@ def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Se
         t0 = time.perf_counter()
         model = loader(name)
         res["load_seconds"][name] = time.perf_counter() - t0
-        study = None
+        studies = None
         if name in bos_models:
             res["bos_removal"][name] = bos_removal(model, s, progress)
-            study = res["bos_removal"][name].pop("_bos_study")
+            studies = res["bos_removal"][name].pop("_studies")
         if name in models:
-            res["table1"].append(table1_row(model, s, progress, study))
+            res["table1"].append(table1_row(model, s, progress, studies))
         if name in encoders:
-            res["encoders"].append(table1_row(model, s, progress, study))
+            res["encoders"].append(table1_row(model, s, progress, studies))
         del model
+    res["size_trend"] = size_trend(res["table1"], s.eps)
+    for r in res["table1"] + res["encoders"]:
+        r.pop("_importance")
     res["meta"] = {"settings": vars(s), "quick": quick,
                    "preset": "custom" if settings is not None else "quick" if quick else "full",
                    "versions": _versions(),
@@ -213,18 +265,23 @@ def table1_markdown(res: Dict[str, Any]) -> str:
     """Table 1 here beside the paper's rows, its caption, the encoder rows and a reading."""
     rows = res["table1"]
     eps = sorted({float(e) for r in rows + res["encoders"] for e in r["sink_rate"]})
-    head = ("| model | layers × heads (KV) | parameters | kind | storage | first token | "
-            + " | ".join(f"sink rate eps={e:g}" for e in eps) + " | without ⟨bos⟩ (eps " + " / ".join(f"{e:g}" for e in eps)
-            + ") |\n|---|---|---|---|---|---|" + "---|" * (len(eps) + 1) + "\n")
+    head = ("| model | layers × heads (KV) | parameters | kind | storage | format (its tokenizer's) | "
+            + " | ".join(f"sink rate eps={e:g} [95% CI]" for e in eps) + " | the other format (eps "
+            + " / ".join(f"{e:g}" for e in eps) + ") |\n|---|---|---|---|---|---|" + "---|" * (len(eps) + 1) + "\n")
 
-    def nobos(r):  # measured in the ⟨bos⟩-removal study only
+    def other(r):  # the other format, measured in the ⟨bos⟩-removal study only
         b = res["bos_removal"].get(r["name"])
-        return "—" if b is None else " / ".join(_pct(b["sinks"][NOBOS]["sink_rate"][f"{e:g}"]) for e in eps)
+        k = NOBOS if r.get("format") == LABELS_FORMAT[BOS] else BOS
+        return "—" if b is None else " / ".join(_pct(b["sinks"][k]["sink_rate"][f"{e:g}"]) for e in eps)
+
+    def rate(r, e):
+        ci = r.get("sink_rate_ci", {}).get(f"{e:g}")
+        return _pct(r["sink_rate"][f"{e:g}"]) if ci is None else pct_ci(Interval.from_dict(ci))
 
     line = lambda r: (f"| {r['name']} ({r['family']}) | {r['n_layers']} × {r['n_heads']} ({r['n_kv_heads']}) | "  # noqa: E731
-                      f"{_size(r['params'])} | {r['kind']} | {_storage(r)} | {r['bos_token']!r} "
-                      f"({'prepended by its tokenizer' if r['tokenizer_adds_bos'] else 'not prepended by its tokenizer'}) | "
-                      + " | ".join(_pct(r["sink_rate"][f"{e:g}"]) for e in eps) + f" | {nobos(r)} |\n")
+                      f"{_size(r['params'])} | {r['kind']} | {_storage(r)} | {r.get('format', '⟨bos⟩+text')} "
+                      f"({r['bos_token']!r} {'prepended' if r['tokenizer_adds_bos'] else 'not prepended'} by its "
+                      f"tokenizer) | " + " | ".join(rate(r, e) for e in eps) + f" | {other(r)} |\n")
     paper = "".join(f"| {name} (the paper's Table 1) | {layout} | {name.split()[-1]} | base | bf16 | ⟨bos⟩ | "
                     + " | ".join("—" if e != 0.8 else f"{pct:.2f}%" for e in eps) + " | — |\n"
                     for name, (pct, layout) in TABLE1.items())
@@ -238,13 +295,13 @@ def table1_markdown(res: Dict[str, Any]) -> str:
     sizes = f"{_size(min(r['params'] for r in rows))}–{_size(max(r['params'] for r in rows))}" if rows else "—"
     caption = (f"*Table 1 here.* Sink rate = the share of (prompt, layer, query head) triples whose first-token "
                f"importance a_0 (mean attention position 0 receives from the T = {rows[0]['T'] if rows else 64} "
-               f"queries) exceeds eps, over {n_p} shipped passages cut to T tokens with the model's first token "
-               f"prepended (counted among the T). The paper's rows are LLaMA 3.1 at eps = 0.8 (the paper's Table 1; "
+               f"queries) exceeds eps, over {n_p} shipped passages cut to T tokens, each model in its own format (what "
+               f"its tokenizer produces: ⟨bos⟩ + text where it prepends ⟨bos⟩, counted among the T; the text alone "
+               f"where it does not); 95% bootstrap intervals over prompts. The paper's rows are LLaMA 3.1 at eps = 0.8 (the paper's Table 1; "
                f"eps = 0.3 not given). **Confounds:** the rows here differ from each other and from the paper in "
                f"family ({fams} vs LLaMA 3.1), in training ({kinds}; "
-               + (f"only {', '.join(with_bos)}'s tokenizer prepends ⟨bos⟩, so for the others the prepended token "
-                  f"is one they were not trained to see first" if with_bos else
-                  "no tokenizer here prepends ⟨bos⟩: the prepended token is one they were not trained to see first")
+               + (f"only {', '.join(with_bos)}'s tokenizer prepends ⟨bos⟩" if with_bos else
+                  "no tokenizer here prepends ⟨bos⟩")
                + f"), in storage ({quants} here, computed on the quantized weights, "
                f"vs the paper's bf16) and in size ({sizes} here vs 8B–405B).")
     qw = [r for r in rows if r["family"] == "qwen2"]
@@ -259,33 +316,19 @@ def table1_markdown(res: Dict[str, Any]) -> str:
 
 
 def table1_reading(res: Dict[str, Any]) -> str:
-    """A reading that follows from Table 1's numbers."""
+    """A reading that follows from Table 1's intervals: a size trend is named only within a family,
+    from :func:`size_trend`'s verdicts."""
     rows = sorted(res["table1"], key=lambda r: r["params"])
     if not rows:
         return ""
-    r8 = [r["sink_rate"]["0.8"] for r in rows]
-    listed = ", ".join(f"{r['name']} {_pct(x)}" for r, x in zip(rows, r8))
-    mono = all(b >= a for a, b in zip(r8, r8[1:]))
-    text = (f"By size, the eps = 0.8 sink rates here are {listed}: "
-            + ("they rise with size, " if mono else "they do not rise monotonically with size, ")
-            + "against 45.97 → 73.49 → 78.29% for LLaMA 3.1 8B → 70B → 405B. ")
-    qw = {r["name"]: r for r in rows if r["family"] == "qwen2"}
-    small, big = qw.get("qwen2.5-coder-0.5b-instruct"), qw.get("qwen2.5-coder-1.5b-instruct")
-    if small and big:
-        a, b = small["sink_rate"]["0.8"], big["sink_rate"]["0.8"]
-        text += (f"Within one family, Qwen2.5-Coder 0.5B → 1.5B goes {_pct(a)} → {_pct(b)} "
-                 + ("(up, the paper's direction). " if b > a + 0.005 else "(down, against the paper's direction). "
-                    if b < a - 0.005 else "(flat). "))
-    for r in rows:
-        b = res["bos_removal"].get(r["name"])
-        if b is not None and not r["tokenizer_adds_bos"] and b["sinks"][NOBOS]["sink_rate"]["0.3"] > 2 * r["sink_rate"]["0.3"]:
-            text += (f"{r['name']}'s rate is low because of the prepended {r['bos_token']!r}, a token it was not "
-                     f"trained to see first: without it, as its tokenizer feeds it, the rate is "
-                     f"{_pct(b['sinks'][NOBOS]['sink_rate']['0.3'])} at eps = 0.3 and "
-                     f"{_pct(b['sinks'][NOBOS]['sink_rate']['0.8'])} at eps = 0.8. ")
-    top = max(rows, key=lambda r: r["sink_rate"]["0.8"])
-    text += (f"The highest rate here is {top['name']}'s ({_pct(top['sink_rate']['0.8'])}); with family, training and "
-             f"storage all varying, these are data points beside Table 1, not a test of its size trend.")
+    text = ("Across families the rows differ in family, training, storage and format as well as size, so they are "
+            "data points beside Table 1, not a test of its size trend. ")
+    trend = res.get("size_trend", {})
+    for fam, t in trend.items():
+        for e, v in t["eps"].items():
+            text += f"Within {fam} ({' → '.join(t['models'])}), at ε {e}: **{v['status']}** ({v['reason']}). "
+    if not trend:
+        text += "No family here has two sizes measured, so the size trend is not testable here."
     return text
 
 
@@ -331,56 +374,21 @@ def bos_removal_markdown(res: Dict[str, Any]) -> str:
 
 
 def bos_removal_lines(res: Dict[str, Any]) -> List[str]:
-    """Paper-vs-here lines and a plain verdict per model."""
+    """Paper-vs-here lines per model, with the statuses the criteria computed."""
     out = []
     for name, r in res["bos_removal"].items():
-        v = r["verdict"]
-        f = r["facts"]
+        f, v = r["facts"], r["verdicts"]
         trained = ("trained with a fixed ⟨bos⟩ (its tokenizer prepends it)" if f["tokenizer_adds_bos"] else
                    "trained without a fixed ⟨bos⟩ (its tokenizer prepends nothing)")
-        paper_rows = TABLE2_CAUSAL[("yes" if f["tokenizer_adds_bos"] else "no", "⟨bos⟩+text")], \
-            TABLE2_CAUSAL[("yes" if f["tokenizer_adds_bos"] else "no", "text only")]
-        nll_w, nll_wo = r["perplexity"][BOS]["mean_nll"], r["perplexity"][NOBOS]["mean_nll"]
+        key = "yes" if f["tokenizer_adds_bos"] else "no"
+        pw, pwo = TABLE2_CAUSAL[(key, "⟨bos⟩+text")], TABLE2_CAUSAL[(key, "text only")]
         loc = r["sinks"][NOBOS]["location"]
         where = (f"without ⟨bos⟩ {_pct(loc['at_0'])} of heads put their largest mass on position 0 (now the first "
-                 f"text token), {_pct(loc['at_1'])} on position 1 and {_pct(loc['elsewhere'])} later "
-                 f"(with ⟨bos⟩: {_pct(r['sinks'][BOS]['location']['at_0'])} on position 0)")
-        line = (f"**{name}**, {trained}. Paper (Table 2, the matching rows): sink rate {paper_rows[0][0]:.2f}% → "
-                f"{paper_rows[1][0]:.2f}%, loss {paper_rows[0][1]:.2f} → {paper_rows[1][1]:.2f} nats. Here: sink rate "
-                f"(eps = {v['eps']:g}) {_pct(v['sink_rate_bos'])} → {_pct(v['sink_rate_nobos'])}, held-out NLL "
-                f"{nll_w:.3f} → {nll_wo:.3f} nats (perplexity ×{v['ppl_ratio']:.2f}), mean passkey accuracy "
-                f"{100 * v['passkey_mean_bos']:.0f}% → {100 * v['passkey_mean_nobos']:.0f}%; {where}. ")
-        ppl_paper = math.exp(TABLE2_CAUSAL[("yes", "text only")][1] - TABLE2_CAUSAL[("yes", "⟨bos⟩+text")][1])
-        pk_same = abs(v["passkey_mean_nobos"] - v["passkey_mean_bos"]) < 0.1
-        pk = (f" Passkey retrieval, though, stays at {100 * v['passkey_mean_nobos']:.0f}% up to "
-              f"{max(int(n) for n in r['passkey'][NOBOS]['accuracy'])} tokens, unlike RULER's 82.57 → 0.00 at 4096: "
-              f"this local task does not separate the conditions." if pk_same else "")
-        if v["matches_paper_collapse"]:
-            anywhere = r["sinks"][NOBOS]["location"]["sink_anywhere"].get(f"{v['eps']:g}", 1.0)
-            line += (f"**This matches the paper's collapse** in the sinks (on position 0 they vanish"
-                     + (f", and no other key takes their place: {_pct(anywhere)} of heads have any key above eps = "
-                        f"{v['eps']:g}" if anywhere < 0.5 * v["sink_rate_bos"] else "; other keys take their place")
-                     + f") and in held-out perplexity (×{v['ppl_ratio']:.1f}; the "
-                     f"paper's loss 2.69 → 7.56 is ×{ppl_paper:.0f}, on a model trained from scratch for it)." + pk
-                     if f["tokenizer_adds_bos"] else
-                     "**A collapse like the paper's fixed-⟨bos⟩ rows, on a model trained without a fixed ⟨bos⟩**: "
-                     "not what Table 2 predicts." + pk)
-        elif v["sinks_collapse"]:
-            line += ("**Half of the paper's collapse**: the sinks on position 0 collapse, but quality degrades "
-                     "far less than the paper's loss 2.69 → 7.56 or RULER 82.57 → 0.00.")
-        elif v["quality_collapse"]:
-            line += ("**Half of the paper's collapse**: quality falls, but the sinks do not vanish from position 0.")
-        else:
-            line += ("**No collapse**: " + ("this does not match the paper's collapse for a model trained with a "
-                                            "fixed ⟨bos⟩." if f["tokenizer_adds_bos"] else
-                                            "as Table 2 predicts for a model trained without a fixed ⟨bos⟩: the "
-                                            "sink forms on whatever token comes first."))
-        if not f["tokenizer_adds_bos"] and (v["sink_rate_nobos"] > 2 * v["sink_rate_bos"] or v["ppl_ratio"] < 1 / 1.2):
-            line += (f" The reverse holds here: prepending {f['bos_token']!r}, a token this model was not trained to "
-                     f"see first, is what disturbs it — with it only {_pct(v['sink_rate_bos'])} of heads sink on "
-                     f"position 0 (against {_pct(v['sink_rate_nobos'])} without) and perplexity is "
-                     f"×{1 / v['ppl_ratio']:.2f} higher.")
-        out.append(line)
+                 f"text token), {_pct(loc['at_1'])} on position 1 and {_pct(loc['elsewhere'])} later")
+        out.append(f"**{name}**, {trained}. Paper (Table 2, the matching rows): sink rate {pw[0]:.2f}% → {pwo[0]:.2f}%, "
+                   f"loss {pw[1]:.2f} → {pwo[1]:.2f} nats. Here: sinks **{v['sinks']['status']}** "
+                   f"({v['sinks']['reason']}); perplexity **{v['quality']['status']}** ({v['quality']['reason']}); "
+                   f"passkey **{v['passkey']['status']}** ({v['passkey']['reason']}); {where}.")
     return out
 
 
@@ -400,7 +408,7 @@ def _wrap(name: str, width: int = 13) -> str:
 def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
     """{file name: Figure}: Table 1 here as bars beside the paper's LLaMA 3.1 rows, and ⟨bos⟩
     removal (sink rate per layer, where the sink sits, passkey accuracy per length)."""
-    from .viz.figure import subplots
+    from ..viz.figure import subplots
 
     figs: Dict[str, Any] = {}
     rows = res["table1"] + res["encoders"]
