@@ -215,15 +215,23 @@ def cmd_experiment(args) -> int:
     from sinklab.train.experiments import run_experiment
 
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
-                         threads=args.threads)
+                         threads=args.threads, seeds=args.seeds)
+    n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
+        print()
+        print(res["differences_markdown"])
     else:
         for run in res["runs"]:
-            print(f"C = {run['context']}: sink rate {100 * run['sink_0.3'][-1]:.2f}% (eps 0.3), "
-                  f"{100 * run['sink_0.8'][-1]:.2f}% (eps 0.8), val loss {run['val_loss'][-1]:.4f} "
-                  f"after {run['tokens'][-1]:,} tokens")
-        print(f"wrote {res['figure']}")
+            sd = lambda k: ("" if run["sd"][k][-1] is None else  # noqa: E731
+                            f" ± {100 * run['sd'][k][-1]:.2f}" if "sink" in k else f" ± {run['sd'][k][-1]:.4f}")
+            print(f"C = {run['context']}: sink rate {100 * run['sink_0.3'][-1]:.2f}{sd('sink_0.3')}% (eps 0.3), "
+                  f"{100 * run['sink_0.8'][-1]:.2f}{sd('sink_0.8')}% (eps 0.8), val loss {run['val_loss'][-1]:.4f}"
+                  f"{sd('val_loss')} after {run['tokens'][-1]:,} tokens "
+                  f"(mean ± sd over {n} seed{'s' if n != 1 else ''})")
+    print(f"wrote {res['figure']}")
+    print()
+    print(res["reading"])
     return 0
 
 
@@ -310,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cpu2x (cpu, twice the tokens), full (a larger model, 5x the tokens: overnight)")
     x.add_argument("--root", default="sinklab-experiments", help="folder of the runs (shared by both experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
+    x.add_argument("--seeds", type=int, default=None,
+                   help="training seeds per condition, 0..N-1 (default: the profile's, 3); seed 0's runs keep the "
+                        "folders of before, finished runs are skipped")
     _global_options(x, defaults=False)
     x.set_defaults(func=cmd_experiment)
     w = sub.add_parser("sweep", help="run analyses over a grid (models x prompts x eps x <bos> x interventions x T "

@@ -18,38 +18,51 @@ its 2-core machine (under an hour), ``full`` a larger model and 5x the tokens (o
 run in its own folder named by its settings, so a killed experiment resumes where it stopped,
 runs shared by both experiments (the causal, no-⟨bos⟩ model at Table 2's context) are trained
 once, and the runs can be spread over machines that share the folder.
+
+Seeds: every condition is trained with ``seeds`` training seeds (default 3 in every profile;
+the seed sets the initial weights and the data order), each an ordinary run in its own folder.
+Seed 0's folder keeps the name it had before seeds were added (``{profile}-C{C}-{masking}[-bos]-
+{digest}``), so runs trained then are reused; seed s > 0 is ``...-s{s}-{digest}``. Summaries keep
+the per-condition fields they always had (now the mean over seeds) and add, for every reported
+number, the per-seed values and mean ± sd with the t interval of the mean
+(:func:`sinklab.analysis.stats.over_seeds`), and the paired per-seed differences the criteria
+of :mod:`.criteria` judge: Table 2's change when ⟨bos⟩ is removed at inference (text only minus
+⟨bos⟩+text, the same model) and Fig. 5's longest minus shortest context (seed s with seed s).
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
+import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..analysis.stats import over_seeds
 from .run import TrainConfig, read_log, train
 
 EPS = (0.3, 0.8)
+DEFAULT_SEEDS = 3     # training seeds per condition in every profile (seeds 0, 1, 2)
 
 # Model and schedule of each profile; the contexts of Fig. 5 and the context of Table 2.
 PROFILES: Dict[str, Dict[str, Any]] = {
     "quick": {"model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 192},
               "contexts": (32, 64, 128), "table2_context": 64, "tokens_per_step": 1024,
               "total_tokens": 1024 * 24, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 4, "eval_every": 8,
-              "eval_docs": 8, "eval_windows": 2},
+              "eval_docs": 8, "eval_windows": 2, "seeds": DEFAULT_SEEDS},
     "cpu": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
             "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
             "total_tokens": 4096 * 1000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 100,
-            "eval_docs": 64, "eval_windows": 16},
+            "eval_docs": 64, "eval_windows": 16, "seeds": DEFAULT_SEEDS},
     # the cpu profile trained twice as long (this project ran its two causal Table 2 conditions)
     "cpu2x": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
               "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
               "total_tokens": 4096 * 2000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 200,
-              "eval_docs": 64, "eval_windows": 16},
+              "eval_docs": 64, "eval_windows": 16, "seeds": DEFAULT_SEEDS},
     "full": {"model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
              "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 8192,
              "total_tokens": 8192 * 2500, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "eval_every": 250,
-             "eval_docs": 64, "eval_windows": 16},
+             "eval_docs": 64, "eval_windows": 16, "seeds": DEFAULT_SEEDS},
 }
 
 # The paper's Table 2 (~120M LLaMA-2-style models, 30B tokens): (masking, fixed ⟨bos⟩ in training,
@@ -70,31 +83,63 @@ def profile(name: str) -> Dict[str, Any]:
     return PROFILES[name]
 
 
+def seed_list(profile_name: str, seeds: Union[None, int, Sequence[int]] = None) -> List[int]:
+    """The training seeds of a profile's conditions: ``None`` the profile's ``seeds`` (3), an int
+    n the seeds 0..n-1, or an explicit list (distinct, non-negative)."""
+    if seeds is None:
+        seeds = int(profile(profile_name).get("seeds", DEFAULT_SEEDS))
+    if isinstance(seeds, bool) or not isinstance(seeds, (int, list, tuple, range)):
+        raise ValueError(f"seeds must be a number of seeds or a list of seeds, got {seeds!r}")
+    out = list(range(seeds)) if isinstance(seeds, int) else [int(x) for x in seeds]
+    if not out or len(set(out)) != len(out) or min(out) < 0:
+        raise ValueError(f"seeds must be at least one distinct non-negative seed, got {seeds!r}")
+    return out
+
+
 def run_config(profile_name: str, context: int, masking: str = "causal", fixed_bos: bool = False,
                root: str = "sinklab-experiments", seed: int = 0, threads: Optional[int] = None) -> TrainConfig:
     """The :class:`TrainConfig` of one run of a profile; its folder under ``root`` is named by
-    its settings (so equal runs of the two experiments share one folder)."""
+    its settings (so equal runs of the two experiments share one folder). The digest covers every
+    setting, the seed included; seed 0's name is the one runs had before seeds were added, seed
+    s > 0 adds ``-s{s}``."""
     p = profile(profile_name)
+    if int(seed) < 0:
+        raise ValueError(f"seed must be non-negative, got {seed}")
     cfg = TrainConfig(**p["model"], context=context, masking=masking, fixed_bos=fixed_bos,
                       tokens_per_step=p["tokens_per_step"], total_tokens=p["total_tokens"], steps=None,
                       lr=p["lr"], min_lr=p["min_lr"], warmup_steps=p["warmup_steps"],
                       eval_every=p["eval_every"], eval_docs=p["eval_docs"], eval_windows=p["eval_windows"],
-                      keep_last=1, seed=seed, threads=threads)
+                      keep_last=1, seed=int(seed), threads=threads)
     key = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "threads", "keep_last", "keep_steps")}
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    name = f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}-{digest}"
+    name = f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}{f'-s{seed}' if seed else ''}-{digest}"
     return dataclasses.replace(cfg, out_dir=os.path.join(root, name))
 
 
-def fig5_configs(profile_name: str, root: str = "sinklab-experiments", **kw: Any) -> List[TrainConfig]:
-    """One causal, no-fixed-⟨bos⟩ run per context of the profile (equal tokens per step and in total)."""
-    return [run_config(profile_name, C, root=root, **kw) for C in profile(profile_name)["contexts"]]
+def _seeds_kw(profile_name: str, seeds: Any, kw: Dict[str, Any]) -> List[int]:
+    if "seed" in kw:                       # the one-seed call of before: seed=s
+        s = kw.pop("seed")
+        if seeds is None:
+            seeds = [s]
+    return seed_list(profile_name, seeds)
 
 
-def table2_configs(profile_name: str, root: str = "sinklab-experiments", **kw: Any) -> List[TrainConfig]:
-    """The four training conditions of Table 2 at the profile's context."""
+def fig5_configs(profile_name: str, root: str = "sinklab-experiments", seeds: Union[None, int, Sequence[int]] = None,
+                 **kw: Any) -> List[TrainConfig]:
+    """One causal, no-fixed-⟨bos⟩ run per context and seed of the profile (equal tokens per step
+    and in total), context-major: C₁ seed 0, C₁ seed 1, ..., C₂ seed 0, ..."""
+    ss = _seeds_kw(profile_name, seeds, kw)
+    return [run_config(profile_name, C, root=root, seed=s, **kw) for C in profile(profile_name)["contexts"] for s in ss]
+
+
+def table2_configs(profile_name: str, root: str = "sinklab-experiments", seeds: Union[None, int, Sequence[int]] = None,
+                   **kw: Any) -> List[TrainConfig]:
+    """The four training conditions of Table 2 at the profile's context, each with every seed,
+    condition-major."""
+    ss = _seeds_kw(profile_name, seeds, kw)
     C = profile(profile_name)["table2_context"]
-    return [run_config(profile_name, C, masking, bos, root=root, **kw) for masking, bos in TABLE2_RUNS]
+    return [run_config(profile_name, C, masking, bos, root=root, seed=s, **kw) for masking, bos in TABLE2_RUNS
+            for s in ss]
 
 
 def run_all(configs: Sequence[TrainConfig], progress: bool = True) -> List[Dict[str, Any]]:
@@ -112,52 +157,242 @@ def _evaluated(log: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return [r for r in log if r.get("val_loss_text") is not None]
 
 
-def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]]) -> Dict[str, Any]:
-    """Per context: tokens seen, sink rates (text-only inference: these models never saw a
-    ⟨bos⟩) and validation loss at every evaluation."""
-    out: Dict[str, Any] = {"runs": []}
+def clean(x: Any) -> Any:
+    """``x`` with every NaN/inf float replaced by None (JSON-safe, and equal to itself after a
+    round trip through JSON), tuples as lists."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [clean(v) for v in x]
+    return x
+
+
+def seed_summary(values: Sequence[Optional[float]]) -> Optional[Dict[str, Any]]:
+    """:func:`over_seeds` of one number per seed as a JSON-able dict (``mean``, ``sd``, ``n``,
+    ``values``, ``interval``); None when a seed lacks the number."""
+    if not values or any(v is None for v in values):
+        return None
+    return clean(over_seeds([float(v) for v in values]).to_dict())
+
+
+def _mean_sd(series: Sequence[Sequence[Optional[float]]]) -> Tuple[List[Optional[float]], List[Optional[float]]]:
+    """Per evaluation: mean and sample sd over seeds of lists of equal length (the same
+    evaluation schedule); None where a seed lacks the number or (sd) with one seed."""
+    n = min(len(s) for s in series)
+    mean, sd = [], []
+    for i in range(n):
+        col = [s[i] for s in series]
+        if any(v is None for v in col):
+            mean.append(None)
+            sd.append(None)
+            continue
+        ss = over_seeds(col)
+        mean.append(ss.mean)
+        sd.append(ss.sd if ss.n > 1 else None)
+    return mean, sd
+
+
+def _uniform(context: int) -> Tuple[int, float]:
+    from ..viz.figures_training import sink_T, uniform_first_importance
+
+    T = sink_T(context)
+    return T, uniform_first_importance(T)
+
+
+def _ratio(v: Optional[float], u: float) -> Optional[float]:
+    return None if v is None else v / u
+
+
+Log = List[Dict[str, Any]]
+
+
+def _groups(configs: Sequence[TrainConfig], logs: Sequence[Log], key: Any) -> Dict[Any, List[Tuple[TrainConfig, Log]]]:
+    """The (config, log) pairs of each condition ``key(config)``, by seed."""
+    groups: Dict[Any, List[Tuple[TrainConfig, Log]]] = {}
     for cfg, log in zip(configs, logs):
-        ev = _evaluated(log)
-        out["runs"].append({"context": cfg.context, "out_dir": cfg.out_dir, "tokens": [r["tokens"] for r in ev],
-                            "sink_0.3": [r["sink_text_0.3"] for r in ev], "sink_0.8": [r["sink_text_0.8"] for r in ev],
-                            "importance": [r.get("importance_text") for r in ev],
-                            "val_loss": [r["val_loss_text"] for r in ev]})
-    return out
+        groups.setdefault(key(cfg), []).append((cfg, log))
+    for k, g in groups.items():
+        g.sort(key=lambda cl: cl[0].seed)
+        seeds = [c.seed for c, _ in g]
+        if len(set(seeds)) != len(seeds):
+            raise ValueError(f"condition {k}: seed given twice ({seeds})")
+    return groups
+
+
+FIG5_SERIES = (("sink_0.3", "sink_text_0.3"), ("sink_0.8", "sink_text_0.8"), ("importance", "importance_text"),
+               ("val_loss", "val_loss_text"))
+FIG5_DIFFERENCES = ("sink_0.3", "sink_0.8", "importance", "importance_over_uniform", "val_loss")
+
+
+def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]]) -> Dict[str, Any]:
+    """Per context, over its seeds: tokens seen and, at every evaluation, the mean (the fields
+    ``sink_0.3``, ``sink_0.8`` (fractions), ``importance`` (mean a₀), ``val_loss`` (nats)), ``sd``
+    and ``per_seed`` lists of each (text-only inference: these models never saw a ⟨bos⟩);
+    ``final``: mean ± sd and t interval over seeds of each at the end of training, and of a₀ over
+    the uniform-attention value (``importance_over_uniform``); ``peak_sink_0.3``/``0.8``: the
+    largest sink rate at any evaluation of any seed. ``differences["longest_minus_shortest"]``:
+    per seed s, the final value at the longest context minus at the shortest (seed s with seed s),
+    over seeds."""
+    out: Dict[str, Any] = {"runs": []}
+    groups = _groups(configs, logs, lambda c: c.context)
+    all_seeds: List[int] = []
+    for C in sorted(groups):
+        g = groups[C]
+        evs = [_evaluated(log) for _, log in g]
+        n = min(len(e) for e in evs)
+        if n == 0:
+            raise ValueError(f"context {C}: a run has no evaluation")
+        evs = [e[:n] for e in evs]
+        tokens = [r["tokens"] for r in evs[0]]
+        T, u = _uniform(C)
+        run: Dict[str, Any] = {"context": C, "out_dir": g[0][0].out_dir, "out_dirs": [c.out_dir for c, _ in g],
+                               "seeds": [c.seed for c, _ in g], "tokens": tokens, "sink_tokens": T,
+                               "uniform_importance": u}
+        per_seed: Dict[str, List[List[Optional[float]]]] = {}
+        sd: Dict[str, List[Optional[float]]] = {}
+        for name, field in FIG5_SERIES:
+            per_seed[name] = [[r.get(field) for r in e] for e in evs]
+            run[name], sd[name] = _mean_sd(per_seed[name])
+        run["sd"], run["per_seed"] = sd, per_seed
+        final_vals = {name: [s[-1] for s in per_seed[name]] for name, _ in FIG5_SERIES}
+        final_vals["importance_over_uniform"] = [_ratio(v, u) for v in final_vals["importance"]]
+        run["final_per_seed"] = final_vals
+        run["final"] = {k: seed_summary(v) for k, v in final_vals.items()}
+        for e in EPS:
+            vals = [v for s in per_seed[f"sink_{e:g}"] for v in s if v is not None]
+            run[f"peak_sink_{e:g}"] = max(vals) if vals else None
+        out["runs"].append(run)
+        all_seeds += [s for s in run["seeds"] if s not in all_seeds]
+    out["seeds"] = sorted(all_seeds)
+    out["differences"] = {}
+    if len(out["runs"]) >= 2:
+        lo, hi = out["runs"][0], out["runs"][-1]
+        paired = [s for s in lo["seeds"] if s in hi["seeds"]]
+        d: Dict[str, Any] = {"contexts": [lo["context"], hi["context"]], "seeds": paired}
+        for k in FIG5_DIFFERENCES:
+            a = {s: v for s, v in zip(lo["seeds"], lo["final_per_seed"][k])}
+            b = {s: v for s, v in zip(hi["seeds"], hi["final_per_seed"][k])}
+            vals = [None if a[s] is None or b[s] is None else b[s] - a[s] for s in paired]
+            d[f"{k}_per_seed"] = vals
+            d[k] = seed_summary(vals)
+        out["differences"]["longest_minus_shortest"] = d
+    return clean(out)
+
+
+TABLE2_FIELDS = ("sink_0.3", "sink_0.8", "importance", "val_loss")
 
 
 def table2_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]]) -> Dict[str, Any]:
-    """Rows in the paper's layout: (masking, fixed ⟨bos⟩, inference) with our sink rate (%) and
-    validation loss (nats) at the end of training, the paper's beside them."""
-    final = {(c.masking, c.fixed_bos): _evaluated(l)[-1] for c, l in zip(configs, logs)}
+    """Rows in the paper's layout: (masking, fixed ⟨bos⟩, inference) with our sink rate (%),
+    mean a₀ and validation loss (nats) at the end of training, the mean over seeds, the paper's
+    beside them; per row ``per_seed`` lists, ``sd`` and ``summary`` (mean ± sd and t interval of
+    each, and of a₀ over the uniform-attention value). ``models``: per training condition, the
+    paired per-seed change when ⟨bos⟩ is removed at inference (text only minus ⟨bos⟩+text, the
+    same model and seed) of the loss, the sink rates (percentage points) and a₀, and
+    ``peak_sink_0.3``/``0.8``: the largest final sink rate of any seed in either mode (%)."""
+    groups = _groups(configs, logs, lambda c: (c.masking, c.fixed_bos))
+    final = {k: [(c, _evaluated(l)[-1]) for c, l in g] for k, g in groups.items()}
     rows = []
     for masking, bos, mode, p_sink, p_loss in PAPER_TABLE2:
-        r = final.get((masking, bos))
-        if r is None:
+        g = final.get((masking, bos))
+        if g is None:
             continue
-        rows.append({"masking": masking, "fixed_bos": bos, "inference": mode,
-                     "sink_0.3": 100 * r[f"sink_{mode}_0.3"], "sink_0.8": 100 * r[f"sink_{mode}_0.8"],
-                     "importance": r.get(f"importance_{mode}"), "val_loss": r[f"val_loss_{mode}"],
-                     "val_loss_train": r["val_loss_train"], "paper_sink": p_sink, "paper_loss": p_loss})
-    return {"rows": rows, "tokens": {f"{m}{'+bos' if b else ''}": final[(m, b)]["tokens"] for m, b in final}}
+        T, u = _uniform(g[0][0].context)
+        per = {"sink_0.3": [100 * r[f"sink_{mode}_0.3"] for _, r in g],
+               "sink_0.8": [100 * r[f"sink_{mode}_0.8"] for _, r in g],
+               "importance": [r.get(f"importance_{mode}") for _, r in g],
+               "val_loss": [r[f"val_loss_{mode}"] for _, r in g],
+               "val_loss_train": [r["val_loss_train"] for _, r in g]}
+        per["importance_over_uniform"] = [_ratio(v, u) for v in per["importance"]]
+        summ = {k: seed_summary(v) for k, v in per.items()}
+        row = {"masking": masking, "fixed_bos": bos, "inference": mode}
+        for k in ("sink_0.3", "sink_0.8", "importance", "val_loss", "val_loss_train"):
+            row[k] = None if summ[k] is None else summ[k]["mean"]
+        row.update({"paper_sink": p_sink, "paper_loss": p_loss, "seeds": [c.seed for c, _ in g],
+                    "out_dirs": [c.out_dir for c, _ in g], "sink_tokens": T, "uniform_importance": u,
+                    "per_seed": per, "sd": {k: (None if v is None else v["sd"]) for k, v in summ.items()},
+                    "summary": summ})
+        rows.append(row)
+    models = []
+    for masking, bos in TABLE2_RUNS:
+        g = final.get((masking, bos))
+        if g is None:
+            continue
+        rem: Dict[str, Any] = {}
+        for k, f, scale in (("val_loss", "val_loss", 1.0), ("sink_0.3", "sink", 100.0), ("sink_0.8", "sink", 100.0),
+                            ("importance", "importance", 1.0)):
+            if f == "sink":
+                e = k.split("_")[1]
+                vals = [scale * (r[f"sink_text_{e}"] - r[f"sink_bos_{e}"]) for _, r in g]
+            else:
+                vals = [None if r.get(f"{f}_text") is None or r.get(f"{f}_bos") is None
+                        else r[f"{f}_text"] - r[f"{f}_bos"] for _, r in g]
+            rem[f"{k}_per_seed"] = vals
+            rem[k] = seed_summary(vals)
+        m = {"masking": masking, "fixed_bos": bos, "seeds": [c.seed for c, _ in g],
+             "out_dirs": [c.out_dir for c, _ in g],
+             "in_paper_both_ways": any(t[:2] == (masking, bos) and t[2] == "bos" for t in PAPER_TABLE2),
+             "bos_removed": rem}
+        for e in EPS:
+            m[f"peak_sink_{e:g}"] = max(100 * max(r[f"sink_bos_{e:g}"], r[f"sink_text_{e:g}"]) for _, r in g)
+        models.append(m)
+    seeds = sorted({c.seed for g in final.values() for c, _ in g})
+    return clean({"rows": rows, "models": models, "seeds": seeds,
+                  "tokens": {f"{m}{'+bos' if b else ''}": g[0][1]["tokens"] for (m, b), g in final.items()}})
+
+
+def _pm(summ: Optional[Dict[str, Any]], spec: str) -> str:
+    if summ is None:
+        return "–"
+    if summ.get("n", 1) > 1 and summ.get("sd") is not None:
+        return f"{format(summ['mean'], spec)} ± {format(summ['sd'], spec)}"
+    return format(summ["mean"], spec)
 
 
 def table2_markdown(summary: Dict[str, Any]) -> str:
-    """The table in the paper's layout, ours beside the paper's."""
-    lines = ["| masking | fixed ⟨bos⟩ in training | inference | sink % (ε 0.3) | sink % (ε 0.8) | mean a₀ "
+    """The table in the paper's layout, ours (mean ± sd over seeds) beside the paper's."""
+    lines = [f"| masking | fixed ⟨bos⟩ in training | inference | sink % (ε 0.3) | sink % (ε 0.8) | mean a₀ "
              "| val loss | paper sink % | paper val loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
-        imp = "–" if r["importance"] is None else f"{r['importance']:.3f}"
+        s = r.get("summary")
+        if s is None:      # a summary written before seeds were added
+            s = {k: (None if r.get(k) is None else {"mean": r[k], "n": 1}) for k in TABLE2_FIELDS}
         lines.append(f"| {r['masking'].replace('_', '-')} | {'yes' if r['fixed_bos'] else 'no'} | "
-                     f"{'⟨bos⟩+text' if r['inference'] == 'bos' else 'text only'} | {r['sink_0.3']:.2f} | "
-                     f"{r['sink_0.8']:.2f} | {imp} | {r['val_loss']:.3f} | {r['paper_sink']:.2f} | "
-                     f"{r['paper_loss']:.2f} |")
+                     f"{'⟨bos⟩+text' if r['inference'] == 'bos' else 'text only'} | {_pm(s['sink_0.3'], '.2f')} | "
+                     f"{_pm(s['sink_0.8'], '.2f')} | {_pm(s['importance'], '.3f')} | {_pm(s['val_loss'], '.3f')} | "
+                     f"{r['paper_sink']:.2f} | {r['paper_loss']:.2f} |")
+    return "\n".join(lines)
+
+
+def table2_differences_markdown(summary: Dict[str, Any]) -> str:
+    """Per training condition: the paired change when ⟨bos⟩ is removed at inference (text only
+    minus ⟨bos⟩+text, per seed on the same model), mean ± sd and the t interval over seeds."""
+    def cell(s: Optional[Dict[str, Any]], spec: str) -> str:
+        if s is None:
+            return "–"
+        iv = s.get("interval") or {}
+        ci = (f" [{format(iv['lo'], '+' + spec)}, {format(iv['hi'], '+' + spec)}]"
+              if iv.get("lo") is not None and iv.get("hi") is not None else "")
+        sd = f" ± {format(s['sd'], spec)}" if s.get("sd") is not None else ""
+        return f"{format(s['mean'], '+' + spec)}{sd}{ci}"
+
+    lines = ["| masking | fixed ⟨bos⟩ in training | seeds | Δ val loss (nats) | Δ sink % (ε 0.3) | Δ sink % (ε 0.8) "
+             "| Δ mean a₀ |", "|---|---|---|---|---|---|---|"]
+    for m in summary.get("models", []):
+        r = m["bos_removed"]
+        lines.append(f"| {m['masking'].replace('_', '-')} | {'yes' if m['fixed_bos'] else 'no'} | {len(m['seeds'])} | "
+                     f"{cell(r['val_loss'], '.3f')} | {cell(r['sink_0.3'], '.2f')} | {cell(r['sink_0.8'], '.2f')} | "
+                     f"{cell(r['importance'], '.4f')} |")
     return "\n".join(lines)
 
 
 def fig5_figure(summary: Dict[str, Any], path: str) -> str:
     """Sink rates, mean first-token importance and validation loss against tokens seen, one
-    line per context (:func:`sinklab.viz.figures_training.fig5_miniature_figure`), saved to ``path``."""
+    line per context, mean ± sd over seeds (:func:`sinklab.viz.figures_training.fig5_miniature_figure`),
+    saved to ``path``."""
     from ..viz.figures_training import fig5_miniature_figure
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -165,24 +400,45 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
     return path
 
 
+def table2_figure(summary: Dict[str, Any], path: str) -> str:
+    """Table 2 in miniature beside the paper's, mean ± sd over seeds
+    (:func:`sinklab.viz.figures_training.table2_miniature_figure`), saved to ``path``."""
+    from ..viz.figures_training import table2_miniature_figure
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    table2_miniature_figure(summary).savefig(path, dpi=120)
+    return path
+
+
 def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-experiments",
-                   out: Optional[str] = None, progress: bool = True, threads: Optional[int] = None) -> Dict[str, Any]:
-    """Runs (or resumes) experiment ``"fig5"`` or ``"table2"`` and writes its summary JSON (and
-    the figure or the Markdown table) into ``out`` (default ``root``). Returns the summary."""
+                   out: Optional[str] = None, progress: bool = True, threads: Optional[int] = None,
+                   seeds: Union[None, int, Sequence[int]] = None) -> Dict[str, Any]:
+    """Runs (or resumes) experiment ``"fig5"`` or ``"table2"`` with every seed (``seeds``: None
+    for the profile's 3, a number, or a list) and writes its summary JSON (and the figure, and
+    for Table 2 the Markdown table) into ``out`` (default ``root``), with the criterion's
+    verdict (``verdict``) and the reading (``reading``) of :mod:`.criteria`. Returns the summary."""
     if name not in ("fig5", "table2"):
         raise ValueError(f"unknown experiment {name!r}: fig5 or table2")
+    from . import criteria
+
     make = fig5_configs if name == "fig5" else table2_configs
-    configs = make(profile_name, root=root, threads=threads)
+    configs = make(profile_name, root=root, threads=threads, seeds=seeds)
     logs = run_all(configs, progress=progress)
     out = out or root
     os.makedirs(out, exist_ok=True)
     summary = fig5_summary(configs, logs) if name == "fig5" else table2_summary(configs, logs)
     p = profile(profile_name)
     summary["profile"] = {"name": profile_name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
+    summary["profile"]["seeds"] = len(summary["seeds"])
     if name == "fig5":
         summary["figure"] = fig5_figure(summary, os.path.join(out, f"fig5-{profile_name}.png"))
+        text, _, verdict = criteria.fig5_reading(summary)
     else:
         summary["markdown"] = table2_markdown(summary)
+        summary["differences_markdown"] = table2_differences_markdown(summary)
+        summary["figure"] = table2_figure(summary, os.path.join(out, f"table2-{profile_name}.png"))
+        text, _, verdict = criteria.table2_reading(summary)
+    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), text
     path = os.path.join(out, f"{name}-{profile_name}.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:

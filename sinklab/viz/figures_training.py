@@ -25,23 +25,40 @@ def sink_T(context: int) -> int:
     return min(SINK_TOKENS, int(context))
 
 
+def _series(run: Dict[str, Any], key: str, scale: float = 1.0) -> tuple:
+    """(mean, sd) arrays of one per-evaluation series of a Fig. 5 run (sd NaN without seeds)."""
+    mean = scale * np.array([np.nan if v is None else v for v in run[key]], float)
+    sds = (run.get("sd") or {}).get(key)
+    sd = (scale * np.array([np.nan if v is None else v for v in sds], float) if sds is not None
+          else np.full_like(mean, np.nan))
+    return mean, sd[:mean.size]
+
+
+def _n_seeds(summary: Dict[str, Any]) -> int:
+    return len(summary.get("seeds") or [0])
+
+
 def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
     """Fig. 5 in miniature against training tokens, one line per context: sink rate at eps 0.3
     and 0.8, mean first-token importance a_0 (dotted: uniform attention's a_0 over the same T)
-    and validation loss. A sinklab Figure (no pyplot)."""
+    and validation loss; with several seeds the mean over seeds, and a band of ± one sd.
+    A sinklab Figure (no pyplot)."""
     fig, axes = subplots(1, 4, figsize=(16, 3.8))
     top = 0.0
     for run in fig5["runs"]:
         tok = np.asarray(run["tokens"], float) / 1e6
-        s3, s8 = 100 * np.asarray(run["sink_0.3"], float), 100 * np.asarray(run["sink_0.8"], float)
-        top = max(top, float(np.max(s3, initial=0.0)))
-        line = axes[0].plot(tok, s3, "-o", ms=3, label=f"C = {run['context']}")[0]
-        col = line.get_color()
-        axes[1].plot(tok, s8, "-o", ms=3, color=col)
-        imp = np.array([np.nan if v is None else v for v in run["importance"]], float)
-        axes[2].plot(tok, imp, "-o", ms=3, color=col)
+        panels = [_series(run, "sink_0.3", 100.0), _series(run, "sink_0.8", 100.0), _series(run, "importance"),
+                  _series(run, "val_loss")]
+        s3, sd3 = panels[0]
+        top = max(top, float(np.nanmax(np.concatenate([s3 + np.nan_to_num(sd3), [0.0]]))))
+        col = None
+        for ax, (mean, sd) in zip(axes, panels):
+            line = ax.plot(tok[:mean.size], mean, "-o", ms=3, color=col,
+                           label=f"C = {run['context']}" if ax is axes[0] else None)[0]
+            col = line.get_color()
+            if np.isfinite(sd).any():
+                ax.fill_between(tok[:mean.size], mean - sd, mean + sd, color=col, alpha=0.2, lw=0)
         axes[2].axhline(uniform_first_importance(sink_T(run["context"])), color=col, ls=":", lw=1)
-        axes[3].plot(tok, run["val_loss"], "-o", ms=3, color=col)
     for ax in axes[:2]:
         ax.set_ylim(-2, max(5.0, 1.1 * top))
     titles = ("sink rate, eps = 0.3 (%)", "sink rate, eps = 0.8 (%)",
@@ -52,8 +69,10 @@ def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     prof = fig5.get("profile", {}).get("name", "?")
-    fig.suptitle(f"Fig. 5 in miniature ({prof} profile): the first-token sink while training at each context "
-                 f"length (paper: ~120M models, 5B tokens each)", fontsize=10)
+    n = _n_seeds(fig5)
+    seeds = f"mean ± sd over {n} seeds" if n > 1 else "one seed"
+    fig.suptitle(f"Fig. 5 in miniature ({prof} profile, {seeds}): the first-token sink while training at each "
+                 f"context length (paper: ~120M models, 5B tokens each)", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -66,15 +85,28 @@ def _row_label(r: Dict[str, Any]) -> str:
 def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
     """Table 2 in miniature beside the paper's: sink rate (eps 0.3) and validation loss per row,
     and the loss change when ⟨bos⟩ is removed at inference from each model evaluated both ways
-    (the comparison that does not depend on the tokenizer). A sinklab Figure (no pyplot)."""
+    (the comparison that does not depend on the tokenizer); with several seeds the mean over
+    seeds with ± one sd error bars (the change: the sd of the per-seed paired changes).
+    A sinklab Figure (no pyplot)."""
     rows = table2["rows"]
     x = np.arange(len(rows))
+    n = _n_seeds(table2)
+
+    def sd(r: Dict[str, Any], key: str) -> float:
+        v = (r.get("sd") or {}).get(key)
+        return np.nan if v is None else float(v)
+
     fig, axes = subplots(1, 3, figsize=(17, 4.4), gridspec_kw={"width_ratios": [3, 3, 1.6]})
     prof = table2.get("profile", {}).get("name", "?")
-    pairs = ((axes[0], [r["sink_0.3"] for r in rows], [r["paper_sink"] for r in rows], "sink rate (%)"),
-             (axes[1], [r["val_loss"] for r in rows], [r["paper_loss"] for r in rows], "validation loss (nats)"))
-    for ax, ours, paper, label in pairs:
-        ax.bar(x - 0.2, ours, 0.4, label=f"here ({prof} profile" + (", eps = 0.3)" if "sink" in label else ")"))
+    seeds = f", mean ± sd over {n} seeds" if n > 1 else ""
+    pairs = ((axes[0], [r["sink_0.3"] for r in rows], [sd(r, "sink_0.3") for r in rows],
+              [r["paper_sink"] for r in rows], "sink rate (%)"),
+             (axes[1], [r["val_loss"] for r in rows], [sd(r, "val_loss") for r in rows],
+              [r["paper_loss"] for r in rows], "validation loss (nats)"))
+    for ax, ours, err, paper, label in pairs:
+        err = None if not np.isfinite(err).any() else np.nan_to_num(err)
+        ax.bar(x - 0.2, ours, 0.4, yerr=err, capsize=3,
+               label=f"here ({prof} profile" + (", eps = 0.3" if "sink" in label else "") + seeds + ")")
         ax.bar(x + 0.2, paper, 0.4, label="paper (~120M, 30B tokens)", alpha=0.7)
         ax.set_xticks(x)
         ax.set_xticklabels([_row_label(r) for r in rows], fontsize=6.5)
@@ -85,10 +117,21 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
     by = {(r["masking"], r["fixed_bos"], r["inference"]): r for r in rows}
     both = [(m, b) for m, b in dict.fromkeys((r["masking"], r["fixed_bos"]) for r in rows)
             if (m, b, "bos") in by and (m, b, "text") in by]
-    d_ours = [by[(m, b, "text")]["val_loss"] - by[(m, b, "bos")]["val_loss"] for m, b in both]
+    models = {(m["masking"], m["fixed_bos"]): m for m in table2.get("models", [])}
+
+    def change(m: str, b: bool) -> tuple:
+        """Mean and sd over seeds of the per-seed paired change (text only - <bos>+text)."""
+        s = models.get((m, b), {}).get("bos_removed", {}).get("val_loss")
+        if s is not None:
+            return s["mean"], (np.nan if s.get("sd") is None else s["sd"])
+        return by[(m, b, "text")]["val_loss"] - by[(m, b, "bos")]["val_loss"], np.nan
+
+    d_ours = [change(m, b)[0] for m, b in both]
+    d_err = np.array([change(m, b)[1] for m, b in both], float)
     d_paper = [by[(m, b, "text")]["paper_loss"] - by[(m, b, "bos")]["paper_loss"] for m, b in both]
     xb = np.arange(len(both))
-    axes[2].bar(xb - 0.2, d_ours, 0.4, label="here")
+    axes[2].bar(xb - 0.2, d_ours, 0.4, yerr=None if not np.isfinite(d_err).any() else np.nan_to_num(d_err),
+                capsize=3, label="here" + (f" (paired per seed, ± sd over {n})" if n > 1 else ""))
     axes[2].bar(xb + 0.2, d_paper, 0.4, label="paper", alpha=0.7)
     axes[2].axhline(0, color="k", lw=0.6)
     axes[2].set_xticks(xb)
