@@ -95,3 +95,62 @@ def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = False,
+                         chance: bool = True) -> Figure:
+    """Accuracy (%) against length (tokens, log scale) with 95 % Wilson interval bars, one line per
+    condition.
+
+    Args:
+        results: {label: :class:`sinklab.analysis.tasks.RetrievalResult`} (e.g. ``{"with BOS": a,
+            "without BOS": b, "BOS, masked": c}``), or a list of results (labelled by their BOS
+            condition and intervention). A :class:`~sinklab.analysis.tasks.ClozeResult` is drawn
+            as a point with its bar at the right of the length axis, labelled "cloze".
+        exact: plot the greedy exact-match accuracy of retrieval results instead of the
+            multiple-choice accuracy.
+        chance: draw each task's chance level (dotted).
+    """
+    if not isinstance(results, dict):
+        results = {(("with BOS" if r.bos else "without BOS")
+                    + (f", {r.intervention}" if getattr(r, "intervention", None) else "")): r
+                   for r in results}
+    if not results:
+        raise ValueError("no results to plot")
+    fig, ax = subplots(figsize=(6.0, 3.8))
+    styles = ("-o", "--s", ":^", "-.D", "-v", "--P")
+    ret = {k: r for k, r in results.items() if hasattr(r, "lengths")}
+    clz = {k: r for k, r in results.items() if not hasattr(r, "lengths")}
+    xs_all = sorted({n for r in ret.values() for n in r.lengths})
+    x_cloze = (2 * xs_all[-1]) if xs_all else 1
+    nres = max(1, len(results))
+    for j, (label, r) in enumerate(results.items()):
+        shift = 2 ** (0.04 * (j - (nres - 1) / 2))      # side by side on the log axis
+        if label in ret:
+            xs = r.lengths
+            ivs = [r.accuracy(n, exact=exact) for n in xs]
+        else:
+            xs, ivs = [x_cloze], [r.accuracy()]
+        v = np.asarray([100 * iv.value for iv in ivs])
+        lo = v - np.asarray([100 * iv.lo for iv in ivs])
+        hi = np.asarray([100 * iv.hi for iv in ivs]) - v
+        n = ivs[0].n
+        ax.errorbar([x * shift for x in xs], v, yerr=[lo, hi], fmt=styles[j % len(styles)],
+                    capsize=3, ms=4, label=f"{label} (n={n}{'' if label in ret else ', cloze'})")
+    if chance:
+        for r in {id(r): r for r in results.values()}.values():
+            ax.axhline(100 * r.chance, color="grey", ls=":", lw=1)
+    ticks = xs_all + ([x_cloze] if clz else [])
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([str(n) for n in xs_all] + (["cloze"] if clz else []))
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel("sequence length (tokens)")
+    ax.set_ylabel(("exact-match" if exact else "multiple-choice") + " accuracy (%)")
+    first = next(iter(results.values()))
+    ax.set_title(title or f"{first.model}: accuracy with 95% Wilson intervals (dotted: chance)",
+                 fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
