@@ -8,7 +8,10 @@ from typing import Any, Dict, Optional, Tuple
 
 from ..results import save_json
 from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
+from ..analysis import status as S
+from ..train.criteria import fig5_reading, table2_claims, table2_reading
 from .core import Context, Section, and_list, num
+from .elements import MINIATURE
 
 # ---------------------------------------------------------------------- pre-training in miniature
 # The paper's pre-training experiments (Fig. 5, Table 2), run by sinklab.train.experiments and
@@ -25,8 +28,8 @@ PAPER_TRAIN_PARAMS = "~120M"                # the paper's LLaMA-2-style models
 def training_model_size(profile: Dict[str, Any], vocab_size: Optional[int] = None) -> Dict[str, int]:
     """Parameters of a profile's model (``profile["model"]``: d_model, n_layers, n_heads, d_ff):
     ``{"params", "non_embedding", "vocab_size"}`` (counts; the embedding and LM head are untied)."""
-    from .train.engine import llama_config, param_layout
-    from .train.run import TrainConfig
+    from ..train.engine import llama_config, param_layout
+    from ..train.run import TrainConfig
 
     V = int(vocab_size or TrainConfig.vocab_size)
     slots = param_layout(llama_config(V, **profile["model"], context_length=max(profile["contexts"])))
@@ -80,7 +83,7 @@ def run_training_profile(profile: str, root: str, out: str, progress: bool = Tru
     ``out/table2-P.json``, the figure ``out/fig5-P.png``; pyplot-free, so a notebook's backend is
     left alone). Table 2 runs first, so the causal run Fig. 5 shares with it is trained once.
     Returns (fig5, table2)."""
-    from .train import experiments as X
+    from ..train import experiments as X
 
     p = X.profile(profile)
     os.makedirs(out, exist_ok=True)
@@ -181,16 +184,23 @@ def section_training(c: Context) -> Section:
         f"{uniform_first_importance(sink_T(r['context'])):.3f} | {r['val_loss'][-1]:.3f} |\n"
         for r in sorted(fig5["runs"], key=lambda r: r["context"]))
     body = (f"Table 2 in miniature (context {prof['table2_context']}, ours beside the paper's; mean a₀ = mean "
-            f"first-token importance):\n\n{table2['markdown']}\n\nFig. 5 in miniature, at the end of training "
-            f"(sink rate % at the last evaluation, the largest over all evaluations in brackets; uniform a₀ = "
+            f"first-token importance; mean ± sd over seeds):\n\n{table2['markdown']}\n\n"
+            + table2.get("differences_markdown", "") + f"\n\nFig. 5 in miniature, at the end of training, means over "
+            f"{len(fig5['runs'][0].get('seeds', [0]))} seed(s) (sink rate % at the last evaluation, the largest over all evaluations in brackets; uniform a₀ = "
             f"H_T / T, what a head attending uniformly would give):\n\n| training context C | tokens | sink % eps=0.3 "
             f"(max) | sink % eps=0.8 | mean a₀ | uniform a₀ | val loss (text only) |\n|---|---|---|---|---|---|---|\n"
             + fig_rows)
     os.makedirs(out, exist_ok=True)
     figs = [c.save(fig5_miniature_figure(fig5), f"{TRAINING_DIR}/fig5-{prof_name}.png"),
             c.save(table2_miniature_figure(table2), f"{TRAINING_DIR}/table2-{prof_name}.png")]
-    r5, n5 = fig5_reading(fig5, size)
-    r2, n2 = table2_reading(table2)
+    r5, n5, v5 = fig5_reading(fig5, size)
+    r2, n2, _ = table2_reading(table2)
+    claims = table2_claims(table2)
+    verdicts = {"fig5": {MINIATURE: v5},
+                "table2_fixed": {MINIATURE: S.combine(*(v for k, v in claims.items() if not k.startswith("no_fixed")),
+                                                      what="fixed ⟨bos⟩")},
+                "table2_free": {MINIATURE: S.combine(*(v for k, v in claims.items() if k.startswith("no_fixed")),
+                                                     what="no fixed ⟨bos⟩")}}
     reading = f"Fig. 5: {r5} Table 2: {r2}"
     if prof_name == "quick":
         reading += (" The quick profile is a smoke test of the whole pipeline, far too small to show the paper's "
@@ -198,11 +208,11 @@ def section_training(c: Context) -> Section:
                     "(about an hour on 2 cores; `--profile full` overnight) run the miniature this section is for, "
                     "and `sinklab reproduce` then reads their summaries.")
     return Section(
-        title, paper=paper, here=here, body=body, reading=reading, figures=figs,
+        title, paper=paper, here=here, body=body, reading=reading, figures=figs, verdicts=verdicts,
         numbers={"profile": prof, "source": res["source"], "where": res["where"], "model_size": size,
                  "fig5": {k: v for k, v in fig5.items() if k not in ("figure", "profile")},
                  "table2": {k: v for k, v in table2.items() if k not in ("markdown", "profile")},
-                 "fig5_reading": n5, "table2_reading": n2,
+                 "fig5_reading": n5, "table2_reading": n2, "table2_claims": {k: v.to_dict() for k, v in claims.items()},
                  "paper": {"params": PAPER_TRAIN_PARAMS, "fig5_tokens": PAPER_FIG5_TOKENS,
                            "table2_tokens": PAPER_TABLE2_TOKENS, "fig5_contexts": [128, 256, 512, 1024, 2048]}})
 
