@@ -131,12 +131,24 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
     return SL_OK;
 }
 
+/* SL_ZFV_MEAN: whether query i >= 1 sees key 0, and then the other keys it sees, [*a, *b]
+ * (never empty: i itself is one), whose values' mean replaces v_0 for it. */
+static inline int other_keys(const sl_attn_shape *s, const head_opts *o, int64_t i, int64_t n, int64_t *a,
+                             int64_t *b) {
+    int64_t lo, hi;
+    int first;
+    query_keys(s, o, i, n, &lo, &hi, &first);
+    *a = lo > 0 ? lo : 1, *b = hi;
+    return lo == 0 || first;
+}
+
 /* out rows [i0, i1) of one head = P·V over the block's keys [ka, kb) (p at key ka, v_0 taken
- * as zero where asked), times the head scale. vth is the head's Vᵀ with row stride n (the
- * sequence's length). */
+ * as zero or as the mean of the other values where asked), times the head scale. vth is the
+ * head's Vᵀ with row stride n (the sequence's length); vsh its value prefix sums (SL_ZFV_MEAN
+ * only, else NULL). */
 static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, const float *p, int64_t ld,
-                                 const float *vth, int64_t n, int64_t hd, int64_t i0, int64_t i1, int64_t ka,
-                                 int64_t kb, float *out, int64_t out_stride) {
+                                 const float *vth, const double *vsh, int64_t n, int64_t hd, int64_t i0,
+                                 int64_t i1, int64_t ka, int64_t kb, float *out, int64_t out_stride) {
     /* Leaving key 0 out of the product is exact zeroing of v_0, for every row of the block. */
     const int64_t skip = o->zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
     float *o0 = out + i0 * out_stride;
@@ -145,7 +157,7 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
     } else {
         for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
     }
-    if (o->zero_first_value == SL_ZFV_OTHERS && i0 == 0) {
+    if ((o->zero_first_value == SL_ZFV_OTHERS || o->zero_first_value == SL_ZFV_MEAN) && i0 == 0) {
         if (s->bidirectional) {
             /* Query 0 keeps its own value and sees every key: its row over all keys, which the
              * SGEMM's per-element chains make bitwise the un-intervened row. */
@@ -154,6 +166,19 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
             /* Query 0 sees key 0 only: its row of P has p00 and zeros after it, so the plain
              * product sums p00·v0 with exact zeros; p00·v0 alone is therefore bitwise that row. */
             for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * n];
+        }
+    }
+    if (o->zero_first_value == SL_ZFV_MEAN && ka == 0) {
+        /* The product above left key 0 out; each row i >= 1 that sees it adds A_i0 times the mean
+         * of its other keys' values, from the prefix sums (double, so the difference of two is
+         * as good as a direct sum). */
+        for (int64_t i = i0 > 0 ? i0 : 1; i < i1; i++) {
+            int64_t a, b;
+            if (!other_keys(s, o, i, n, &a, &b)) continue;
+            float *row = out + i * out_stride;
+            const float a0 = p[(i - i0) * ld];
+            const double c = (double)(b - a + 1);
+            for (int64_t e = 0; e < hd; e++) row[e] += a0 * (float)((vsh[e * n + b] - vsh[e * n + a - 1]) / c);
         }
     }
     if (o->scale != 1.0f)
@@ -211,6 +236,7 @@ typedef struct {
     float *probs;             /* NULL or (H, T_pad, T_pad) */
     sl_attn_stats st;         /* (H, T_pad) each or NULL */
     const float *vt;          /* (G*hd, n) */
+    const double *vsum;       /* (G*hd, n) value prefix sums (SL_ZFV_MEAN), else NULL */
     double *partial;          /* (H*n_seg, n) or NULL */
 } seq_view;
 
@@ -222,6 +248,7 @@ static seq_view seq_at(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
     v.st.to_first = bt->to_first ? bt->to_first[b] : NULL;
     v.st.entropy = bt->entropy ? bt->entropy[b] : NULL;
     v.vt = bt->vt + v.off * s->n_kv_heads * s->head_dim;
+    v.vsum = NULL;
     v.partial = bt->importance ? bt->partial + bt->part_off[b] : NULL;
     return v;
 }
@@ -230,8 +257,9 @@ static seq_view seq_at(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
  * buffer or the thread's scratch) then outputs. */
 static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t b, int64_t h, int64_t seg,
                        const float *q, int64_t q_stride, const float *k, int64_t kv_stride, float *out,
-                       const sl_attn_intervention *iv, float *scratch) {
-    const seq_view v = seq_at(s, bt, b);
+                       const sl_attn_intervention *iv, float *scratch, const double *vsum) {
+    seq_view v = seq_at(s, bt, b);
+    v.vsum = vsum ? vsum + v.off * s->n_kv_heads * s->head_dim : NULL;
     const int64_t T = bt->T_pad, hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t nb = n_query_blocks(v.n), b0 = seg * nb / v.n_seg, b1 = (seg + 1) * nb / v.n_seg;
     head_opts o = options_for_head(iv, &v.st, h, T, v.partial ? v.partial + (h * v.n_seg + seg) * v.n : NULL);
@@ -246,8 +274,8 @@ static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
         float *p = v.probs ? v.probs + (h * T + i0) * T + ka : scratch;
         const int64_t ld = v.probs ? T : kb - ka;
         SL_TRY(probs_block(s, &o, qs, q_stride, ks, kv_stride, v.n, i0, i1, ka, kb, p, ld, v.probs != NULL, T));
-        SL_TRY(weighted_values_block(s, &o, p, ld, v.vt + g * hd * v.n, v.n, hd, i0, i1, ka, kb, os,
-                                     s->n_heads * hd));
+        SL_TRY(weighted_values_block(s, &o, p, ld, v.vt + g * hd * v.n, v.vsum ? v.vsum + g * hd * v.n : NULL, v.n,
+                                     hd, i0, i1, ka, kb, os, s->n_heads * hd));
     }
     return SL_OK;
 }
@@ -292,12 +320,15 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
         return sl_fail(SL_ERR_VALUE, "attention: bad shape B=%lld heads=%lld kv_heads=%lld",
                        (long long)B, (long long)H, (long long)G);
     SL_TRY(check_mask(s));
+    int value_mean = 0; /* some head of this call uses SL_ZFV_MEAN */
     if (iv && iv->zero_first_value)
-        for (int64_t h = 0; h < H; h++)
-            if (iv->zero_first_value[h] > SL_ZFV_ALL)
+        for (int64_t h = 0; h < H; h++) {
+            if (iv->zero_first_value[h] > SL_ZFV_MEAN)
                 return sl_fail(SL_ERR_VALUE,
-                               "attention: zero_first_value[%lld]=%d, expected 0 (none), 1 (others) or 2 (all)",
+                               "attention: zero_first_value[%lld]=%d, expected 0 (none), 1 (others), 2 (all) or 3 (mean)",
                                (long long)h, (int)iv->zero_first_value[h]);
+            value_mean |= iv->zero_first_value[h] == SL_ZFV_MEAN;
+        }
     /* task_off: tasks of the sequences before b; part_off: their partials (set here, read by
      * seq_at; the caller sized both arrays). The partials are summed into, so zeroed first. */
     int64_t *task_off = bt->task_off, n_part = 0;
@@ -310,6 +341,12 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
         }
     }
     if (bt->importance) memset(bt->partial, 0, (size_t)n_part * sizeof(double));
+    /* SL_ZFV_MEAN's prefix sums, (G*hd, n) per sequence like Vᵀ: allocated here, only when used,
+     * so that the batch layout and its sizing stay as they are for every other call. */
+    double *vsum = NULL;
+    if (value_mean && !(vsum = (double *)sl_alloc_floats_uninit(2 * bt->off[B] * kvd)))
+        return sl_fail(SL_ERR_MEMORY, "attention: cannot allocate the value prefix sums (%lld rows)",
+                       (long long)bt->off[B]);
     const int64_t n_tasks = task_off[B];
 
     int status = SL_OK;
@@ -332,12 +369,18 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
             const int64_t b = bge / kvd, ge = bge % kvd, n = bt->len[b], off = bt->off[b];
             float *vt = bt->vt + off * kvd + ge * n;
             for (int64_t t = 0; t < n; t++) vt[t] = v[(off + t) * kv_stride + ge];
+            if (value_mean) { /* prefix sums over keys 1..t, in order: the same for any thread count */
+                double *vs = vsum + off * kvd + ge * n, acc = 0.0;
+                vs[0] = 0.0;
+                for (int64_t t = 1; t < n; t++) vs[t] = acc += (double)vt[t];
+            }
         }
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < n_tasks; task++) {
             const int64_t b = find_seq(task_off, B, task), r = task - task_off[b], n_seg = seq_segments(bt, b);
             int rc = sl_check_interrupt();   /* Ctrl-C waits for one (head, query segment) at most */
-            if (rc == SL_OK) rc = attend_task(s, bt, b, r / n_seg, r % n_seg, q, q_stride, k, kv_stride, out, iv, scratch);
+            if (rc == SL_OK)
+                rc = attend_task(s, bt, b, r / n_seg, r % n_seg, q, q_stride, k, kv_stride, out, iv, scratch, vsum);
             if (rc != SL_OK) {
 #pragma omp critical(sl_attn_err)
                 status = rc;
@@ -347,6 +390,7 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
         for (int64_t bh = 0; bh < B * H; bh++) finish_head(s, bt, bh / H, bh % H);
         sl_ctx_leave(prev);
     }
+    sl_free(vsum);
     return status;
 }
 
@@ -448,6 +492,30 @@ static int zeroes_first_value(const head_opts *o, int64_t i) {
     return o->zero_first_value == SL_ZFV_ALL || (o->zero_first_value == SL_ZFV_OTHERS && i > 0);
 }
 
+/* Whether query row 0 reads its own v_0 although the head leaves key 0 out of its products. */
+static int keeps_row0_value(const head_opts *o) {
+    return o->zero_first_value == SL_ZFV_OTHERS || o->zero_first_value == SL_ZFV_MEAN;
+}
+
+static int any_value_mean(const sl_attn_shape *s, const sl_attn_intervention *iv) {
+    for (int64_t h = 0; iv && iv->zero_first_value && h < s->n_heads; h++)
+        if (iv->zero_first_value[h] == SL_ZFV_MEAN) return 1;
+    return 0;
+}
+
+/* ps[t*hd + e] = sum of x_j[e] over j = 1..t for t in [0, n) (row stride ld): the prefix sums
+ * that SL_ZFV_MEAN's means are differences of, in double and in order. */
+static void value_prefix(const float *x, int64_t ld, int64_t n, int64_t hd, double *ps) {
+    for (int64_t e = 0; e < hd; e++) ps[e] = 0.0;
+    for (int64_t t = 1; t < n; t++)
+        for (int64_t e = 0; e < hd; e++) ps[t * hd + e] = ps[(t - 1) * hd + e] + (double)x[t * ld + e];
+}
+
+/* The mean of x over keys [a, b] from its prefix sums, element e. */
+static inline float prefix_mean(const double *ps, int64_t hd, int64_t a, int64_t b, int64_t e) {
+    return (float)((ps[b * hd + e] - ps[(a - 1) * hd + e]) / (double)(b - a + 1));
+}
+
 /* With soft-capping, the derivative of the capped score c = cap·tanh(x·scale/cap) with respect
  * to the raw product x = q·k is scale·(1 - tanh²): dcap (nb, nk) receives that factor for the
  * block's queries [i0, i1) and keys [ka, kb), from the products recomputed exactly as the forward
@@ -468,10 +536,13 @@ static int softcap_factors(const sl_attn_shape *s, const float *qh, int64_t q_st
  *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') c'_ij
  *   dq_i = sum_j dS_ij k_j,  dk_j += sum_i dS_ij q_i,  dv_j += sum_i P_ij do_i
  * where c'_ij is the derivative of the (capped) score by q_i·k_j (scale, or scale·(1 - tanh²)),
- * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. The head's dk, dv go
- * to its own rows of pk, pv (row stride ld_kv): the kv head's gradient when it has one query head,
- * per-head partials summed in head order afterwards when several share it. Scratch: a block of
- * dS, of do and, with a softcap, of c'. */
+ * with v'_0 = 0 (and no dv_0 from that row) where zero_first_value applies. Under SL_ZFV_MEAN
+ * v'_0 = m_i, the mean of v over query i's other keys [a_i, b_i], so dP_i0 = do_i . m_i and each
+ * v_j of [a_i, b_i] gets P_i0 do_i / (b_i - a_i + 1): added through a difference array over j,
+ * summed once after the last block. The head's dk, dv go to its own rows of pk, pv (row stride
+ * ld_kv): the kv head's gradient when it has one query head, per-head partials summed in head
+ * order afterwards when several share it. Scratch: a block of dS, of do and, with a softcap, of
+ * c'; with SL_ZFV_MEAN anywhere, the prefix sums of v and the difference array (doubles). */
 static int backward_task(void *arg, int64_t task, float *scratch) {
     const attn_grad_job *j = arg;
     const sl_attn_shape *s = j->s;
@@ -487,6 +558,13 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
     }
     float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T, *dcap = dob + SL_ATTN_QBLOCK * hd;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    const int mean = o.zero_first_value == SL_ZFV_MEAN;
+    double *vps = NULL, *dmean = NULL; /* (T, hd) and (T + 1, hd), after dcap's block */
+    if (mean) {
+        vps = (double *)(dcap + (s->softcap > 0.0f ? SL_ATTN_QBLOCK * T : 0)), dmean = vps + T * hd;
+        value_prefix(j->v + g * hd, kvd, T, hd, vps);
+        memset(dmean, 0, (size_t)((T + 1) * hd) * sizeof(double));
+    }
     for (int64_t i0 = 0; i0 < T; i0 += SL_ATTN_QBLOCK) {
         const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0;
         SL_TRY(sl_check_interrupt()); /* a task is a whole head: ~1 s at T = 8192 */
@@ -503,6 +581,18 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
             float *row = ds + i * nk;
             const float *pr = p + i * T;
             if (ka == 0 && zeroes_first_value(&o, i0 + i)) row[0] = 0.0f;
+            int64_t a, bk;
+            if (mean && ka == 0 && i0 + i > 0 && other_keys(s, &o, i0 + i, T, &a, &bk)) {
+                const float *di = dob + i * hd;
+                const double w = (double)pr[0] / (double)(bk - a + 1);
+                double dm = 0.0;
+                for (int64_t e = 0; e < hd; e++) {
+                    dm += (double)di[e] * prefix_mean(vps, hd, a, bk, e);
+                    dmean[a * hd + e] += w * di[e];
+                    dmean[(bk + 1) * hd + e] -= w * di[e];
+                }
+                row[0] = (float)dm;
+            }
             double dot = 0.0;
             for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
             if (s->softcap > 0.0f) {
@@ -518,8 +608,16 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
         /* dv: key 0 takes nothing from the rows that read it as zero. */
         const int64_t skip = o.zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
         SL_TRY(sl_sgemm(1, 0, nk - skip, hd, nb, p + skip, T, dob, hd, dv + (ka + skip) * ld, ld, 1, 0));
-        if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) /* query 0 reads v_0 (ka == 0 here) */
+        if (keeps_row0_value(&o) && i0 == 0) /* query 0 reads v_0 (ka == 0 here) */
             for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
+    }
+    if (mean) { /* dv_j += the running sum of the difference array: what the means took from v_j */
+        for (int64_t e = 0; e < hd; e++) dmean[e] = 0.0; /* j = 0 is never among the other keys */
+        for (int64_t t = 1; t < T; t++)
+            for (int64_t e = 0; e < hd; e++) {
+                dmean[t * hd + e] += dmean[(t - 1) * hd + e];
+                dv[t * ld + e] += (float)dmean[t * hd + e];
+            }
     }
     return SL_OK;
 }
@@ -551,7 +649,8 @@ int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, con
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
                        .dq = dq, .dk = dk, .dv = dv, .pk = shared ? pk : dk, .pv = shared ? pv : dv,
                        .ld_kv = (shared ? s->n_heads : s->n_kv_heads) * s->head_dim};
-    const int64_t scratch = SL_ATTN_QBLOCK * (s->T + s->head_dim + (s->softcap > 0.0f ? s->T : 0));
+    const int64_t scratch = SL_ATTN_QBLOCK * (s->T + s->head_dim + (s->softcap > 0.0f ? s->T : 0)) +
+                            (any_value_mean(s, iv) ? 2 * (2 * s->T + 1) * s->head_dim : 0);
     SL_TRY(run_tasks(B * s->n_heads, scratch, backward_task, &j));
     if (shared) sum_group_partials(s, B, pk, pv, dk, dv);
     return SL_OK;
@@ -560,8 +659,9 @@ int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, con
 /* One (tangent b, query head h, query block), over the block's keys [ka, kb):
  *   dS_ij = c'_ij (tq_i . k_j + q_i . tk_j),  dP_ij = P_ij (dS_ij - sum_j' P_ij' dS_ij')
  *   tout_i = scale_h (sum_j dP_ij v'_j + P_ij tv'_j)
- * with c'_ij as in backward_task and v'_0 = tv'_0 = 0 where zero_first_value applies. Scratch: a
- * block of dS and, with a softcap, of c'. */
+ * with c'_ij as in backward_task and v'_0 = tv'_0 = 0 where zero_first_value applies; under
+ * SL_ZFV_MEAN v'_0, tv'_0 are the means of v, tv over query i's other keys. Scratch: a block of dS
+ * and, with a softcap, of c'; with SL_ZFV_MEAN anywhere, the prefix sums of v and tv (doubles). */
 static int jvp_task(void *arg, int64_t task, float *scratch) {
     const attn_grad_job *j = arg;
     const sl_attn_shape *s = j->s;
@@ -608,12 +708,26 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     } else {
         for (int64_t i = 0; i < nb; i++) memset(out + i * qd, 0, (size_t)hd * sizeof(float));
     }
-    if (o.zero_first_value == SL_ZFV_OTHERS && i0 == 0) { /* query 0 keeps its own value (ka == 0 here) */
+    if (keeps_row0_value(&o) && i0 == 0) { /* query 0 keeps its own value (ka == 0 here) */
         if (s->bidirectional) { /* and sees every key: its whole row */
             SL_TRY(sl_sgemm(0, 0, 1, hd, nk, ds, nk, vh, kvd, out, qd, 0, 0));
             SL_TRY(sl_sgemm(0, 0, 1, hd, nk, p, T, tv, kvd, out, qd, 1, 0));
         } else {
             for (int64_t e = 0; e < hd; e++) out[e] = ds[0] * vh[e] + p[0] * tv[e];
+        }
+    }
+    if (o.zero_first_value == SL_ZFV_MEAN && ka == 0) {
+        /* prefix sums over the keys the block's rows can see: [0, i1) causal, [0, T) bidirectional */
+        const int64_t n = s->bidirectional ? T : i1;
+        double *vps = (double *)(dcap + (s->softcap > 0.0f ? SL_ATTN_QBLOCK * T : 0)), *tps = vps + T * hd;
+        value_prefix(vh, kvd, n, hd, vps);
+        value_prefix(tv, kvd, n, hd, tps);
+        for (int64_t i = i0 > 0 ? i0 : 1; i < i1; i++) {
+            int64_t a, bk;
+            if (!other_keys(s, &o, i, T, &a, &bk)) continue;
+            const float d0 = ds[(i - i0) * nk], p0 = p[(i - i0) * T];
+            for (int64_t e = 0; e < hd; e++)
+                out[(i - i0) * qd + e] += d0 * prefix_mean(vps, hd, a, bk, e) + p0 * prefix_mean(tps, hd, a, bk, e);
         }
     }
     if (o.scale != 1.0f)
@@ -628,6 +742,7 @@ int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const fl
     SL_TRY(check_mask(s));
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs,
                        .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout};
-    const int64_t scratch = SL_ATTN_QBLOCK * s->T * (s->softcap > 0.0f ? 2 : 1);
+    const int64_t scratch = SL_ATTN_QBLOCK * s->T * (s->softcap > 0.0f ? 2 : 1) +
+                            (any_value_mean(s, iv) ? 4 * s->T * s->head_dim : 0);
     return run_tasks(B * s->n_heads * n_query_blocks(s->T), scratch, jvp_task, &j);
 }

@@ -36,7 +36,12 @@ enum {
     /* Every query, query 0 included, takes v_0 as zero, so position 0 also loses its own
      * attention update; on SmolLM2 this changes ⟨bos⟩'s residual stream so much that the sink
      * disappears from the later layers. */
-    SL_ZFV_ALL = 2
+    SL_ZFV_ALL = 2,
+    /* Queries i >= 1 that see key 0 read v_0 as the mean of the values of the other keys they
+     * see (keys 1..i when causal; [lo, hi] in general, key 0 excluded); query 0 keeps its own
+     * value, and the probabilities are unchanged. The sink stays where it is, but what it
+     * passes on is an average value: the mean-ablation control of its content. */
+    SL_ZFV_MEAN = 3
 };
 
 /* Interventions, each an array over the n_heads query heads or NULL for none. */
@@ -48,8 +53,8 @@ typedef struct {
                                         mean the same ("later positions cannot read position 0")
                                         and leaves row 0 unchanged. With a window, a query whose
                                         window already excludes key 0 is unaffected. */
-    const uint8_t *zero_first_value; /* SL_ZFV_NONE, SL_ZFV_OTHERS or SL_ZFV_ALL; any other value
-                                        is an error (SL_ERR_VALUE) */
+    const uint8_t *zero_first_value; /* SL_ZFV_NONE, SL_ZFV_OTHERS, SL_ZFV_ALL or SL_ZFV_MEAN; any
+                                        other value is an error (SL_ERR_VALUE) */
     const float *head_scale;         /* multiplies the head's output (before W_O) */
     /* A packing mask (the paper's §5 training strategies), not an intervention on a head, but
      * applied the same way in the forward, the probabilities, the backward and the JVP:
@@ -103,7 +108,8 @@ typedef struct {
 int64_t sl_attn_batch_floats(const sl_attn_shape *s, const sl_attn_batch *bt, int n_threads, int64_t sizes[3]);
 
 /* The whole batch in one parallel region: Vᵀ, then (sequence, head, query segment) tasks, then
- * each (sequence, head)'s importance sums and padding zeros. s->T is not read. */
+ * each (sequence, head)'s importance sums and padding zeros. s->T is not read. With a head under
+ * SL_ZFV_MEAN the call allocates the values' prefix sums itself (rows * G*hd doubles). */
 int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, const float *q,
                                int64_t q_stride, const float *k, const float *v, int64_t kv_stride,
                                float *out, const sl_attn_intervention *iv);
@@ -112,7 +118,8 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
  * (T, G*hd); cotangents and tangents hold B directions for that one sequence, (B*T, ·) dense.
  * Interventions are differentiated as applied: a masked key has zero probability and zero
  * gradient, a zeroed value contributes nothing and receives no gradient from the rows that read
- * it as zero, head_scale multiplies the head's derivative. */
+ * it as zero, a value replaced by a mean (SL_ZFV_MEAN) passes its gradient on to the values it
+ * averages, head_scale multiplies the head's derivative. */
 
 /* probs (H, T, T): every head's probabilities (zeros for keys a query does not see), bitwise as
  * the forward computes them. */

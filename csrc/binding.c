@@ -1438,8 +1438,9 @@ static PyMethodDef methods[] = {
      "ids a capture may also be a list of L per-layer arrays or None. lengths: None or int64 (B,)\n"
      "in [1, T], sequence b being its first lengths[b] ids (the rest padding, still valid ids);\n"
      "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"
-     "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0;\n"
-     "other values raise ValueError), head_scale float32."},
+     "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0,\n"
+     "3 queries i >= 1 read v_0 as the mean of their other keys' values; other values raise\n"
+     "ValueError), head_scale float32."},
     {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
      "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
     {"model_workspace_bytes", py_model_workspace_bytes, METH_O,

@@ -202,10 +202,10 @@ static int check_intervention(const sl_model *m, const sl_intervention *iv, int6
     for (int64_t l = 0; l < m->n_layers; l++)
         for (int64_t h = 0; h < m->n_heads; h++) {
             const int v = iv->zero_first_value[l * m->n_heads + h];
-            if (v > SL_ZFV_ALL)
+            if (v > SL_ZFV_MEAN)
                 return sl_fail(SL_ERR_VALUE,
                                "forward: zero_first_value[layer %lld, head %lld]=%d, expected 0 (none), "
-                               "1 (others) or 2 (all)", (long long)l, (long long)h, v);
+                               "1 (others), 2 (all) or 3 (mean)", (long long)l, (long long)h, v);
         }
     return SL_OK;
 }

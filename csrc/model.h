@@ -115,7 +115,9 @@ int64_t sl_ws_cache_bytes(sl_ws_cache *c);
 typedef struct {
     const uint8_t *mask_first;       /* 0 or nonzero */
     const uint8_t *zero_first_value; /* 0 none, 1 queries i >= 1 only (SL_ZFV_OTHERS), 2 every
-                                        query including 0 (SL_ZFV_ALL); checked before the run */
+                                        query including 0 (SL_ZFV_ALL), 3 v_0 read as the mean of
+                                        the other visible values (SL_ZFV_MEAN); checked before
+                                        the run */
     const float *head_scale;
     /* The packing mask of training (see sl_attn_intervention): NULL or (T) document starts,
      * shared by every layer and head, and whether key 0 (a fixed ⟨bos⟩) stays visible. */

@@ -28,6 +28,18 @@ Each is chosen per (layer, head); "query i" and "key k" are positions 0..T-1 of 
     mean attention to position 0 over layers 3-29 from 0.41-0.48 to 0.015-0.025: the sink is
     removed, whereas scope "others" keeps it at 0.30-0.43. Use "all" to ablate the sink, not to
     test the no-op reading.
+``zero_first_value`` with ``zero_first_value_scope="mean"``
+    Queries i >= 1 read v_0 as the mean of the values of the other keys they see: for causal
+    attention v'_0 = mean(v_1..v_i) for query i (with a window, only queries that still see
+    key 0 are affected; with a fixed ⟨bos⟩ under intra-document masking, the mean is over the
+    query's own document's keys; bidirectional: over keys 1..T-1). Query 0 keeps its own value,
+    and the attention probabilities are unchanged, so position 0 stays a sink in place and its
+    own residual stream is bitwise that of the un-intervened run, as with "others". What is
+    removed is the sink's *content*: the weight A_i0 still lands somewhere, but it carries an
+    average of what the query could read anyway instead of v_0, whereas "others" makes it carry
+    nothing. The mean-ablation control: if the
+    model is unchanged under "mean" but not under "others", v_0 matters only as a neutral
+    place to park attention, not for what it holds.
 ``head_scale``
     The head's output (before W_O) is multiplied by a factor; 0 ablates the head.
 
@@ -43,7 +55,7 @@ import numpy as np
 Heads = Union[bool, Iterable[Tuple[int, int]], np.ndarray, None]
 
 
-ZERO_FIRST_VALUE_SCOPES: Dict[str, int] = {"others": 1, "all": 2}
+ZERO_FIRST_VALUE_SCOPES: Dict[str, int] = {"others": 1, "all": 2, "mean": 3}
 """``zero_first_value_scope`` names and the code the C core takes for them in the (L, H) array."""
 
 
@@ -58,7 +70,9 @@ class Intervention:
             queries chosen by ``zero_first_value_scope``.
         zero_first_value_scope: ``"others"`` (default): queries i >= 1 only, so position 0 stays
             a sink that contributes nothing to other tokens and its own stream is unchanged;
-            ``"all"``: every query including 0, which also removes position 0's own update.
+            ``"all"``: every query including 0, which also removes position 0's own update;
+            ``"mean"``: queries i >= 1 read v_0 as the mean of the values of the other keys they
+            see (causal: v_1..v_i), so the sink keeps its attention but passes on an average.
         head_scale: factor on each head's output before W_O; {(layer, head): factor} or a float
             array (L, H).
 
@@ -78,7 +92,8 @@ class Intervention:
         """The C core's form, keys ``mask_first``, ``zero_first_value``, ``head_scale``.
 
         Returns uint8 (L, H) ``mask_first`` (0/1); uint8 (L, H) ``zero_first_value`` with 0 (none),
-        1 (scope "others") or 2 (scope "all"); float32 (L, H) ``head_scale``; each None if unused.
+        1 (scope "others"), 2 (scope "all") or 3 (scope "mean"); float32 (L, H) ``head_scale``;
+        each None if unused.
         """
         shape = (n_layers, n_heads)
         zero = _mask(self.zero_first_value, shape, "zero_first_value")
@@ -93,7 +108,8 @@ def _scope_code(scope: str) -> int:
     if not isinstance(scope, str) or scope not in ZERO_FIRST_VALUE_SCOPES:
         raise ValueError(f"zero_first_value_scope={scope!r}; expected one of "
                          f"{sorted(ZERO_FIRST_VALUE_SCOPES)} ('others': queries i >= 1 only, "
-                         f"'all': every query including 0)")
+                         f"'all': every query including 0, 'mean': queries i >= 1 read v_0 as the "
+                         f"mean of the other values they see)")
     return ZERO_FIRST_VALUE_SCOPES[scope]
 
 
