@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Tuple
 from ..results import save_json
 from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
 from ..analysis import status as S
-from ..train.criteria import fig5_reading, table2_claims, table2_reading
+from ..train.criteria import fig5_reading, learned_nothing, table2_claims, table2_reading
 from .core import Context, Section, and_list, num
 from .elements import MINIATURE
 
@@ -201,6 +201,11 @@ def section_training(c: Context) -> Section:
                                                       what="fixed ⟨bos⟩")},
                 "table2_free": {MINIATURE: S.combine(*(v for k, v in claims.items() if k.startswith("no_fixed")),
                                                      what="no fixed ⟨bos⟩")}}
+    for summary, keys in ((fig5, ("fig5",)), (table2, ("table2_fixed", "table2_free"))):
+        why = learned_nothing(summary, size["vocab_size"])
+        if why is not None:
+            for k in keys:
+                verdicts[k] = {MINIATURE: S.not_testable(why, numbers={"criterion_gave": verdicts[k][MINIATURE].status})}
     reading = f"Fig. 5: {r5} Table 2: {r2}"
     if prof_name == "quick":
         reading += (" The quick profile is a smoke test of the whole pipeline, far too small to show the paper's "

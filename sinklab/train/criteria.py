@@ -468,3 +468,25 @@ def table2_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Verdic
 __all__ = ["criterion_fig5", "criterion_fig5_loss", "criterion_table2", "table2_claims", "fig5_reading",
            "table2_reading", "fig5_finals", "bos_removed", "EPS", "RELIANCE_NATS", "NO_EFFECT_NATS",
            "NO_EFFECT_SINK_PP", "LOSS_COMPARABLE_FRACTION"]
+
+
+LEARNED_FRACTION = 0.95   # a model whose loss stays above this share of ln V has not learned the language
+
+
+def learned_nothing(summary: Dict[str, Any], vocab_size: int) -> Optional[str]:
+    """Why the models of a summary cannot test any claim, or None: when the best final
+    validation loss (nats) is still above :data:`LEARNED_FRACTION` × ln V (V the vocabulary), the
+    models predict about as well as a uniform guess, and "nothing changes without ⟨bos⟩" then holds
+    trivially (the quick profile: 6.90 nats against ln 1024 = 6.93)."""
+    import math
+
+    losses = [r["val_loss"] for r in summary.get("rows", [])]
+    losses += [r["val_loss"][-1] for r in summary.get("runs", []) if r.get("val_loss")]
+    losses = [float(x) for x in losses if x is not None]
+    if not losses:
+        return "no validation loss recorded"
+    best, uniform = min(losses), math.log(vocab_size)
+    if best > LEARNED_FRACTION * uniform:
+        return (f"the models did not learn: best validation loss {best:.3f} nats against {uniform:.3f} for a uniform "
+                f"guess over {vocab_size} tokens, so a null result tests nothing")
+    return None
