@@ -44,6 +44,7 @@ from .analysis.perturbation import PerturbationStudy, perturb, perturbation_stud
 from .prompts import load_passages
 from .analysis.quality import compare_bos_quality, passkey, perplexity
 from .analysis.sinkset import compare_bos, sink_study
+from .analysis.controls import bos_controls
 from .analysis.sensitivity import Sensitivity, sensitivity
 from .analysis.oversquashing import OversquashingBound, oversquashing_bound
 from .analysis.squashing_study import SquashingStudy, squashing_study
@@ -58,7 +59,7 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
            "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages",
            "sensitivity", "Sensitivity", "oversquashing_bound", "OversquashingBound", "squashing_study",
-           "SquashingStudy", "sweep", "SweepResult"]
+           "SquashingStudy", "sweep", "SweepResult", "bos_controls"]
 
 
 def set_num_threads(n: int) -> None:

@@ -154,3 +154,61 @@ def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = Fal
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
+    """Controls for ⟨bos⟩ removal (:class:`sinklab.analysis.controls.BosControls`), one row per
+    condition (draws of a random control pooled): perplexity with its 95% interval (log scale,
+    the baseline's as a dotted line), the sink rate at position 0 and at the (moved) ⟨bos⟩ with
+    their intervals, and where each head's top key sits (stacked shares)."""
+    from ..analysis.controls import CLASS_KEYS, CLASSES
+
+    groups = list(result.groups())
+    labels = [result.label(g) for g in groups]
+    n = len(groups)
+    y = np.arange(n)[::-1]
+    fig, axes = subplots(1, 3, figsize=(15.0, 1.2 + 0.34 * n), layout="constrained",
+                         gridspec_kw={"width_ratios": [1.2, 1, 1]})
+    ax = axes[0]
+    for yi, g in zip(y, groups):
+        iv = result.perplexity(g)
+        err = [[iv.value - iv.lo], [iv.hi - iv.value]] if iv.defined else None
+        ax.errorbar([iv.value], [yi], xerr=err, fmt="o", ms=4, color="C0" if g != result.baseline else "k", capsize=2)
+    ax.axvline(result.perplexity(result.baseline).value, color="k", ls=":", lw=1)
+    ax.set_xscale("log")
+    ax.set_yticks(y)
+    ax.set_yticklabels(labels, fontsize=8)
+    ax.set_xlabel(f"perplexity on the same {int(result.n_tokens.sum())} tokens (95% CI)")
+    ax.grid(alpha=0.3, axis="x")
+
+    ax = axes[1]
+    for off, where, name, color in ((0.15, "pos0", "position 0", "C1"), (-0.15, "bos", "the ⟨bos⟩ (moved)", "C2")):
+        first = True
+        for yi, g in zip(y, groups):
+            iv = result.sink_rate(g, where)
+            if iv is None or (where == "bos" and result[result._members(g)[0]].location.bos_pos in (None, 0)):
+                continue
+            err = [[100 * (iv.value - iv.lo)], [100 * (iv.hi - iv.value)]] if iv.defined else None
+            ax.errorbar([100 * iv.value], [yi + off], xerr=err, fmt="s", ms=4, color=color, capsize=2,
+                        label=name if first else None)
+            first = False
+    ax.set_xlim(-3, 103)
+    ax.set_yticks(y)
+    ax.set_yticklabels([])
+    ax.set_xlabel(f"sink rate (% of heads with a_k > {result.meta.get('eps', 0.3):g})")
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, axis="x")
+
+    ax = axes[2]
+    left = np.zeros(n)
+    for c, (key, name) in enumerate(zip(CLASS_KEYS, CLASSES)):
+        vals = np.array([100 * result.location(g)[key].value for g in groups])
+        ax.barh(y, vals, left=left, color=f"C{c + 3}", label=name, height=0.7)
+        left += vals
+    ax.set_xlim(0, 100)
+    ax.set_yticks(y)
+    ax.set_yticklabels([])
+    ax.set_xlabel("heads' top key (% of heads)")
+    ax.legend(fontsize=7, loc="lower center", bbox_to_anchor=(0.5, 1.0), ncol=2, frameon=False)
+    fig.suptitle(title or f"{result.meta.get('model', '')}: controls for ⟨bos⟩ removal", fontsize=11)
+    return fig
