@@ -134,7 +134,7 @@ def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = Fal
         v = np.asarray([100 * iv.value for iv in ivs])
         lo = v - np.asarray([100 * iv.lo for iv in ivs])
         hi = np.asarray([100 * iv.hi for iv in ivs]) - v
-        n = ivs[0].n
+        n = "/".join(dict.fromkeys(str(iv.n) for iv in ivs))    # trials per length, e.g. 100/30
         ax.errorbar([x * shift for x in xs], v, yerr=[lo, hi], fmt=styles[j % len(styles)],
                     capsize=3, ms=4, label=f"{label} (n={n}{'' if label in ret else ', cloze'})")
     if chance:
