@@ -112,15 +112,17 @@ def criterion_quality_removed(bos_ppl: Any, nobos_ppl: Any, trained_with_bos: Op
 
 
 def criterion_task_removed(bos_correct: np.ndarray, nobos_correct: np.ndarray, trained_with_bos: Optional[bool],
-                           what: str, margin: float = 0.05) -> S.Verdict:
+                           what: str, margin: float = 0.05, change: Optional[Interval] = None) -> S.Verdict:
     """A task's accuracy when ⟨bos⟩ is dropped (per-item correctness, the same items in both).
 
     Fixed-⟨bos⟩ model: the paper predicts a drop, reproduced when the paired accuracy change's
     interval lies below 0 (the rebuttal's drops are 20–80 points). Model trained without one:
     reproduced when it lies within ±``margin``. A task at ceiling or at chance in both conditions
     cannot show a drop: the interval then includes 0 and the verdict is inconclusive. The interval
-    is Newcombe's for paired proportions, which stays honest at ceiling and with few trials."""
-    d = paired_proportion_difference(bos_correct, nobos_correct)
+    is Newcombe's for paired proportions, which stays honest at ceiling and with few trials;
+    ``change`` replaces it where items are clustered (cloze items sharing a passage:
+    :func:`clustered_change`)."""
+    d = change if change is not None else paired_proportion_difference(bos_correct, nobos_correct)
     if trained_with_bos is None:
         return S.not_testable("whether this model was trained with a fixed ⟨bos⟩ is not recorded in its file")
     if trained_with_bos:
@@ -138,3 +140,15 @@ def quality_numbers(bos_ppl: Any, nobos_ppl: Any) -> Dict[str, Interval]:
     """Mean NLL (nats) with and without ⟨bos⟩, the paired change and the perplexity ratio."""
     d = nll_change(bos_ppl, nobos_ppl)
     return {"nll_bos": nll_ci(bos_ppl), "nll_nobos": nll_ci(nobos_ppl), "nll_change": d, "ppl_ratio": d.map(math.exp)}
+
+
+def clustered_change(bos_correct: np.ndarray, nobos_correct: np.ndarray, cluster: np.ndarray) -> Interval:
+    """Paired accuracy change (text only minus ⟨bos⟩) with a bootstrap over clusters (e.g. the
+    passage each cloze item was cut from: items of one passage are not independent draws)."""
+    from .stats import bootstrap
+
+    a, b, g = np.asarray(bos_correct, float), np.asarray(nobos_correct, float), np.asarray(cluster)
+    groups = [np.flatnonzero(g == c) for c in np.unique(g)]
+    da = np.array([b[i].sum() - a[i].sum() for i in groups])
+    n = np.array([len(i) for i in groups], float)
+    return bootstrap(lambda i: da[i].sum() / n[i].sum(), len(groups))
