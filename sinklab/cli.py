@@ -143,9 +143,9 @@ def cmd_reproduce(args) -> int:
     from sinklab import report
 
     if args.families:
-        if args.model is not None or args.no_bos or tuple(args.eps) != DEFAULT_EPS:
+        if args.model is not None or tuple(args.eps) != DEFAULT_EPS:
             raise CLIError("--families runs its own models, with and without BOS, at eps 0.3 and 0.8: "
-                           "drop --model, --no-bos and --eps")
+                           "drop --model and --eps")
         if args.training_profile is not None or args.training_root is not None:
             raise CLIError("--families trains nothing: drop --training-profile and --training-root")
         out = args.out or "sinklab-families"
@@ -153,17 +153,19 @@ def cmd_reproduce(args) -> int:
         print(f"wrote {os.path.join(out, 'families.md')} and families.json "
               f"({res['meta']['seconds_total']:.0f} s)")
         return 0
-    model = args.model or "smollm2-135m-instruct"
+    models = tuple(args.model) if args.model else report.DEFAULT_MODELS
     out = args.out or "sinklab-report"
-    _check_model_arg(model)
+    for m in models:
+        _check_model_arg(m)
     # the pre-training section's options, passed only when given (reproduce() has the defaults)
     training = {k: v for k, v in (("training_profile", args.training_profile),
                                   ("training_root", args.training_root)) if v is not None}
     try:
-        res = report.reproduce(model, out=out, quick=args.quick, progress=not args.quiet,
-                               eps=tuple(args.eps), bos=not args.no_bos, **training)
+        res = report.reproduce(models, out=out, quick=args.quick, progress=not args.quiet,
+                               eps=tuple(args.eps), **training)
     except ValueError as e:
-        _raise_if_unsupported(model, e)
+        for m in models:
+            _raise_if_unsupported(m, e)
         raise
     secs = (res or {}).get("meta", {}).get("seconds_total")
     print(f"wrote {os.path.join(out, 'report.md')} and results.json"
@@ -281,14 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)
     r = sub.add_parser("reproduce", help="run the report's analyses (Markdown, PNG, JSON)")
-    r.add_argument("--model", default=None,
-                   help="registered name, .gguf file or Hugging Face folder (default smollm2-135m-instruct)")
+    r.add_argument("--model", action="append", default=None,
+                   help="registered name, .gguf file or Hugging Face folder; repeat it for several. The first "
+                        "model trained with a fixed BOS is the study model for the paper's BOS claims, the others "
+                        "the contrast (default: gemma-3-270m and smollm2-135m-instruct)")
     r.add_argument("--families", action="store_true",
                    help="instead of one model's report: Table 1 across the registered models and BOS removal "
                         "on Gemma-3-270M and Qwen2.5-0.5B (families.md, families.json)")
     r.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS),
                    help="sink thresholds in (0, 1) (default 0.3 0.8)")
-    r.add_argument("--no-bos", action="store_true", help="run the analyses without prepending the BOS token")
     r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")
     r.add_argument("--out", default=None,
                    help="output folder (default sinklab-report, or sinklab-families with --families)")

@@ -203,20 +203,21 @@ def fake_reproduce(monkeypatch):
 
 
 def test_reproduce_passes_its_arguments(fake_reproduce, tiny, tmp_path, capsys):
-    rc, out, err = run_cli(["reproduce", "--model", tiny[1], "--eps", "0.5", "0.9", "--no-bos", "--quick",
+    rc, out, err = run_cli(["reproduce", "--model", tiny[1], "--model", tiny[1], "--eps", "0.5", "0.9", "--quick",
                             "--out", tmp_path, "--threads", 1], capsys)
     assert rc == 0, err
-    assert fake_reproduce == [(str(tiny[1]), dict(out=str(tmp_path), quick=True, progress=True,
-                                                  eps=(0.5, 0.9), bos=False))]
+    assert fake_reproduce == [((str(tiny[1]), str(tiny[1])), dict(out=str(tmp_path), quick=True, progress=True,
+                                                                  eps=(0.5, 0.9)))]
     assert "report.md" in out
 
 
 def test_reproduce_defaults(fake_reproduce, capsys):
+    """The default pair: Gemma-3-270M (trained with a fixed ⟨bos⟩: the study model) and SmolLM2."""
     rc, _, err = run_cli(["reproduce", "--quiet"], capsys)
     assert rc == 0, err
-    model, kw = fake_reproduce[0]
-    assert model == "smollm2-135m-instruct"
-    assert kw == dict(out="sinklab-report", quick=False, progress=False, eps=(0.3, 0.8), bos=True)
+    models, kw = fake_reproduce[0]
+    assert models == ("gemma-3-270m", "smollm2-135m-instruct")
+    assert kw == dict(out="sinklab-report", quick=False, progress=False, eps=(0.3, 0.8))
     assert all(type(e) is float for e in kw["eps"])
 
 
