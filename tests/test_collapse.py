@@ -264,3 +264,167 @@ def test_smollm2_prop31_matches_float64(smollm2_gguf):
     assert summ["prop31_all_hold"] is True
     assert len(summ["settings"]["bos"]["prop31"]["slack"]) == len(lengths)
     assert len(summ["settings"]["bos"]["prop31"]["holds"][0]) == L1
+
+
+# ------------------------------------------------------------------ collapse trends over passage units
+from sinklab.analysis.collapse import (CollapseTrend, Prop31 as _Prop31, collapse_trend,  # noqa: E402
+                                       criterion_collapse, criterion_prop31, ols_slope, passage_unit_spans,
+                                       passage_units)
+from sinklab.analysis.status import (CONSISTENCY, CONTRADICTED, INCONCLUSIVE, NOT_TESTABLE,  # noqa: E402
+                                     REPRODUCED)
+
+
+def test_passage_units_disjoint_and_concatenated(tiny):
+    _, model = tiny
+    texts = ["the cat sat.", "a dog ran to the park and back again and again.", "the bat flew.",
+             "then the rat sat on the cat.", "the end of it all, at last."]
+    n = 30
+    units = passage_units(model, texts, n, 2)
+    spans = passage_unit_spans(model, texts, n, 2)
+    assert [len(u) for u in units] == [n, n] and all(u.dtype == np.int64 for u in units)
+    assert not set(spans[0]) & set(spans[1]) and spans[0][0] == 0 and spans[1][0] == spans[0][-1] + 1
+    for u, span in zip(units, spans):
+        want = np.concatenate([model.tokenize(texts[k] + "\n\n", bos=False) for k in span])
+        assert len(want) >= n and (len(span) == 1 or len(want) - len(model.tokenize(texts[span[-1]] + "\n\n")) < n)
+        np.testing.assert_array_equal(u, want[:n])
+    ids = [np.arange(3, 13), np.arange(20, 40), np.arange(50, 55)]
+    assert passage_unit_spans(model, ids, 12, 1) == [[0, 1]]
+    with pytest.raises(ValueError, match="units never share a passage"):
+        passage_units(model, ids, 15, 2)
+    np.testing.assert_array_equal(passage_units(model, ids, 12, 1)[0], np.r_[np.arange(3, 13), 20, 21])
+    with pytest.raises(TypeError, match="sequence of strings"):
+        collapse_trend(model, "one string", lengths=(4,), n_passages=1, progress=False)
+
+
+def test_collapse_trend_matches_collapse_vs_length(tiny):
+    hf, model = tiny
+    texts = [random_ids(hf.config.vocab_size, 25, seed=s, bos=False) for s in (11, 12, 13)]
+    lengths = (4, 10, 25)
+    tr = collapse_trend(model, texts, lengths=lengths, bos="both", n_passages=3, progress=False)
+    L1 = model.config.n_layers + 1
+    assert tr.settings == ["bos", "nobos"] and tr.n_units == 3 and tr.meta["units"] == [[0], [1], [2]]
+    assert tr.depth_layers == list(range(1, L1))
+    for u, text in enumerate(texts):
+        ref = collapse_vs_length(model, text, lengths=lengths, bos="both", progress=False)
+        for s in tr.settings:
+            assert tr.rank[s].shape == (3, len(lengths), L1)
+            np.testing.assert_array_equal(tr.rank[s][u], ref.rank[s])
+            np.testing.assert_array_equal(tr.repr_dist[s][u], ref.repr_dist[s])
+            np.testing.assert_array_equal(tr.dev_frob[s][u], ref.dev_frob[s])
+    # one case straight against the HF reference (text tokens 1..T-1 with BOS)
+    resid = hf_forward(hf, np.asarray([BOS_ID] + [int(x) for x in texts[1][:10]]))["resid"]
+    np.testing.assert_allclose(tr.rank["bos"][1, 1], [rank_loops(resid[l], 2) for l in range(L1)], rtol=1e-5)
+    assert criterion_prop31(tr.prop31("bos")).status == CONSISTENCY
+    assert criterion_prop31({s: tr.prop31(s) for s in tr.settings}).numbers["cases"] == 2 * 3 * len(lengths) * L1
+
+
+def synthetic_trend(depth_b, ctx_b, noise, P=12, lengths=(16, 32, 64, 128, 256), L=6, seed=0):
+    """A CollapseTrend whose rank residual is 0.5 + depth_b (l - mean l) + ctx_b (log T - mean)
+    + noise per (unit, T, layer), the noise of the second half of the units the mirror image of
+    the first, so that the true slopes are the mean slopes exactly."""
+    rng = np.random.default_rng(seed)
+    Ts = np.asarray(lengths, np.int64)
+    l = np.arange(L + 1, dtype=np.float64)
+    x = np.log(Ts) - np.log(Ts).mean()
+    e = rng.normal(size=(P // 2, len(Ts), L + 1))
+    e = np.concatenate([e, -e])           # mirrored units: the noise's mean slope is exactly 0
+    rank = 0.5 + depth_b * (l - l[1:].mean())[None, None, :] + ctx_b * x[None, :, None] + noise * e
+    ones = np.ones_like(rank)
+    return CollapseTrend(lengths=Ts, settings=["bos"], rank={"bos": rank}, repr_dist={"bos": rank * 2},
+                         last_norm={"bos": 2 * ones}, dev_frob={"bos": ones}, last_two={"bos": 0.5 * ones},
+                         meta={"model": "synthetic"})
+
+
+def test_collapse_slopes_against_float64_numpy():
+    """Synthetic residual streams (P units, T tokens, L+1 layers, d dims) whose tokens draw together
+    with depth and length; the measures from rank_collapse, the slopes from np.polyfit on a
+    term-by-term float64 residual."""
+    rng = np.random.default_rng(5)
+    P, L, d, Ts = 4, 5, 6, (8, 16, 32)
+    rank = np.empty((P, len(Ts), L + 1))
+    want_rank = np.empty_like(rank)
+    for p in range(P):
+        for i, T in enumerate(Ts):
+            common = rng.normal(size=d)
+            for l in range(L + 1):
+                V = common + rng.normal(size=(T, d)) / (1 + l + np.log(T))     # spread falls with l, T
+                rank[p, i, l] = rank_collapse(V)
+                want_rank[p, i, l] = rank_loops(V)
+    np.testing.assert_allclose(rank, want_rank, rtol=1e-12)
+    ones = np.ones_like(rank)
+    tr = CollapseTrend(lengths=np.asarray(Ts), settings=["bos"], rank={"bos": rank}, repr_dist={"bos": ones},
+                       last_norm={"bos": ones}, dev_frob={"bos": ones}, last_two={"bos": ones}, meta={})
+    layers = np.arange(1, L + 1)
+    want_depth = np.array([[np.polyfit(layers, want_rank[p, i, 1:], 1)[0] for i in range(len(Ts))] for p in range(P)])
+    np.testing.assert_allclose(tr.depth_slope(), want_depth, rtol=1e-10)
+    x = np.log(np.asarray(Ts, np.float64))
+    want_ctx = np.array([np.polyfit(x, want_rank[p, :, L], 1)[0] for p in range(P)])
+    np.testing.assert_allclose(tr.context_slope(), want_ctx, rtol=1e-10)
+    want_mean = np.array([np.polyfit(x, want_rank[p, :, 1:].mean(axis=1), 1)[0] for p in range(P)])
+    np.testing.assert_allclose(tr.context_slope(layer="mean"), want_mean, rtol=1e-10)
+    assert tr.depth_ci().value == pytest.approx(want_depth.mean(), rel=1e-12)
+    assert tr.context_ci().value == pytest.approx(want_ctx.mean(), rel=1e-12)
+    assert tr.depth_ci().hi < 0 and tr.context_ci().hi < 0
+    assert criterion_collapse(tr).status == REPRODUCED
+    np.testing.assert_allclose(ols_slope(np.array([0.0, 1.0, 3.0]), np.array([1.0, 3.0, 7.0])), 2.0)
+    assert np.isnan(ols_slope(np.array([2.0, 2.0]), np.array([1.0, 3.0])))
+
+
+@pytest.mark.parametrize("depth_b,ctx_b,noise,status", [
+    (-0.02, -0.05, 0.01, REPRODUCED),      # residual falls with depth and with log T
+    (0.02, -0.05, 0.01, CONTRADICTED),     # rises with depth
+    (-0.02, 0.05, 0.01, CONTRADICTED),     # rises with length
+    (0.0, 0.0, 0.05, INCONCLUSIVE),        # flat, noisy
+    (-0.02, 0.0, 0.05, INCONCLUSIVE),      # falls with depth, flat with length
+])
+def test_criterion_collapse_statuses(depth_b, ctx_b, noise, status):
+    tr = synthetic_trend(depth_b, ctx_b, noise, seed=2)
+    v = criterion_collapse(tr)
+    assert v.status == status, v.reason
+    assert criterion_collapse(tr, measure="repr_rel").status == status    # repr_rel = rank here
+
+
+def test_criterion_collapse_one_length():
+    v = criterion_collapse(synthetic_trend(-0.02, 0.0, 0.01, lengths=(64,)))
+    assert v.numbers["part0"]["status"] == REPRODUCED and v.numbers["part1"]["status"] == NOT_TESTABLE
+    assert v.status == INCONCLUSIVE
+
+
+def test_criterion_prop31_statuses():
+    rng = np.random.default_rng(3)
+    good = prop31_check(rng.normal(size=(4, 7, 5)))
+    v = criterion_prop31(good)
+    assert v.status == CONSISTENCY and v.numbers == {"holds": 4, "cases": 4}
+    assert criterion_prop31([good, good]).numbers["cases"] == 8
+    bad = _Prop31(dev_frob=np.array([1.0, 1.0, 1.0]), last_two=np.array([1.0, 2.5, 1.6]))   # 2.5 > 2: fails;
+    v = criterion_prop31(bad)                                        # 1.6: holds but slack 0.8 > 1/sqrt(2)
+    assert v.status == CONTRADICTED and v.numbers == {"holds": 1, "cases": 3}
+    with pytest.raises(ValueError):
+        criterion_prop31([])
+
+
+def test_collapse_trend_summary_save_load_figure(tmp_path):
+    import json
+
+    from matplotlib.figure import Figure
+
+    from sinklab.viz.figures_mixing import collapse_trend_figure
+
+    tr = synthetic_trend(-0.02, -0.05, 0.01, P=4, lengths=(16, 64))
+    s = tr.summary()
+    json.dumps(s, allow_nan=False)
+    assert s["settings"]["bos"]["rank"]["verdict"]["status"] == REPRODUCED
+    assert s["settings"]["bos"]["prop31"]["verdict"]["status"] == CONSISTENCY
+    back = CollapseTrend.load(tr.save(str(tmp_path / "trend")))
+    np.testing.assert_array_equal(back.rank["bos"], tr.rank["bos"])
+    assert back.meta == tr.meta and back.settings == tr.settings
+    with pytest.raises(ValueError, match="not a saved collapse trend"):
+        CollapseTrend.load(_other_npz(tmp_path))
+    for meas in ("rank", "repr_rel"):
+        assert isinstance(collapse_trend_figure(tr, meas), Figure)
+
+
+def _other_npz(tmp_path):
+    from sinklab.results import save_npz
+
+    return save_npz(str(tmp_path / "other.npz"), {"x": np.zeros(1)}, {"kind": "other"})

@@ -42,17 +42,26 @@ The slack says how much of the bound is used: near 0.707 the deviation from the 
 the last two tokens; near 0, rank collapse would have to go much further before it forced the
 last two tokens together. (This check compares tokens within one sequence; ``repr_dist``
 compares the last token of two sequences, which Prop. 3.1 does not cover.)
+
+One passage is an anecdote: :func:`collapse_trend` measures both metrics per (passage unit, T,
+layer) over independent units (:func:`passage_units`: disjoint passages, concatenated when one
+is shorter than the longest T) and fits the trends the paper's claim is about (the slope over
+depth and over log T, per unit, with bootstrap intervals over units);
+:func:`criterion_collapse` turns them into a verdict, :func:`criterion_prop31` reports
+Prop. 3.1 as the consistency check it is.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ..inputs import BOS, BosArg, check_length, conditions, prepare, text_ids
+from ..inputs import BOS, BosArg, check_length, condition, conditions, prepare, text_ids
 from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
+from .stats import Interval, mean_ci
+from .status import Verdict, combine, consistency, directional, not_testable
 
 
 RANK_POSITIONS = ("text", "text_after_first", "all")
@@ -308,3 +317,332 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
             "ids": ids[: int(Ts.max())].tolist()}
     return CollapseResult(lengths=Ts, settings=settings, rank=rank, repr_dist=rdist, last_norm=lnorm, meta=meta,
                           dev_frob=dev, last_two=last2)
+
+
+# ---------------------------------------------------------------------------------- units of text
+PASSAGE_SEPARATOR = "\n\n"
+
+
+def passage_units(model: Any, passages: Sequence[str], n_tokens: int, n_units: int,
+                  sep: str = PASSAGE_SEPARATOR) -> List[np.ndarray]:
+    """``n_units`` independent token sequences of ``n_tokens`` text tokens each (no BOS), built
+    from the passages in order: unit 0 is passage 0, then passage 1, ... (each tokenized on its
+    own as ``passage + sep``, without BOS, and the ids concatenated) until it has ``n_tokens``
+    tokens; unit 1 starts at the next unused passage, and so on. No passage is used by two units
+    (the units are the independent draws the bootstrap resamples). When the first passage has
+    at least ``n_tokens`` tokens the unit is that passage cut to them; otherwise it is a
+    concatenation of consecutive passages, cut. A shorter length T reads the first T tokens of
+    the same unit (nested prefixes), so the trend over T is measured within each unit. A passage
+    given as token ids (no BOS) is used as is, without a separator.
+
+    Returns:
+        list of (n_tokens,) int64 arrays (:func:`passage_unit_spans` gives the passage indices of each).
+
+    Raises:
+        ValueError: the passages run out before ``n_units`` units are complete.
+    """
+    return [ids for ids, _ in _units(model, passages, n_tokens, n_units, sep)]
+
+
+def passage_unit_spans(model: Any, passages: Sequence[str], n_tokens: int, n_units: int,
+                       sep: str = PASSAGE_SEPARATOR) -> List[List[int]]:
+    """The passage indices each unit of :func:`passage_units` is made of (same arguments)."""
+    return [span for _, span in _units(model, passages, n_tokens, n_units, sep)]
+
+
+def _units(model: Any, passages: Sequence[str], n_tokens: int, n_units: int, sep: str):
+    n_tokens, n_units = int(n_tokens), int(n_units)
+    if n_tokens < 1 or n_units < 1:
+        raise ValueError(f"need n_tokens >= 1 and n_units >= 1, got {n_tokens} and {n_units}")
+    out = []
+    k = 0
+    for _ in range(n_units):
+        ids: List[int] = []
+        span: List[int] = []
+        while len(ids) < n_tokens:
+            if k >= len(passages):
+                raise ValueError(f"{len(passages)} passages give only {len(out)} units of {n_tokens} tokens, "
+                                 f"{n_units} asked for (units never share a passage)")
+            p = passages[k]
+            ids.extend(int(i) for i in text_ids(model, p + sep if isinstance(p, str) else p))
+            span.append(k)
+            k += 1
+        out.append((np.asarray(ids[:n_tokens], np.int64), span))
+    return out
+
+
+def _default_passages(passages: Optional[Sequence[str]]) -> List[str]:
+    if passages is None:
+        from ..prompts import load_passages
+
+        return load_passages("sinks")
+    if isinstance(passages, str):
+        raise TypeError("passages must be a sequence of strings (or of token-id arrays), not one string")
+    return list(passages)
+
+
+# ---------------------------------------------------------------------------------- trends
+def ols_slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slope of ``y`` against ``x`` along the last axis (float64):
+    sum((x - x̄)(y - ȳ)) / sum((x - x̄)²); NaN where any y is NaN or x has one value."""
+    x = np.asarray(x, np.float64)
+    y = np.asarray(y, np.float64)
+    if x.ndim != 1 or y.shape[-1] != x.shape[0]:
+        raise ValueError(f"x must be 1-D with the length of y's last axis, got {x.shape} and {y.shape}")
+    xc = x - x.mean()
+    sxx = float((xc ** 2).sum())
+    if x.size < 2 or sxx == 0:
+        return np.full(y.shape[:-1], np.nan)
+    yc = y - y.mean(axis=-1, keepdims=True)
+    return (yc * xc).sum(axis=-1) / sxx
+
+
+TREND_MEASURES = ("rank", "repr_rel", "repr_dist")
+
+
+@dataclass
+class CollapseTrend:
+    """Collapse measures per (unit, T, layer) over independent passage units, and their trends.
+
+    Attributes:
+        lengths: (nT,) int64 numbers of text tokens T (with BOS the run has T+1 tokens).
+        settings: subset of ``["bos", "nobos"]``.
+        rank: setting -> (P, nT, L+1) float64 rank-collapse residual ||V - 1 mu^T||_F / ||V||_F
+            (V = the rows chosen by ``meta["rank_positions"]``, default text tokens 1..T-1).
+        repr_dist: setting -> (P, nT, L+1) ||v_T - v'_{T+1}||_2 (residual-stream units).
+        last_norm: setting -> (P, nT, L+1) ||v_T||_2 (repr_rel = repr_dist / last_norm).
+        dev_frob, last_two: setting -> (P, nT, L+1) the two sides of Prop. 3.1 (:meth:`prop31`).
+        meta: model, passage spans of every unit, depth_layers, ...
+
+    Trends (each per unit, then a bootstrap interval over units, :func:`sinklab.analysis.stats.mean_ci`):
+
+    * over depth, :meth:`depth_slope`: OLS slope of the measure vs the layer index l over
+      ``depth_layers`` (default 1..L: the embeddings are not mixed, and the repeated token's
+      embedding is identical, so repr distance is 0 at l = 0), per (unit, T); ``depth_ci``
+      averages the per-T slopes within each unit;
+    * over context, :meth:`context_slope`: OLS slope vs log T (natural log) at one layer (default
+      the last) or of the mean over ``depth_layers``.
+
+    The paper's claim (collapse grows with depth and length) is a *negative* slope of the
+    residual and of the relative distance (tokens more alike): :func:`criterion_collapse`.
+    """
+
+    lengths: np.ndarray
+    settings: List[str]
+    rank: Dict[str, np.ndarray]
+    repr_dist: Dict[str, np.ndarray]
+    last_norm: Dict[str, np.ndarray]
+    dev_frob: Dict[str, np.ndarray]
+    last_two: Dict[str, np.ndarray]
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_units(self) -> int:
+        return int(self.rank[self.settings[0]].shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.rank[self.settings[0]].shape[2] - 1)
+
+    @property
+    def depth_layers(self) -> List[int]:
+        d = self.meta.get("depth_layers")
+        return list(range(1, self.n_layers + 1)) if d is None else [int(l) for l in d]
+
+    def measure(self, name: str, setting: Optional[str] = None) -> np.ndarray:
+        """(P, nT, L+1) float64 of ``"rank"``, ``"repr_rel"`` or ``"repr_dist"``."""
+        s = self._setting(setting)
+        if name == "rank":
+            return self.rank[s]
+        if name == "repr_dist":
+            return self.repr_dist[s]
+        if name == "repr_rel":
+            n = self.last_norm[s]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                return np.where(n > 0, self.repr_dist[s] / np.where(n > 0, n, 1.0), np.nan)
+        raise ValueError(f"measure must be one of {TREND_MEASURES}, got {name!r}")
+
+    def _setting(self, setting: Optional[str]) -> str:
+        s = self.settings[0] if setting is None else condition(setting)
+        if s not in self.settings:
+            raise ValueError(f"setting {s!r} not run (settings: {self.settings})")
+        return s
+
+    def depth_slope(self, measure: str = "rank", setting: Optional[str] = None) -> np.ndarray:
+        """(P, nT) slope of the measure vs layer index over ``depth_layers``, per unit and T."""
+        m = self.measure(measure, setting)[:, :, self.depth_layers]
+        return ols_slope(np.asarray(self.depth_layers, np.float64), m)
+
+    def context_slope(self, measure: str = "rank", layer: Union[int, str] = -1,
+                      setting: Optional[str] = None) -> np.ndarray:
+        """(P,) slope of the measure vs log T, at ``layer`` (an index into 0..L, -1 = L) or, for
+        ``layer="mean"``, of its mean over ``depth_layers``."""
+        m = self.measure(measure, setting)
+        y = m[:, :, self.depth_layers].mean(axis=2) if layer == "mean" else m[:, :, int(layer)]
+        return ols_slope(np.log(self.lengths.astype(np.float64)), y)
+
+    def depth_ci(self, measure: str = "rank", setting: Optional[str] = None) -> Interval:
+        """Bootstrap interval over units of the depth slope (each unit's slopes averaged over T)."""
+        return mean_ci(self.depth_slope(measure, setting).mean(axis=1))
+
+    def context_ci(self, measure: str = "rank", layer: Union[int, str] = -1,
+                   setting: Optional[str] = None) -> Interval:
+        """Bootstrap interval over units of :meth:`context_slope`."""
+        return mean_ci(self.context_slope(measure, layer, setting))
+
+    def mean_ci(self, measure: str = "rank", setting: Optional[str] = None) -> List[List[Interval]]:
+        """[T][layer] bootstrap intervals over units of the measure itself."""
+        m = self.measure(measure, setting)
+        return [[mean_ci(m[:, i, l]) for l in range(m.shape[2])] for i in range(m.shape[1])]
+
+    def prop31(self, setting: Optional[str] = None) -> Prop31:
+        """Prop. 3.1's two sides, (P, nT, L+1) arrays."""
+        s = self._setting(setting)
+        return Prop31(dev_frob=self.dev_frob[s], last_two=self.last_two[s])
+
+    def summary(self) -> Dict[str, Any]:
+        """JSON-ready: per setting and measure the trends with intervals (depth slope per T and
+        averaged, context slope at the last layer and averaged over layers), the per-(T, layer)
+        means with intervals, the verdicts of :func:`criterion_collapse` (rank residual and
+        relative distance) and :func:`criterion_prop31`."""
+        out: Dict[str, Any] = {"meta": self.meta, "lengths": self.lengths, "n_units": self.n_units,
+                               "depth_layers": self.depth_layers, "settings": {}}
+        for s in self.settings:
+            row: Dict[str, Any] = {}
+            for name in ("rank", "repr_rel"):
+                ds = self.depth_slope(name, s)
+                row[name] = {
+                    "depth_slope": self.depth_ci(name, s).to_dict(),
+                    "depth_slope_by_T": [mean_ci(ds[:, i]).to_dict() for i in range(ds.shape[1])],
+                    "context_slope_last": self.context_ci(name, -1, s).to_dict(),
+                    "context_slope_mean": self.context_ci(name, "mean", s).to_dict(),
+                    "mean": [[iv.to_dict() for iv in r] for r in self.mean_ci(name, s)],
+                    "verdict": criterion_collapse(self, measure=name, setting=s).to_dict()}
+            p = self.prop31(s)
+            row["prop31"] = {"verdict": criterion_prop31(p).to_dict(),
+                             "max_slack": float(np.nanmax(p.slack)) if np.any(np.isfinite(p.slack)) else None}
+            out["settings"][s] = row
+        return to_jsonable(out)
+
+    def save(self, path: str) -> str:
+        """.npz with embedded JSON metadata; no pickle. Returns the file written."""
+        arrays: Dict[str, np.ndarray] = {"lengths": self.lengths}
+        for s in self.settings:
+            for k in ("rank", "repr_dist", "last_norm", "dev_frob", "last_two"):
+                arrays[f"{k}_{s}"] = getattr(self, k)[s]
+        return save_npz(path, arrays, {"kind": "collapse_trend", "settings": self.settings, "meta": self.meta})
+
+    @classmethod
+    def load(cls, path: str) -> "CollapseTrend":
+        a, m = load_npz(path)
+        if m.get("kind") != "collapse_trend":
+            raise ValueError(f"{path} is not a saved collapse trend")
+        st = list(m["settings"])
+        g = {k: {s: a[f"{k}_{s}"] for s in st} for k in ("rank", "repr_dist", "last_norm", "dev_frob", "last_two")}
+        return cls(lengths=a["lengths"], settings=st, meta=dict(m["meta"]), **g)
+
+
+def collapse_trend(model: Any, passages: Optional[Sequence[str]] = None,
+                   lengths: Sequence[int] = (16, 32, 64, 128, 256, 512, 1024), bos: BosArg = True,
+                   n_passages: int = 10, rank_positions: str = "text_after_first",
+                   depth_layers: Optional[Sequence[int]] = None, progress: bool = True) -> CollapseTrend:
+    """Rank and representational collapse per (passage unit, T, layer) and their trends.
+
+    Args:
+        model: a :class:`sinklab.Model`.
+        passages: the passages (default: ``sinklab.prompts.load_passages("sinks")``); they are
+            grouped into ``n_passages`` disjoint units of max(lengths) tokens
+            (:func:`passage_units`: one passage, or consecutive passages joined by a blank line
+            when one is shorter than the longest T).
+        lengths: numbers of text tokens T (>= 3, at least 2 values for a context trend).
+        bos: ``True`` (default: BOS + T text tokens), ``False`` or ``"both"``.
+        n_passages: number of independent units (the bootstrap's units; >= 10 for a verdict
+            worth reading).
+        rank_positions: rows of V, as in :func:`collapse_vs_length`.
+        depth_layers: the layers of the depth slope (default 1..L).
+        progress: a bar over the units.
+
+    Returns:
+        :class:`CollapseTrend`. Costs n_passages x len(lengths) x settings forward passes.
+    """
+    pas = _default_passages(passages)
+    Ts = sorted({int(t) for t in lengths})
+    if not Ts:
+        raise ValueError("lengths is empty")
+    L = model.config.n_layers
+    if depth_layers is not None:
+        bad = [l for l in depth_layers if not 0 <= int(l) <= L]
+        if bad or len(set(depth_layers)) < 2:
+            raise ValueError(f"depth_layers must hold >= 2 layers in [0, {L}], got {list(depth_layers)}")
+    units = _units(model, pas, max(Ts), n_passages, PASSAGE_SEPARATOR)
+    settings = conditions(bos)
+    keys = ("rank", "repr_dist", "last_norm", "dev_frob", "last_two")
+    arr = {k: {s: np.empty((len(units), len(Ts), L + 1)) for s in settings} for k in keys}
+    for u, (ids, _) in enumerate(progress_bar(units, progress, desc="collapse trend", unit="unit")):
+        r = collapse_vs_length(model, ids, lengths=Ts, bos=bos, rank_positions=rank_positions, progress=False)
+        for s in settings:
+            arr["rank"][s][u], arr["repr_dist"][s][u], arr["last_norm"][s][u] = r.rank[s], r.repr_dist[s], r.last_norm[s]
+            arr["dev_frob"][s][u], arr["last_two"][s][u] = r.dev_frob[s], r.last_two[s]
+    meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id,
+            "rank_positions": rank_positions, "units": [span for _, span in units],
+            "separator": PASSAGE_SEPARATOR,
+            "depth_layers": None if depth_layers is None else sorted(int(l) for l in set(depth_layers))}
+    return CollapseTrend(lengths=np.asarray(Ts, np.int64), settings=settings, meta=meta, **arr)
+
+
+# ---------------------------------------------------------------------------------- criteria
+COLLAPSE_CLAIM = ("over-mixing (collapse) grows with depth and with context length: the measure falls "
+                  "(tokens more alike) as the layer index and log T grow")
+
+
+def criterion_collapse(result: CollapseTrend, measure: str = "rank", setting: Optional[str] = None) -> Verdict:
+    """The paper's claim that collapse grows with depth and with context length, in two parts,
+    both required (status.combine):
+
+    1. depth: the mean over units of the slope of ``measure`` vs layer index (over
+       ``depth_layers``, averaged over T within each unit) is < 0, its 95% interval below 0;
+    2. context: the mean over units of the slope of ``measure`` vs log T at the last layer is < 0.
+
+    Each part is :func:`sinklab.analysis.status.directional` with ``predicted=-1``: reproduced
+    when the interval lies below 0, contradicted when above, else inconclusive. Written from the
+    claim, not from any measured result; the layer-averaged context slope is reported beside it
+    (:meth:`CollapseTrend.summary`) but is not part of the rule. Fewer than 2 lengths make the
+    context part not testable."""
+    s = result._setting(setting)
+    label = {"rank": "rank-collapse residual", "repr_rel": "relative representational-collapse distance",
+             "repr_dist": "representational-collapse distance"}[measure]
+    depth = directional(result.depth_ci(measure, s), -1, f"slope of the {label} vs layer ({s})", spec=".4f")
+    if len(result.lengths) < 2:
+        ctx = not_testable(f"one length only ({int(result.lengths[0])}): no trend over context")
+    else:
+        ctx = directional(result.context_ci(measure, -1, s), -1,
+                          f"slope of the last-layer {label} vs log T ({s})", spec=".4f")
+    return combine(depth, ctx, what=f"collapse grows with depth and context ({label})")
+
+
+PROP31_SLACK_MAX = 1 / np.sqrt(2)
+
+
+def criterion_prop31(checks: Union[Prop31, Sequence[Prop31], Dict[str, Prop31]], tol: float = 1e-9) -> Verdict:
+    """Prop. 3.1 as a consistency check (status.consistency): it is a theorem about the numbers,
+    so it can only fail through a bug. A case is one (T, layer, ...) entry of every
+    :func:`prop31_check` result given (a :class:`Prop31`, a list or a dict of them); it passes when
+    the implication holds (``||v_T - v_{T-1}|| <= 2||V - 1 mu^T||_F``) and the slack is within the
+    triangle-inequality bound 1/sqrt(2) (+ ``tol``). Cases where V has identical rows (both
+    sides 0) pass."""
+    if isinstance(checks, Prop31):
+        items = [checks]
+    elif isinstance(checks, dict):
+        items = list(checks.values())
+    else:
+        items = list(checks)
+    if not items:
+        raise ValueError("criterion_prop31: no Prop. 3.1 results")
+    holds = cases = 0
+    for p in items:
+        h = np.asarray(p.holds, bool)
+        sl = np.asarray(p.slack, np.float64)
+        ok = h & ~(np.isfinite(sl) & (sl > PROP31_SLACK_MAX + tol))
+        holds += int(ok.sum())
+        cases += int(ok.size)
+    return consistency(holds, cases, "Prop. 3.1 (||v_T - v_{T-1}|| <= 2||V - 1 mu^T||_F, slack <= 1/sqrt(2))")

@@ -274,3 +274,89 @@ def conditional_heads_figure(result: Any, title: str = "") -> Figure:
     fig.suptitle(title or f"{result.meta.get('model') or ''}: conditional heads for {result.trigger!r}", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+# ---------------------------------------------------------------------------------- mixing measure
+def _errbar(ax: Any, x: Any, ivs: Sequence[Any], **kw: Any) -> None:
+    """Points at each interval's value with its 95% interval as error bars (none where undefined)."""
+    v = np.array([iv.value for iv in ivs], dtype=np.float64)
+    lo = np.array([iv.lo if iv.defined else iv.value for iv in ivs], dtype=np.float64)
+    hi = np.array([iv.hi if iv.defined else iv.value for iv in ivs], dtype=np.float64)
+    ax.errorbar(np.asarray(x), v, yerr=np.vstack([v - lo, hi - v]), capsize=2, **kw)
+
+
+def mixing_measure_figure(result: Any, title: str = "") -> Figure:
+    """The mixing measure (:class:`sinklab.analysis.mixing.MixingResult`), intervals as error bars
+    (95% bootstrap over passage units): (a) mean log(M_nobos / M_bos) vs source layer, one line per
+    T; (b) its layer average vs T (log axis) with the slope vs log T; (c) the share-based version,
+    share_nobos − share_bos vs layer, for comparison."""
+    Ts = np.asarray(result.lengths)
+    layers = np.asarray(result.layers)
+    grid, sgrid = result.effect_grid(), result.share_difference_grid()
+    cmap = colormap("viridis")
+    fig, axes = subplots(1, 3, figsize=(15.0, 4.3))
+    for i, T in enumerate(Ts):
+        col = cmap(i / max(1, len(Ts) - 1))
+        dx = 0.08 * (i - (len(Ts) - 1) / 2)
+        _errbar(axes[0], layers + dx, grid[i], color=col, marker=".", lw=1.2, label=f"T={T}")
+        _errbar(axes[2], layers + dx, sgrid[i], color=col, marker=".", lw=1.2, label=f"T={T}")
+    for ax in (axes[0], axes[2]):
+        ax.axhline(0.0, color="gray", ls=":")
+        ax.set_xlabel("source layer l (resid[l])")
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("log(mass without BOS / mass with BOS)")
+    axes[0].set_title("other text tokens' mass ratio (> 0: more mixing without BOS)", fontsize=9)
+    axes[2].set_ylabel("share without BOS − share with BOS")
+    axes[2].set_title("share-based version (bounded, for comparison)", fontsize=9)
+    ax = axes[1]
+    _errbar(ax, Ts, result.effect_by_length(), color="k", marker="o", lw=2, label="mean over layers")
+    ax.axhline(0.0, color="gray", ls=":")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("text tokens T")
+    ax.set_ylabel("layer-averaged log ratio")
+    sl_iv = result.slope() if len(Ts) > 1 else None
+    ax.set_title("vs context" + (f": slope vs log T {sl_iv.fmt('.3f')}" if sl_iv is not None else ""), fontsize=9)
+    ax.legend(fontsize=7)
+    m = result.meta
+    fig.suptitle(title or f"{m.get('model') or ''}: mixing of the other text tokens into the last token, "
+                          f"{result.n_units} passage units", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def collapse_trend_figure(trend: Any, measure: str = "rank", setting: Any = None, title: str = "") -> Figure:
+    """A :class:`sinklab.analysis.collapse.CollapseTrend`, intervals as error bars (95% bootstrap
+    over passage units): (a) the measure vs layer, one line per T; (b) at the last layer and
+    averaged over the depth layers vs T (log axis), with the slopes vs log T."""
+    Ts = np.asarray(trend.lengths)
+    grid = trend.mean_ci(measure, setting)
+    L = trend.n_layers
+    cmap = colormap("viridis")
+    fig, axes = subplots(1, 2, figsize=(11.5, 4.2))
+    for i, T in enumerate(Ts):
+        _errbar(axes[0], np.arange(L + 1), grid[i], color=cmap(i / max(1, len(Ts) - 1)), marker=".", lw=1.2,
+                label=f"T={T}")
+    ylab = {"rank": "‖V − 1μᵀ‖_F / ‖V‖_F", "repr_rel": "‖v_T − v'_T+1‖ / ‖v_T‖",
+            "repr_dist": "‖v_T − v'_T+1‖"}[measure]
+    axes[0].set_xlabel("layer l")
+    axes[0].set_ylabel(ylab)
+    axes[0].set_title(f"depth slope {trend.depth_ci(measure, setting).fmt('.4f')}", fontsize=9)
+    axes[0].legend(fontsize=7, ncol=2)
+    ax = axes[1]
+    _errbar(ax, Ts, [r[L] for r in grid], color="k", marker="o", lw=2, label=f"l = {L}")
+    m = trend.measure(measure, setting)[:, :, trend.depth_layers].mean(axis=2)
+    from ..analysis.stats import mean_ci
+
+    _errbar(ax, Ts, [mean_ci(m[:, i]) for i in range(len(Ts))], color="gray", marker=".", lw=1,
+            label="mean over layers")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("text tokens T")
+    ax.set_ylabel(ylab)
+    if len(Ts) > 1:
+        ax.set_title(f"slope vs log T: last {trend.context_ci(measure, -1, setting).fmt('.4f')}, mean "
+                     f"{trend.context_ci(measure, 'mean', setting).fmt('.4f')}", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.suptitle(title or f"{trend.meta.get('model') or ''}: collapse over depth and context, "
+                          f"{trend.n_units} passage units", fontsize=11)
+    fig.tight_layout()
+    return fig
