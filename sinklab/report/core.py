@@ -55,7 +55,7 @@ class Settings:
             return cls(sink_prompts=32, sink_T=64, long_T=1024, noop_prompts=8, collapse_passages=10,
                        collapse_lengths=(16, 64, 256), ppl_texts=24, ppl_max_tokens=200, passkey_quick=True,
                        perturb_passages=10, perturb_swaps=2, retrieval_lengths=(256,), retrieval_trials=48,
-                       cloze_items=200, controls_texts=12, controls_max_tokens=128, controls_random_draws=3,
+                       cloze_items=200, controls_texts=8, controls_max_tokens=96, controls_random_draws=2,
                        squash_T=12, mixing_passages=10, mixing_lengths=(64, 128), mixing_probes=8, eps=eps, bos=bos)
         return cls(sink_prompts=144, sink_T=64, long_T=8192, noop_prompts=40, collapse_passages=16,
                    collapse_lengths=(16, 64, 256, 1024), ppl_texts=36, ppl_max_tokens=1024, passkey_quick=False,

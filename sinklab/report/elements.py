@@ -22,9 +22,13 @@ ELEMENTS: List[Tuple[str, str, str, str]] = [
     ("bos_retrieval", "Removing a fixed ⟨bos⟩ hurts: multi-key retrieval with distractors", "RULER 82.57 → 0.00",
      "quality"),
     ("bos_cloze", "Removing a fixed ⟨bos⟩ hurts: cloze by log-likelihood", "HellaSwag 80.61 → 27.35", "quality"),
+    ("controls_sink_tied", "Controls: another first token in ⟨bos⟩'s place does not become the sink", "Table 2 (fixed "
+                           "⟨bos⟩)", "controls"),
     ("controls_identity", "Controls: the loss is the sink's, not an unfamiliar first token's", "—", "controls"),
     ("controls_noop", "Controls: the sink is an approximate no-op (zeroing what it passes on costs little)",
      "§3.2 (qualitative)", "controls"),
+    ("controls_mean", "Controls: replacing ⟨bos⟩'s value by the others' mean (mixing) costs more than zeroing it",
+     "§3 (over-mixing)", "controls"),
     ("controls_heads", "Controls: sink heads' values matter more than random heads'", "—", "controls"),
     ("fig23_spread", "Fig. 2–3: a one-word perturbation spreads further without ⟨bos⟩", "Gemma 7B, one prompt",
      "perturbation"),
