@@ -6,6 +6,10 @@ norm), the map holds, for every layer l and source position j, a norm of the d x
 
     J_j^(l) = d resid[L][i] / d resid[l][j].
 
+``of_layer=l'`` takes the target row at ``resid[l']`` instead of ``resid[L]`` (l <= l'): with
+l' = l + 1 and ``layers=[l]`` the blocks are one layer's own Jacobian blocks d resid[l+1][i] /
+d resid[l][j], from which :mod:`sinklab.analysis.oversquashing` builds its path bound.
+
 ``method="exact"`` pushes the d unit cotangents at (L, i) back through the C backward together
 and reads every block at every layer boundary on the way down: Frobenius norms from the squared
 row norms, spectral norms by Lanczos iteration on each block's J^T J (to a relative change of the Ritz
@@ -44,6 +48,8 @@ class Sensitivity:
         layers: the resid indices l of the rows; ``layers[-1] == L`` gives the identity block at
             the target (Frobenius sqrt(d), spectral 1).
         target: the target position (non-negative).
+        of_layer: the resid index of the target row (L unless :func:`sensitivity` was given
+            ``of_layer``).
         method, n_probes, seconds: how it was computed and the wall time.
         spectral_iters: the most Lanczos steps any block took (0 when not computed).
     """
@@ -58,6 +64,7 @@ class Sensitivity:
     seconds: float
     spectral_iters: int = 0
     meta: Dict[str, Any] = field(default_factory=dict)
+    of_layer: Optional[int] = None
 
     @property
     def T(self) -> int:
@@ -81,8 +88,8 @@ class Sensitivity:
                 "seconds": self.seconds, "layers": rows}
 
 
-def _layer_list(model, layers: Optional[Sequence[int]]) -> List[int]:
-    L = model.config.n_layers
+def _layer_list(model, layers: Optional[Sequence[int]], top: Optional[int] = None) -> List[int]:
+    L = model.config.n_layers if top is None else int(top)
     out = list(range(L + 1)) if layers is None else sorted({int(l) for l in layers})
     bad = [l for l in out if not 0 <= l <= L]
     if bad:
@@ -101,7 +108,7 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
                 method: str = "exact", n_probes: int = 32, seed: int = 0,
                 intervene: Optional[Intervention] = None, spectral: bool = True,
                 spectral_rtol: float = 1e-9, progress: bool = True,
-                chunk: Optional[int] = None) -> Sensitivity:
+                chunk: Optional[int] = None, of_layer: Optional[int] = None) -> Sensitivity:
     """The over-squashing map of one target token (see the module docstring).
 
     Args:
@@ -121,6 +128,9 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
             iteration stops (at most 300 steps; ``Sensitivity.spectral_iters`` tells the most taken).
         progress: progress bar over the backward calls.
         chunk: cotangents per backward call (exact without spectral, or estimate).
+        of_layer: the resid index l' in [1, L] of the target row (default L, the last layer's
+            output); ``layers`` then lie in [0, l'], default 0..l'. The C backward stops at the
+            lowest layer asked for, so ``of_layer=l + 1, layers=[l]`` costs one layer's backward.
 
     Returns:
         a :class:`Sensitivity`.
@@ -132,7 +142,10 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
     if not -T <= int(target) < T:
         raise ValueError(f"target={target} outside [-{T}, {T}) for T={T}")
     target = int(target) % T
-    sel = _layer_list(model, layers)
+    top = L if of_layer is None else int(of_layer)
+    if not 1 <= top <= L:
+        raise ValueError(f"of_layer={of_layer} outside [1, {L}]")
+    sel = _layer_list(model, layers, top)
     t_eff = model._influence_end(target, T)
     ids_eff = np.ascontiguousarray(arr[:t_eff])
     ivs = (intervene or Intervention()).arrays(L, model.config.n_heads)
@@ -141,11 +154,12 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
         raise ValueError("the estimate needs n_probes >= 2 (its standard error comes from their spread)")
     want_spec = spectral and method == "exact"
     if want_spec:
-        model._check_bytes(model.grad_bytes(t_eff, B), f"the exact map with spectral norms ({d} cotangents at once, "
-                           f"{t_eff} tokens)", "pass spectral=False (Frobenius only, chunked) or method='estimate'")
+        model._check_bytes(model.grad_bytes(t_eff, B, top), f"the exact map with spectral norms ({d} cotangents at "
+                           f"once, {t_eff} tokens)",
+                           "pass spectral=False (Frobenius only, chunked) or method='estimate'")
         step = B
     else:
-        step = model._cotangent_chunk(t_eff, B, L) if chunk is None else max(1, int(chunk))
+        step = model._cotangent_chunk(t_eff, B, top) if chunk is None else max(1, int(chunk))
     rng = np.random.default_rng(seed)
     sq = np.zeros((len(sel), B, t_eff))
     spec = np.zeros((len(sel), t_eff)) if want_spec else None
@@ -160,14 +174,14 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
             cot[np.arange(n), target, b0 + np.arange(n)] = 1.0
         else:
             cot = _probes(n, t_eff, d, target, rng)
-        sq_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)
+        sq_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)   # the core takes L + 1 entries
         spec_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)
         for k, l in enumerate(sel):
             sq_bufs[l] = np.empty((n, t_eff))
             if want_spec:
                 spec_bufs[l] = np.empty(t_eff)
-        it = _core.model_vjp(model._handle, ids_eff, cot, L, sqnorm=sq_bufs, spectral=spec_bufs if want_spec else None,
-                             spectral_rtol=float(spectral_rtol), **ivs)
+        it = _core.model_vjp(model._handle, ids_eff, cot, top, sqnorm=sq_bufs,
+                             spectral=spec_bufs if want_spec else None, spectral_rtol=float(spectral_rtol), **ivs)
         iters = max(iters, int(it))
         for k, l in enumerate(sel):
             sq[k, b0:b0 + n] = sq_bufs[l]
@@ -190,6 +204,8 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
         spectral_full = np.zeros((len(sel), T))
         spectral_full[:, :t_eff] = spec
     meta = {"model": model.name, "T": T, "intervention": {k: v is not None for k, v in ivs.items()},
-            "seed": seed if method == "estimate" else None, "spectral_rtol": spectral_rtol if want_spec else None}
+            "seed": seed if method == "estimate" else None, "spectral_rtol": spectral_rtol if want_spec else None,
+            "of_layer": top}
     return Sensitivity(fro=fro, spectral=spectral_full, stderr=stderr, layers=sel, target=target, method=method,
-                       n_probes=B if method == "estimate" else None, seconds=seconds, spectral_iters=iters, meta=meta)
+                       n_probes=B if method == "estimate" else None, seconds=seconds, spectral_iters=iters, meta=meta,
+                       of_layer=top)
