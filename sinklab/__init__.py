@@ -44,7 +44,11 @@ from .analysis.perturbation import PerturbationStudy, perturb, perturbation_stud
 from .prompts import load_passages
 from .analysis.quality import compare_bos_quality, passkey, perplexity
 from .analysis.sinkset import compare_bos, sink_study
-from .analysis.controls import bos_controls
+from .analysis.controls import BosControls, bos_controls, sink_location
+from .analysis.mixing import MixingResult, mixing_measure
+from .analysis.collapse import CollapseTrend, collapse_trend
+from .analysis.oversquashing import Thm32Bounds, thm32_bounds
+from .analysis.tasks import ClozeResult, RetrievalResult, cloze, multikey_retrieval
 from .analysis.sensitivity import Sensitivity, sensitivity
 from .analysis.oversquashing import OversquashingBound, oversquashing_bound
 from .analysis.squashing_study import SquashingStudy, squashing_study
@@ -59,7 +63,9 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "collapse_vs_length", "noop_analysis", "value_norms", "head_output_norms",
            "find_conditional_heads", "perplexity", "passkey", "compare_bos_quality", "load_passages",
            "sensitivity", "Sensitivity", "oversquashing_bound", "OversquashingBound", "squashing_study",
-           "SquashingStudy", "sweep", "SweepResult", "bos_controls"]
+           "SquashingStudy", "sweep", "SweepResult", "bos_controls", "BosControls", "sink_location",
+           "mixing_measure", "MixingResult", "collapse_trend", "CollapseTrend", "thm32_bounds", "Thm32Bounds",
+           "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult"]
 
 
 def set_num_threads(n: int) -> None:

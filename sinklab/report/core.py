@@ -56,7 +56,7 @@ class Settings:
                        collapse_lengths=(16, 64, 256), ppl_texts=24, ppl_max_tokens=200, passkey_quick=True,
                        perturb_passages=10, perturb_swaps=2, retrieval_lengths=(256,), retrieval_trials=48,
                        cloze_items=200, controls_texts=8, controls_max_tokens=96, controls_random_draws=2,
-                       squash_T=12, mixing_passages=10, mixing_lengths=(64, 128), mixing_probes=8, eps=eps, bos=bos)
+                       squash_T=8, mixing_passages=10, mixing_lengths=(64, 128), mixing_probes=8, eps=eps, bos=bos)
         return cls(sink_prompts=144, sink_T=64, long_T=8192, noop_prompts=40, collapse_passages=16,
                    collapse_lengths=(16, 64, 256, 1024), ppl_texts=36, ppl_max_tokens=1024, passkey_quick=False,
                    perturb_passages=30, perturb_swaps=3, retrieval_lengths=(256, 1024, 4096), retrieval_trials=100,
@@ -97,6 +97,18 @@ class ModelRole:
         return (f"{self.name}'s tokenizer prepends nothing; its '⟨bos⟩' here is {self.bos_token}, a token it was not "
                 f"trained to rely on, so it stands for Table 2's rows without a fixed ⟨bos⟩, where the paper "
                 f"predicts no ⟨bos⟩ effect: a contrast, not a test.")
+
+
+def as_contrast(m: "ModelRole", v: Verdict) -> Verdict:
+    """A ⟨bos⟩ criterion's verdict on a model trained *without* a fixed ⟨bos⟩, where the paper
+    predicts no ⟨bos⟩ effect: the directional rule does not apply, so the status is "not testable
+    here" and the measurement stays in the reason (the study model carries the test)."""
+    if m.trained_with_bos:
+        return v
+    from ..analysis.status import not_testable
+
+    return not_testable(f"{m.name} was not trained with a fixed ⟨bos⟩, where the paper predicts no ⟨bos⟩ effect; "
+                        f"measured: {v.reason}", numbers={"criterion_gave": v.status})
 
 
 def trained_with_bos(model: Any) -> Optional[bool]:
