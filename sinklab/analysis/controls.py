@@ -761,7 +761,8 @@ class BosControls:
                 cells.append(_fmt(self.task_accuracy(g), ".1f", 100, "%"))
             rows.append("| " + " | ".join(cells) + " |")
         loc = ["", f"Where the sink sits (per head, the key with the largest "
-                   f"{'a_k (mean over the queries that see it)' if self.meta.get('mass', 'seen') == 'seen' else 'm_k (mass over all queries)'}; "
+                   f"{'a_k (mean over the queries that see it)' if self.meta.get('mass', 'seen') == 'seen' else 'm_k (mass over all queries)'}"
+                   f" among the keys seen by at least {self.meta.get('min_queries', 1)} queries; "
                    f"share of heads, mean over prompts):", "",
                "| condition | " + " | ".join(CLASSES) + " | mean top mass |", "|" + "---|" * (len(CLASSES) + 2)]
         for g in self.groups():
@@ -1222,8 +1223,10 @@ def criterion_bos_controls(result: BosControls) -> Dict[str, S.Verdict]:
         v = S.directional(r.heads_difference(sink_side), +1,
                           f"ΔNLL({sink_side}) − ΔNLL(random non-sink heads), k = {r.k_matched}", criterion=crit)
         m, sd, n = r.draw_spread("random_heads", "dnll")
-        out["controls_heads"] = S.Verdict(v.status, v.reason + f"; random heads' ΔNLL over {n} draws {m:+.3f} ± "
-                                          f"{sd:.3f}", crit, {**v.numbers, "random_draws_mean": m, "random_draws_sd": sd})
+        spread = (f"random heads' ΔNLL over {n} draws {m:+.3f} ± {sd:.3f}" if n > 1 else
+                  f"random heads' ΔNLL {m:+.3f} (one distinct draw: k is every non-sink head)")
+        out["controls_heads"] = S.Verdict(v.status, v.reason + "; " + spread, crit,
+                                          {**v.numbers, "random_draws_mean": m, "random_draws_sd": sd})
     else:
         out["controls_heads"] = S.not_testable("the sink-head and random-head controls did not both run", crit)
     return out
