@@ -18,9 +18,12 @@ One module per section (``sinks``, ``quality``, ``controls``, ``perturbation``, 
 from .core import DEFAULT_MODELS, Context, ModelRole, Section, Settings, trained_with_bos
 from .elements import ELEMENTS, element_rows
 from .families import (BOS_REMOVAL_MODELS, ENCODER_MODELS, FAMILIES_FORMAT, TABLE1_MODELS, FamilySettings,
-                       bos_removal, families_figures, families_markdown, families_study, load_families,
-                       reproduce_families, table1_row)
+                       bos_removal, bos_removal_lines, bos_removal_markdown, families_figures, families_markdown,
+                       families_study, load_families, reproduce_families, size_trend, table1_markdown, table1_reading,
+                       table1_row)
 from .run import markdown, reproduce
+from ..train.criteria import fig5_reading, table2_reading
+from ..viz.figures_training import fig5_miniature_figure, table2_miniature_figure
 from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, find_training_summaries,
                        load_training_summaries, run_training_profile, section_training, training_model_size,
                        training_results, uniform_first_importance)

@@ -53,7 +53,7 @@ class Settings:
             raise ValueError(f"eps must be one or more thresholds in (0, 1), got {eps}")
         if quick:
             return cls(sink_prompts=32, sink_T=64, long_T=1024, noop_prompts=8, collapse_passages=10,
-                       collapse_lengths=(16, 64, 256), ppl_texts=24, ppl_max_tokens=200, passkey_quick=True,
+                       collapse_lengths=(16, 64, 256), ppl_texts=16, ppl_max_tokens=200, passkey_quick=True,
                        perturb_passages=10, perturb_swaps=2, retrieval_lengths=(256,), retrieval_trials=48,
                        cloze_items=200, controls_texts=8, controls_max_tokens=96, controls_random_draws=2,
                        squash_T=8, mixing_passages=10, mixing_lengths=(64, 128), mixing_probes=8, eps=eps, bos=bos)
