@@ -84,8 +84,9 @@ def test_shipped_families_results():
     """The shipped families results: every registered decoder in Table 1, the encoder row, ⟨bos⟩
     removal on Gemma 3 and Qwen2.5-0.5B; the verdicts follow from the numbers, and the shipped
     families.md is what the report writes from this JSON."""
-    from sinklab.report import (BOS_REMOVAL_MODELS, TABLE1_MODELS, bos_removal_verdict, families_figures,
-                                families_markdown, load_families)
+    from sinklab.analysis.status import STATUSES
+    from sinklab.report import (BOS_REMOVAL_MODELS, TABLE1_MODELS, families_figures, families_markdown,
+                                load_families)
 
     res = load_families(FAMILIES / "families.json")
     assert res["meta"]["preset"] == "full" and res["meta"]["settings"]["sink_prompts"] == 144
@@ -95,8 +96,16 @@ def test_shipped_families_results():
     for r in res["table1"] + res["encoders"]:
         assert r["n_prompts"] == 144 and r["T"] == 64
         assert 0.0 <= r["sink_rate"]["0.8"] <= r["sink_rate"]["0.3"] <= 1.0
+        # Table 1 in each model's own format: ⟨bos⟩+text exactly where its tokenizer prepends it
+        assert r["format"] == ("⟨bos⟩+text" if r["tokenizer_adds_bos"] in (True, None) else "text only"), r["name"]
+        for e, ci in r["sink_rate_ci"].items():
+            assert ci["lo"] <= r["sink_rate"][e] <= ci["hi"], (r["name"], e)
+    # the size trend is tested only within a family (Qwen2.5 0.5B -> 1.5B, the same format and prompts)
+    assert list(res["size_trend"]) == ["qwen2"]
+    assert all(v["status"] in STATUSES for v in res["size_trend"]["qwen2"]["eps"].values())
     for name, r in res["bos_removal"].items():
-        assert r["verdict"] == bos_removal_verdict(r, res["meta"]["settings"]["eps"]), name
+        assert set(r["verdicts"]) == {"sinks", "quality", "passkey"}, name
+        assert all(v["status"] in STATUSES and v["reason"] and v["criterion"] for v in r["verdicts"].values())
         assert set(r["passkey"]["bos"]["accuracy"]) == {"256", "512", "1024", "2048"}
     md = (FAMILIES / "families.md").read_text(encoding="utf-8")
     assert md == families_markdown(res, list(families_figures(res)))

@@ -394,3 +394,30 @@ def test_the_core_package_imports_no_cluster_dependency():
             "print(sorted(m for m in ('dask', 'distributed', 'pandas', 'pyarrow', 'bokeh') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_sink_location_and_long_context_sweep_analyses(smollm2_gguf, tmp_path):
+    """The two analyses the report added for sweeps: where the sink sits and long-context
+    statistics, each equal to the direct call (the float64 attention of one window recomputed)."""
+    from sinklab.analysis.controls import sink_location
+    from sinklab.inputs import prepare, text_ids
+    from sinklab.report.long_context import long_texts
+
+    spec = {"analysis": ["sink_location", "long_context"], "model": [str(smollm2_gguf)], "prompts": ["sinks"],
+            "bos": [True], "eps": [0.3], "T": [64],
+            "settings": {"sink_location": {"n_prompts": 6}, "long_context": {"n_windows": 2}}}
+    res = sweep(spec, out=str(tmp_path), serial=True, progress=False, figures=False, verbose=False)
+    df = res.table
+    model = sl.load(str(smollm2_gguf))
+    seqs = [prepare(model, text_ids(model, t), True, 64) for t in read_prompts("sinks")[:6]]
+    direct = sink_location(model, np.stack([s for s in seqs if len(s) == 64]), text_pos=1, bos_pos=0, eps=0.3)
+    row = df[df["analysis"] == "sink_location"].iloc[0]
+    assert row["share_top_pos0"] == pytest.approx(float(direct.share["pos0"].mean()), abs=1e-12)
+    assert row["sink_rate_pos0"] == pytest.approx(float(direct.sink0.mean()), abs=1e-12)
+    lc = df[df["analysis"] == "long_context"].iloc[0]
+    windows = long_texts(model, 64, 2)
+    rates = []
+    for w in windows:
+        A = model.run(prepare(model, w, True, 64), capture="attn").attn.astype(np.float64)
+        rates.append(float((A[:, :, :, 0].mean(axis=-1) > 0.3).mean()))   # Gu's a_0 from the full matrix
+    assert lc["sink_rate"] == pytest.approx(np.mean(rates), abs=1.0 / (2 * 30 * 9))

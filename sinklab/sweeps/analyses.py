@@ -70,6 +70,50 @@ def sink_study(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     return rows, {"importance": st.importance}
 
 
+def sink_location(task: Task, model: Any) -> Tuple[Rows, Arrays]:
+    """Where the sink sits (:func:`sinklab.analysis.controls.sink_location`): per eps the share of
+    heads whose top key is position 0 or the first text token, the sink rate at position 0 and the
+    mean top mass, each the mean over prompts; arrays: the top mass (P,) per prompt and eps."""
+    from ..analysis.controls import sink_location as run
+    from ..inputs import prepare, text_budget, text_ids
+
+    s, T, bos = task.settings, task.point["T"], task.point["bos"]
+    seqs = [prepare(model, ids, bos, T) for ids in (text_ids(model, t) for t in _prompts(task, 0))
+            if len(ids) >= text_budget(T, bos)]
+    if not seqs:
+        raise SpecError(f"sink_location: no prompt has {T} tokens")
+    rows, arrays = [], {}
+    for r in task.rows:
+        loc = run(model, np.stack(seqs), text_pos=1 if bos else 0, bos_pos=0 if bos else None, eps=r["eps"],
+                  mass=s.get("mass", "seen"), min_queries=int(s.get("min_queries", 8)),
+                  intervene=_intervention(task, model))
+        rows.append({"share_top_pos0": float(loc.share["pos0"].mean()),
+                     "share_top_first_text": float(loc.share["text"].mean()),
+                     "sink_rate_pos0": float(loc.sink0.mean()), "top_mass": float(loc.top_mass.mean()),
+                     "n_prompts": loc.n_prompts})
+        arrays[f"top_mass_eps{r['eps']:g}"] = loc.top_mass
+    return rows, arrays
+
+
+def long_context(task: Task, model: Any) -> Tuple[Rows, Arrays]:
+    """Attention statistics at a long context (:func:`sinklab.report.long_context.long_context_stats`,
+    streamed in C without a T×T buffer) over ``n_windows`` stretches of the prompts joined: per
+    eps the mean sink rate, attention to position 0 (queries >= 1) and row entropy; arrays: the
+    per-window values."""
+    from ..report.long_context import long_context_stats, long_texts
+
+    T = int(task.point["T"])
+    texts = long_texts(model, T, int(task.settings.get("n_windows", 3)))
+    key = "bos" if task.point["bos"] else "nobos"
+    rows, arrays = [], {}
+    for r in task.rows:
+        st = long_context_stats(model, texts, r["eps"])[key]
+        rows.append({"sink_rate": float(st["sink_rate"].mean()), "to_first": float(st["to_first"].mean()),
+                     "entropy": float(st["entropy"].mean()), "n_windows": len(texts)})
+        arrays[f"sink_rate_eps{r['eps']:g}"] = st["sink_rate"]
+    return rows, arrays
+
+
 def perturbation(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """One-token swaps with and without ⟨bos⟩ (paper §4.1, Fig. 3): per setting the mean
     relative change of the later positions' residual stream (layers >= 1) and the mean
@@ -164,5 +208,6 @@ def train(task: Task, out_dir: str) -> Tuple[Rows, Arrays]:
 
 
 MODEL_ANALYSES: Dict[str, Callable[[Task, Any], Tuple[Rows, Arrays]]] = {
-    "sink_study": sink_study, "perturbation": perturbation, "sensitivity": sensitivity, "quality": quality,
+    "sink_study": sink_study, "sink_location": sink_location, "long_context": long_context,
+    "perturbation": perturbation, "sensitivity": sensitivity, "quality": quality,
 }

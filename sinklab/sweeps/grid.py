@@ -47,12 +47,14 @@ import numpy as np
 
 from ..prompts import SPLITS
 
-ANALYSES = ("sink_study", "perturbation", "sensitivity", "quality", "train")
+ANALYSES = ("sink_study", "sink_location", "long_context", "perturbation", "sensitivity", "quality", "train")
 
 # per analysis: (task axes, row axes). A task is one value of every task axis; its rows span
 # the row axes.
 ANALYSIS_AXES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
     "sink_study": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
+    "sink_location": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
+    "long_context": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
     "perturbation": (("model", "prompts", "T"), ("bos",)),
     "sensitivity": (("model", "prompts", "bos", "T", "intervention"), ()),
     "quality": (("model", "prompts", "bos", "T", "intervention"), ()),
@@ -67,6 +69,8 @@ DEFAULTS: Dict[str, List[Any]] = {
 
 SETTINGS_KEYS: Dict[str, Tuple[str, ...]] = {
     "sink_study": ("n_prompts", "capture", "bos_in_T"),
+    "sink_location": ("n_prompts", "mass", "min_queries"),
+    "long_context": ("n_windows",),
     "perturbation": ("n_prompts", "swaps_per_passage", "seed", "min_after"),
     "sensitivity": ("n_prompts", "method", "n_probes", "seed", "target"),
     "quality": ("n_prompts",),
