@@ -401,7 +401,7 @@ def test_sink_location_and_long_context_sweep_analyses(smollm2_gguf, tmp_path):
     statistics, each equal to the direct call (the float64 attention of one window recomputed)."""
     from sinklab.analysis.controls import sink_location
     from sinklab.inputs import prepare, text_ids
-    from sinklab.report.long_context import long_texts
+    from sinklab.analysis.long_context import long_texts
 
     spec = {"analysis": ["sink_location", "long_context"], "model": [str(smollm2_gguf)], "prompts": ["sinks"],
             "bos": [True], "eps": [0.3], "T": [64],

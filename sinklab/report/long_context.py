@@ -2,48 +2,12 @@
 buffer, on every model (a stand-in: Fig. 5 varies the *training* context)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List
+from typing import Dict
 
-import numpy as np
-
+from ..analysis.long_context import N_WINDOWS, long_context_stats, long_texts
 from ..analysis.stats import mean_ci
-from ..inputs import BOS, LABELS, NOBOS, prepare
-from ..prompts import load_passages
+from ..inputs import BOS, LABELS, NOBOS
 from .core import Context, Section, pct_ci, table
-
-N_WINDOWS = 3     # independent stretches of text per model and condition (the interval's units)
-
-
-def long_texts(model: Any, T: int, n: int = N_WINDOWS) -> List[np.ndarray]:
-    """``n`` stretches of T text tokens (no BOS): the shipped passages joined by blank lines, each
-    stretch starting at another passage (rotated order), so they share no starting text."""
-    passages = load_passages("all")
-    out = []
-    for w in range(n):
-        ids: List[int] = []
-        order = passages[w * len(passages) // n:] + passages[: w * len(passages) // n]
-        for p in order:
-            ids.extend(int(i) for i in prepare(model, p + "\n\n", False, T))
-            if len(ids) >= T:
-                break
-        out.append(np.asarray(ids[:T], np.int64))
-    return out
-
-
-def long_context_stats(model: Any, texts: List[np.ndarray], eps: float) -> Dict[str, Any]:
-    """Per condition (with / without ⟨bos⟩, T tokens in both): per window the sink rate, the mean
-    attention to position 0 over queries >= 1 and the mean row entropy; arrays (n_windows,)."""
-    T = len(texts[0])
-    out = {}
-    for key, bos in ((BOS, True), (NOBOS, False)):
-        rate, to0, ent = [], [], []
-        for x in texts:
-            st = model.run(prepare(model, x, bos, T), capture=("stats",), logits_from=-1, progress=False).stats
-            rate.append(float((st.importance[:, :, 0] > eps).mean()))
-            to0.append(float(st.to_first[:, :, 1:].mean()))
-            ent.append(float(st.entropy[:, :, 1:].mean()))
-        out[key] = {"sink_rate": np.array(rate), "to_first": np.array(to0), "entropy": np.array(ent)}
-    return out
 
 
 def section_long_context(c: Context) -> Section:

@@ -96,11 +96,11 @@ def sink_location(task: Task, model: Any) -> Tuple[Rows, Arrays]:
 
 
 def long_context(task: Task, model: Any) -> Tuple[Rows, Arrays]:
-    """Attention statistics at a long context (:func:`sinklab.report.long_context.long_context_stats`,
+    """Attention statistics at a long context (:func:`sinklab.analysis.long_context.long_context_stats`,
     streamed in C without a T×T buffer) over ``n_windows`` stretches of the prompts joined: per
     eps the mean sink rate, attention to position 0 (queries >= 1) and row entropy; arrays: the
     per-window values."""
-    from ..report.long_context import long_context_stats, long_texts
+    from ..analysis.long_context import long_context_stats, long_texts
 
     T = int(task.point["T"])
     texts = long_texts(model, T, int(task.settings.get("n_windows", 3)))
