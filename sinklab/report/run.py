@@ -34,11 +34,11 @@ def _sections() -> List[Tuple[str, Callable[[Context], Section]]]:
 def _versions() -> Dict[str, str]:
     import matplotlib
 
-    from .. import __version__, _core
+    from .. import __version__, get_num_threads, simd
 
     return {"sinklab": __version__, "numpy": np.__version__, "matplotlib": matplotlib.__version__,
-            "python": platform.python_version(), "platform": platform.platform(), "simd": _core.simd(),
-            "threads": str(_core.get_num_threads())}
+            "python": platform.python_version(), "platform": platform.platform(), "simd": simd(),
+            "threads": str(get_num_threads())}
 
 
 def _model_meta(m: ModelRole) -> Dict[str, Any]:

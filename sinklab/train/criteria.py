@@ -2,8 +2,8 @@
 from the per-seed numbers of their summaries (:mod:`.experiments`) with the shared rules of
 :mod:`sinklab.analysis.status` and the intervals of :mod:`sinklab.analysis.stats`.
 
-The criteria were written from the paper's claims (PAPER.md §5, §7) before any result was read,
-and their thresholds are fixed here, not fitted:
+The criteria were written from the paper's claims (§5, Table 2, Fig. 5 and Appendix A) before any
+result was read, and their thresholds are fixed here, not fitted:
 
 * **Fig. 5** (:func:`criterion_fig5`): "longer pre-training contexts form more sinks". Effect:
   per seed s, the final ε = 0.3 sink rate at the longest context minus at the shortest (seed s
