@@ -126,8 +126,13 @@ def equivalence(effect: Interval, margin: float, what: str, spec: str = ".3f", c
     return Verdict(INCONCLUSIVE, f"{what} = {shown}: too wide to rule out an effect of ±{margin:g}", rule, nums)
 
 
+NOT_TESTABLE_RULE = ("not testable here where nothing here can test the claim: no model or scale at which the paper "
+                     "predicts the effect, or a measurement that does not apply")
+
+
 def not_testable(reason: str, criterion: str = "", numbers: Optional[Dict[str, Any]] = None) -> Verdict:
-    return Verdict(NOT_TESTABLE, reason, criterion, dict(numbers or {}))
+    """A claim nothing here can test, with the reason (the measurement, if any, kept in ``numbers``)."""
+    return Verdict(NOT_TESTABLE, reason, criterion or NOT_TESTABLE_RULE, dict(numbers or {}))
 
 
 def consistency(holds: int, cases: int, what: str, criterion: str = "") -> Verdict:
