@@ -131,7 +131,7 @@ import contextlib
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -502,6 +502,17 @@ def _check_bound_applies(c: Any) -> None:
                          f"{', '.join(differs)} (the measured sensitivity, sinklab.sensitivity, works on every family)")
 
 
+def _one_sequence(model: Any, ids: Any, target: int) -> Tuple[np.ndarray, int, int]:
+    """(ids (T,) int64, T, target in 0..T-1), or a ValueError naming what is wrong."""
+    ids = model.check_ids(ids)
+    if ids.ndim != 1:
+        raise ValueError(f"ids must be one sequence (T,), got shape {ids.shape}")
+    T = int(ids.shape[0])
+    if not -T <= int(target) < T:
+        raise ValueError(f"target={target} outside a sequence of {T} tokens")
+    return ids, T, int(target) % T
+
+
 def oversquashing_bound(model: Any, ids: Any, target: int = -1,
                         intervene: Optional[Intervention] = None, constants: str = "entrywise",
                         measured: Union[None, bool, np.ndarray, Any] = None, mlp: str = "fast",
@@ -539,13 +550,7 @@ def oversquashing_bound(model: Any, ids: Any, target: int = -1,
     if mlp not in MLP_MODES:
         raise ValueError(f"mlp={mlp!r}; choose from {MLP_MODES}")
     t0 = time.perf_counter()
-    ids = model.check_ids(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be one sequence (T,), got shape {ids.shape}")
-    T = int(ids.shape[0])
-    if not -T <= int(target) < T:
-        raise ValueError(f"target={target} outside a sequence of {T} tokens")
-    target = int(target) % T
+    ids, T, target = _one_sequence(model, ids, target)
     c = model.config
     L = c.n_layers
     tr = model.run(ids, capture=CAPTURE, intervene=intervene, progress=False)
@@ -1143,13 +1148,7 @@ def thm32_bounds(model: Any, ids: Any, target: int = -1, intervene: Optional[Int
     bad = [k for k in kinds if k not in BOUND_KINDS]
     if bad or not kinds:
         raise ValueError(f"bounds={bounds!r}; choose from {BOUND_KINDS}")
-    ids = model.check_ids(ids)
-    if ids.ndim != 1:
-        raise ValueError(f"ids must be one sequence (T,), got shape {ids.shape}")
-    T = int(ids.shape[0])
-    if not -T <= int(target) < T:
-        raise ValueError(f"target={target} outside a sequence of {T} tokens")
-    target = int(target) % T
+    ids, T, target = _one_sequence(model, ids, target)
     c = model.config
     L = c.n_layers
     seconds: Dict[str, float] = {}
