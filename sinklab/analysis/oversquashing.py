@@ -591,14 +591,7 @@ def _path_sums(model: Any, tr: Any, T: int, target: int, intervene: Optional[Int
             abar[l] = lb.mlp[:, None] * (eye + lb.attn)
         else:
             abar[l] = C[l] * ((1.0 + qq[l]) * eye + np.einsum("h,hkm->km", cc[l], A))
-    bound = np.zeros((L + 1, T))
-    b = np.zeros(T)
-    b[target] = 1.0
-    bound[L] = b
-    for l in range(L - 1, -1, -1):
-        b = b @ abar[l]
-        bound[l] = b
-    return bound, abar, C, cc, qq
+    return _path_rows(abar, target), abar, C, cc, qq
 
 
 def attach_measured(res: OversquashingBound, measured: np.ndarray) -> OversquashingBound:
