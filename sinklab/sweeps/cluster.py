@@ -147,12 +147,16 @@ def stop_local_now(client: Any, timeout: float = 1.0) -> List[int]:
     A graceful close waits for the running tasks (about 4 s with two workers inside a C call,
     benchmarks/bench_interrupt.py). Killing loses only those tasks: their results were never
     written (a result appears whole or not at all, :mod:`.store`), so a rerun runs them again.
-    The nannies are told not to restart their workers first."""
+    The nannies are told not to restart their workers first: a nanny whose worker dies restarts
+    it unless it is closing gracefully, and the cluster's close then waits for the new worker
+    to start (0.7 s of a 1.1 s exit, measured)."""
     local = getattr(client, "cluster", None)
     kill = getattr(signal, "SIGKILL", signal.SIGTERM)
     pids = []
     for nanny in list(getattr(local, "workers", {}).values()):
-        if hasattr(nanny, "auto_restart"):
+        if hasattr(nanny, "close_gracefully"):  # distributed >= 2022: no restart, and it closes itself
+            nanny.close_gracefully(reason="sinklab-ctrl-c")
+        elif hasattr(nanny, "auto_restart"):
             nanny.auto_restart = False
         pid = getattr(getattr(getattr(nanny, "process", None), "process", None), "pid", None)
         if pid:
