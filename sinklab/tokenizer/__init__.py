@@ -52,7 +52,7 @@ byte-level BPE, and for SentencePiece text without special tokens (after one, th
 decodes to a space).
 
 Layout: :mod:`.core` (the :class:`Tokenizer` class and Hugging Face folders), :mod:`.gguf_meta`
-(the ``tokenizer.*`` metadata, read with ``gguf.GGUFReader`` like the weights), :mod:`.bpe`
+(the ``tokenizer.*`` metadata, read with :mod:`sinklab.io.gguf_reader` like the weights), :mod:`.bpe`
 (byte-level BPE and llama.cpp's pre-tokenizer regexes), :mod:`.spm` (SentencePiece-style BPE).
 """
 from .core import Tokenizer

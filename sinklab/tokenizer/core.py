@@ -85,11 +85,10 @@ class Tokenizer:
         """Build the tokenizer stored in a GGUF file's ``tokenizer.ggml.*`` metadata.
 
         Args:
-            reader_or_path: an open ``gguf.GGUFReader`` (:func:`sinklab.load` passes the one it
-                reads the weights with: about 0.35 s for SmolLM2's 49k-token vocabulary), or a
-                path (``str`` / ``os.PathLike``) to a ``.gguf`` file, opened with the same reader
-                (:func:`sinklab.io.gguf_loader.open_gguf`; about 4 s more for SmolLM2, the cost of
-                ``GGUFReader`` parsing every field).
+            reader_or_path: an open :class:`~sinklab.io.gguf_reader.GGUFFile` (:func:`sinklab.load`
+                passes the one it reads the weights with) or ``gguf.GGUFReader``, or a path
+                (``str`` / ``os.PathLike``) to a ``.gguf`` file, opened with
+                :func:`sinklab.io.gguf_loader.open_gguf`.
 
         Returns:
             A :class:`Tokenizer`. ``bos_token_id`` / ``eos_token_id`` come from
