@@ -163,9 +163,18 @@ def unknown_cli_flags(text: str, parser=None) -> List[str]:
         known = set(parser._option_string_actions)
         if sub:
             known |= set(subs[sub]._option_string_actions)
+        actions = dict(parser._option_string_actions)
+        if sub:
+            actions.update(subs[sub]._option_string_actions)
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", part):
             if flag not in known:
                 bad.append(f"sinklab {sub} {flag}: not an option of the parser ({part!r})")
+        # values shown as alternatives (`--profile quick|cpu|full`) must be among the choices
+        for flag, alts in re.findall(r"(--[a-z][a-z0-9-]*) ([\w.]+(?:\|[\w.]+)+)", part):
+            choices = getattr(actions.get(flag), "choices", None)
+            if choices is not None:
+                bad += [f"sinklab {sub} {flag} {v}: not one of {sorted(choices)}"
+                        for v in alts.split("|") if v not in choices]
     return bad
 
 
@@ -255,6 +264,13 @@ def missing_paths(text: str) -> List[str]:
         if not (ROOT / path).exists():
             bad.append(path)
     return bad
+
+
+def missing_test_files(text: str) -> List[str]:
+    """Test files named without their folder (``test_tokenizer.py``) that no folder under tests/
+    holds."""
+    names = sorted(set(re.findall(r"(?<![\w/])(test_\w+\.py)\b", text)))
+    return [n for n in names if not any((ROOT / "tests").rglob(n))]
 
 
 # -- RESULTS.md ----------------------------------------------------------------------------------
@@ -362,8 +378,9 @@ def test_env_allow_list_is_used(readme):
     assert [n for n in THIRD_PARTY_ENV if n not in readme] == []
 
 
-def test_every_path_the_readme_names_exists(readme):
-    assert missing_paths(readme) == []
+def test_every_path_the_docs_name_exists(readme, results):
+    assert missing_paths(readme) == [] and missing_test_files(readme) == []
+    assert missing_paths(results) == [] and missing_test_files(results) == []
 
 
 def test_results_summary_commands_and_links(results):
@@ -401,11 +418,14 @@ def test_checkers_fail_on_bogus_names(readme):
     assert any("--no-such-flag" in b for b in bad) and any("frobnicate" in b for b in bad)
     # a flag of another subcommand is not accepted: --families belongs to reproduce, not sinks
     assert any("--families" in b for b in unknown_cli_flags("`sinklab sinks MODEL --families`"))
+    assert unknown_cli_flags("`sinklab experiment fig5 [--profile quick|huge]`") == [
+        "sinklab experiment --profile huge: not one of ['cpu', 'cpu2x', 'full', 'quick']"]
     assert unknown_flags_anywhere(readme + "\n`--no-such-option` overrides this\n") == [
         "--no-such-option: no sinklab parser has it"]
 
     assert unread_env_names(readme + "\nset `SINKLAB_NO_SUCH_VARIABLE=1`\n") == ["SINKLAB_NO_SUCH_VARIABLE"]
     assert missing_paths(readme + "\nsee `sinklab/no_such_file.py`\n") == ["sinklab/no_such_file.py"]
+    assert missing_test_files(readme + "\n(`test_no_such_thing.py`)\n") == ["test_no_such_thing.py"]
 
 
 def test_env_scan_ignores_docstrings_and_comments(tmp_path):
