@@ -273,6 +273,36 @@ def missing_test_files(text: str) -> List[str]:
     return [n for n in names if not any((ROOT / "tests").rglob(n))]
 
 
+def docs_and_comments(path: Path) -> str:
+    """A Python file's docstrings and comments, the text that describes the code."""
+    import io
+    import tokenize
+
+    src = path.read_text(encoding="utf-8")
+    parts = []
+    for node in ast.walk(ast.parse(src)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                parts.append(doc)
+    parts += [tok.string for tok in tokenize.generate_tokens(io.StringIO(src).readline)
+              if tok.type == tokenize.COMMENT]
+    return "\n".join(parts)
+
+
+def missing_names_in_package_docs() -> List[str]:
+    """``sinklab.a.b`` names in the package's docstrings and comments that do not exist."""
+    bad = []
+    for p in sorted((ROOT / "sinklab").rglob("*.py")):
+        text = docs_and_comments(p)
+        for name in sorted(set(re.findall(r"(?<![\w/])(sinklab(?:\.[A-Za-z_]\w*)+)", text))):
+            try:
+                resolve(name)
+            except (ImportError, AttributeError) as e:
+                bad.append(f"{p.relative_to(ROOT)}: {name} ({e})")
+    return bad
+
+
 # -- RESULTS.md ----------------------------------------------------------------------------------
 
 def slug(heading: str) -> str:
@@ -383,6 +413,10 @@ def test_every_path_the_docs_name_exists(readme, results):
     assert missing_paths(results) == [] and missing_test_files(results) == []
 
 
+def test_every_sinklab_name_in_the_package_docstrings_exists():
+    assert missing_names_in_package_docs() == []
+
+
 def test_results_summary_commands_and_links(results):
     assert len(summary_rows(results)) >= 15
     assert bad_summary_commands(results) == []
@@ -426,6 +460,14 @@ def test_checkers_fail_on_bogus_names(readme):
     assert unread_env_names(readme + "\nset `SINKLAB_NO_SUCH_VARIABLE=1`\n") == ["SINKLAB_NO_SUCH_VARIABLE"]
     assert missing_paths(readme + "\nsee `sinklab/no_such_file.py`\n") == ["sinklab/no_such_file.py"]
     assert missing_test_files(readme + "\n(`test_no_such_thing.py`)\n") == ["test_no_such_thing.py"]
+
+
+def test_docstring_scan_sees_docstrings_and_comments_only(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text('"""See sinklab.a."""\nx = "sinklab.not_a_doc"  # sinklab.b\ndef f():\n    """sinklab.c"""\n')
+    text = docs_and_comments(src)
+    assert "sinklab.a" in text and "sinklab.b" in text and "sinklab.c" in text
+    assert "sinklab.not_a_doc" not in text
 
 
 def test_env_scan_ignores_docstrings_and_comments(tmp_path):
