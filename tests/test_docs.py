@@ -420,7 +420,9 @@ def test_every_sinklab_name_in_the_package_docstrings_exists():
 def test_results_summary_commands_and_links(results):
     assert len(summary_rows(results)) >= 15
     assert bad_summary_commands(results) == []
-    anchors = {slug(h) for h in headings(results)}
+    hs = headings(results)
+    assert len(set(map(slug, hs))) == len(hs), "two headings with one anchor: links would go to the first"
+    anchors = {slug(h) for h in hs}
     links = re.findall(r"\]\(#([\w-]+)\)", results)
     assert links and [a for a in links if a not in anchors] == []
 
