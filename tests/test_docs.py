@@ -359,6 +359,22 @@ def bad_summary_commands(md: str) -> List[str]:
     return bad
 
 
+def bad_benchmark_commands(md: str) -> List[str]:
+    """``benchmarks/X.py --flag ...`` anywhere in the text (code spans, code blocks, prose) whose
+    script does not exist or does not define the flag."""
+    bad = []
+    for m in re.finditer(r"(benchmarks/\w+\.py)([^`\n]*)", md):
+        path = ROOT / m.group(1)
+        if not path.exists():
+            bad.append(f"{m.group(1)} does not exist")
+            continue
+        src = path.read_text()
+        for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
+            if f'"{flag}"' not in src and f"'{flag}'" not in src:
+                bad.append(f"{m.group(1)} has no {flag} ({m.group(0).strip()!r})")
+    return sorted(set(bad))
+
+
 def cited_results_sections() -> List[Tuple[str, str]]:
     """(file, section) for each citation of a RESULTS.md section by its quoted name (the file's
     name, a comma, the heading in double quotes) in the code and the README."""
@@ -395,6 +411,7 @@ def test_every_cli_invocation_the_readme_shows_parses(readme):
     assert {"sinks", "reproduce", "train", "experiment", "sweep"} <= subs, subs
     assert unknown_cli_flags(readme) == []
     assert unknown_flags_anywhere(readme) == []
+    assert bad_benchmark_commands(readme) == []
 
 
 def test_every_environment_variable_the_readme_names_is_read(readme):
@@ -420,6 +437,7 @@ def test_every_sinklab_name_in_the_package_docstrings_exists():
 def test_results_summary_commands_and_links(results):
     assert len(summary_rows(results)) >= 15
     assert bad_summary_commands(results) == []
+    assert bad_benchmark_commands(results) == []
     hs = headings(results)
     assert len(set(map(slug, hs))) == len(hs), "two headings with one anchor: links would go to the first"
     anchors = {slug(h) for h in hs}
@@ -490,5 +508,7 @@ def test_results_checkers_fail_on_bad_rows(results):
     assert any("bench_forward.py has no --no-such-flag" in b for b in bad)
     assert any("bench_nowhere.py does not exist" in b for b in bad)
     assert any("date 'soon'" in b for b in bad)
+    assert bad_benchmark_commands(results + "\n`python benchmarks/bench_sgemm.py --no-such-flag`\n") == [
+        "benchmarks/bench_sgemm.py has no --no-such-flag ('benchmarks/bench_sgemm.py --no-such-flag')"]
     assert slug("Robustness: fuzzing, sanitizers, valgrind") == "robustness-fuzzing-sanitizers-valgrind"
     assert "Under contention" in headings(results) and "Under no contention" not in headings(results)
