@@ -1,9 +1,15 @@
 """The README and benchmarks/RESULTS.md checked against the code they describe.
 
-Every ``sl.x`` / ``sinklab.x.y`` name the README gives exists, every ``sinklab SUBCOMMAND --flag``
-it shows is in the command line's parser, every repository path it names is there, and every
-environment variable it names is read or set somewhere in the code. RESULTS.md's summary commands
-name existing benchmark scripts and flags, and every section of it that the code cites exists.
+- README: every ``sl.x`` / ``sinklab.x.y`` name (and ``model.f(`` / ``tr.f(``) exists; every
+  ``sinklab SUBCOMMAND --flag`` it shows is in sinklab/cli.py's parser (values shown as
+  ``a|b|c`` among the flag's choices), and every ``--flag`` in its prose in some parser; every
+  environment variable it names is read or set somewhere in the code (THIRD_PARTY_ENV aside);
+  every repository path and test file it names exists; its ``#anchor`` links resolve.
+- The package: every ``sinklab.x.y`` name in a docstring or comment exists.
+- benchmarks/RESULTS.md: each summary row has a command, a date and a CPU; every
+  ``benchmarks/X.py --flag`` command in it (and in the README) names a script that defines the
+  flag; its headings are unique and its links resolve; every section the code cites by name
+  (RESULTS.md, then the heading in double quotes) exists.
 (tests/test_readme.py checks the quick start against CI; nothing of that is repeated here.)
 
 Each checker is a function of the text that returns the problems it found, so the tests below can
@@ -237,7 +243,7 @@ def code_env_names() -> set:
         elif p.suffix in (".c", ".h"):
             for lit in re.findall(r'"([^"\n]*)"', p.read_text(encoding="utf-8", errors="replace")):
                 names |= set(ENV_PATTERN.findall(lit))
-        elif p.suffix in ("", ".sh") and p.parent.name == ".ci" or p.suffix == ".sh":
+        elif p.suffix == ".sh" or (p.suffix == "" and p.parent.name == ".ci"):  # shell scripts
             for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
                 if not line.lstrip().startswith("#"):
                     names |= set(ENV_PATTERN.findall(line))
