@@ -211,8 +211,8 @@ def unknown_flags_anywhere(text: str, parser=None) -> List[str]:
 # -- environment variables and paths -------------------------------------------------------------
 
 def _python_strings(path: Path) -> Iterable[str]:
-    """The string constants of a Python file, docstrings excluded (a docstring names a variable,
-    it does not read it)."""
+    """The string constants and keyword-argument names of a Python file, docstrings excluded (a
+    docstring names a variable, it does not read it)."""
     try:
         tree = ast.parse(path.read_text(encoding="utf-8", errors="replace"))
     except SyntaxError:
@@ -223,8 +223,10 @@ def _python_strings(path: Path) -> Iterable[str]:
             body = node.body
             if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
                 docstrings.add(id(body[0].value))
-    return [n.value for n in ast.walk(tree)
-            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    strings = [n.value for n in ast.walk(tree)
+               if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings]
+    # dict(os.environ, OPENBLAS_NUM_THREADS=...) names the variable as a keyword
+    return strings + [n.arg for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg]
 
 
 def code_env_names() -> set:
@@ -426,6 +428,15 @@ def test_every_environment_variable_the_readme_names_is_read(readme):
     assert unread_env_names(readme) == []
 
 
+def test_every_environment_variable_results_and_docstrings_name_is_read(results):
+    code = code_env_names()
+    assert unread_env_names(results, code) == []
+    for d in ("sinklab", "benchmarks", "tests"):
+        for p in sorted((ROOT / d).rglob("*.py")):
+            if p != Path(__file__).resolve():
+                assert unread_env_names(docs_and_comments(p), code) == [], p
+
+
 def test_env_allow_list_is_used(readme):
     # a third-party variable the README no longer names must leave the allow-list
     assert [n for n in THIRD_PARTY_ENV if n not in readme] == []
@@ -499,10 +510,11 @@ def test_docstring_scan_sees_docstrings_and_comments_only(tmp_path):
 def test_env_scan_ignores_docstrings_and_comments(tmp_path):
     # a variable only mentioned (docstring, comment) is not read; one in code is
     src = tmp_path / "m.py"
-    src.write_text('"""Reads SINKLAB_DOC_ONLY."""\n# SINKLAB_COMMENT_ONLY\nimport os\nos.environ.get("SINKLAB_READ")\n')
+    src.write_text('"""Reads SINKLAB_DOC_ONLY."""\n# SINKLAB_COMMENT_ONLY\nimport os\nos.environ.get("SINKLAB_READ")\n'
+                   'env = dict(os.environ, OMP_SET_HERE="1")\n')
     strings = [s for s in _python_strings(src)]
     found = set().union(*(ENV_PATTERN.findall(s) for s in strings))
-    assert found == {"SINKLAB_READ"}
+    assert found == {"SINKLAB_READ", "OMP_SET_HERE"}
 
 
 def test_results_checkers_fail_on_bad_rows(results):
