@@ -18,6 +18,7 @@ show on a synthetic text that it does fail on a bogus name.
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import re
 from pathlib import Path
@@ -229,7 +230,8 @@ def _python_strings(path: Path) -> Iterable[str]:
     return strings + [n.arg for n in ast.walk(tree) if isinstance(n, ast.keyword) and n.arg]
 
 
-def code_env_names() -> set:
+@functools.lru_cache(maxsize=None)  # one scan of the repository per test session
+def code_env_names() -> frozenset:
     """Environment variable names the code reads or sets: in Python string constants (not
     docstrings), in C string literals, and on non-comment lines of shell scripts."""
     files = [ROOT / f for f in CODE_FILES]
@@ -249,10 +251,10 @@ def code_env_names() -> set:
             for line in p.read_text(encoding="utf-8", errors="replace").splitlines():
                 if not line.lstrip().startswith("#"):
                     names |= set(ENV_PATTERN.findall(line))
-    return names
+    return frozenset(names)
 
 
-def unread_env_names(text: str, code_names: Optional[set] = None) -> List[str]:
+def unread_env_names(text: str, code_names: Optional[frozenset] = None) -> List[str]:
     """Environment variables the text names that no code reads or sets (THIRD_PARTY_ENV aside)."""
     if code_names is None:
         code_names = code_env_names()
