@@ -1,5 +1,6 @@
 """Figures of the pre-training experiments in miniature (Fig. 5, Table 2): shared by the
-report's training section and ``sinklab experiment``. sinklab Figures, no pyplot state."""
+report's training section and ``sinklab experiment``. sinklab Figures, no pyplot state; they
+draw from the summaries alone (plain dicts) and import no training code."""
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -18,10 +19,14 @@ def uniform_first_importance(T: int) -> float:
     return float(np.sum(1.0 / np.arange(1, T + 1)) / T)
 
 
+SINK_TOKENS = 64
+"""T of the training runs' sink metric (Gu et al.), the default of
+:func:`sinklab.train.evaluate.evaluate`; kept here so the figures draw from a summary alone
+(viz imports no training code; tests/test_architecture.py checks the two values agree)."""
+
+
 def sink_T(context: int) -> int:
     """T of the training runs' sink metric: 64 tokens, or the context when shorter."""
-    from ..train.evaluate import SINK_TOKENS
-
     return min(SINK_TOKENS, int(context))
 
 
