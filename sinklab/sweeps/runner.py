@@ -22,7 +22,6 @@ from ..progress import progress_bar
 from ..runtime import __version__, get_num_threads, set_num_threads
 from ..system import write_atomic
 from ..train.corpus import prepare_corpus
-from ..viz.figures_sweep import sweep_figures
 from . import analyses, cluster, store
 from .grid import AXES, Grid, SpecError, Task, address_all, read_spec
 
@@ -272,6 +271,9 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
                          interrupted=stale + lost, dashboard=dashboard, where=where)
     result.table = table(out, tasks)
     if figures and len(result.table):
+        # here, not at the top: a worker unpickling execute() would load matplotlib (1 s) to draw nothing
+        from ..viz.figures_sweep import sweep_figures
+
         result.figures = sweep_figures(result.table, os.path.join(out, "figures"))
     result.seconds = time.perf_counter() - t0
     say(str(result))

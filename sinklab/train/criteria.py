@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..analysis import status as S
 from ..analysis.status import Verdict
 from ..analysis.stats import Interval, SeedSummary, describe_difference, over_seeds
-from ..viz.figures_training import sink_T, uniform_first_importance
+from ..viz.reference import sink_T, uniform_first_importance
 
 EPS = 0.3                       # the sink threshold the criteria judge (Gu et al.'s default)
 RELIANCE_NATS = 0.5             # (a) loss: the size of effect counted as "relies on ⟨bos⟩"

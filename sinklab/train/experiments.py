@@ -39,7 +39,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
-from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
+from ..viz.reference import sink_T, uniform_first_importance
 from . import criteria
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
@@ -385,6 +385,8 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
     """Sink rates, mean first-token importance and validation loss against tokens seen, one
     line per context, mean ± sd over seeds (:func:`sinklab.viz.figures_training.fig5_miniature_figure`),
     saved to ``path``."""
+    from ..viz.figures_training import fig5_miniature_figure  # matplotlib, only to draw
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig5_miniature_figure(summary).savefig(path, dpi=120)
     return path
@@ -393,6 +395,8 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
 def table2_figure(summary: Dict[str, Any], path: str) -> str:
     """Table 2 in miniature beside the paper's, mean ± sd over seeds
     (:func:`sinklab.viz.figures_training.table2_miniature_figure`), saved to ``path``."""
+    from ..viz.figures_training import table2_miniature_figure  # matplotlib, only to draw
+
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     table2_miniature_figure(summary).savefig(path, dpi=120)
     return path
