@@ -68,7 +68,7 @@ def __getattr__(name: str) -> Any:
     imported on first use and then kept in this module's namespace."""
     if name in _LAZY:
         value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
-    elif not name.startswith("__"):
+    elif not name.startswith("_"):  # a public subpackage or module (sl.io, sl.inputs)
         try:
             value = importlib.import_module(f".{name}", __name__)
         except ModuleNotFoundError as e:

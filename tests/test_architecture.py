@@ -347,21 +347,24 @@ def test_sweeps_store_does_not_reach_into_training():
 
 def test_import_sinklab_loads_only_the_runtime():
     """``import sinklab`` loads the C core and its runtime, nothing of the floors above, and no
-    Dask, pandas or matplotlib; a lazy export then loads its module."""
+    Dask, pandas or matplotlib; a lazy export then loads its module, and a subpackage or module
+    named as an attribute is imported then."""
     code = ("import sys, sinklab\n"
             "print(sorted(m for m in sys.modules if m.startswith('sinklab')))\n"
             "heavy = ('dask', 'distributed', 'pandas', 'matplotlib', 'torch', 'tqdm')\n"
             "print([m for m in sys.modules if m.split('.')[0] in heavy])\n"
             "sinklab.sink_rate\n"
-            "print('sinklab.analysis.sinks' in sys.modules, 'sinklab.sweeps' in sys.modules)\n")
+            "print('sinklab.analysis.sinks' in sys.modules, 'sinklab.sweeps' in sys.modules)\n"
+            "print(sorted(sinklab.io.registry.MODELS) != [], sinklab.inputs.__name__)\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONSTARTUP"}
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
-    loaded, heavy, after = out.stdout.strip().splitlines()
+    loaded, heavy, after, subpackages = out.stdout.strip().splitlines()
     assert loaded == str(["sinklab", "sinklab._core", "sinklab.runtime"])
     assert heavy == "[]"
     assert after == "True False"
+    assert subpackages == "True sinklab.inputs"  # sl.io.registry, sl.inputs: imported when named
 
 
 def test_every_public_name_resolves_and_is_listed():
