@@ -25,7 +25,15 @@ import os
 import sys
 from typing import Callable, List, Optional, Sequence
 
-from sinklab import __version__
+import sinklab as sl
+from .families import UnsupportedArchitecture
+from .io import registry
+from .prompts import load_passages
+from .results import save_json
+from .runtime import __version__
+
+# Each subcommand imports its own top-floor module (viz and matplotlib, report, train, sweeps)
+# when it runs, so `sinklab --help` or a typo answers without loading all of them.
 
 DEFAULT_EPS = (0.3, 0.8)  # Gu et al.'s threshold and the one of the paper's Table 1
 
@@ -42,8 +50,6 @@ class CLIError(Exception):
 def _load(name: str, quiet: bool):
     """sinklab.load, with the loaders' "unsupported architecture ..." ValueError (it names the
     architecture and the supported list) turned into a CLIError of exit status 2."""
-    import sinklab as sl
-
     try:
         return sl.load(name, quiet=quiet)
     except ValueError as e:
@@ -53,8 +59,6 @@ def _load(name: str, quiet: bool):
 
 def _raise_if_unsupported(name: str, e: ValueError) -> None:
     """CLIError (status 2) when ``e`` is the loaders' unsupported-architecture error."""
-    from .families import UnsupportedArchitecture
-
     if isinstance(e, UnsupportedArchitecture):
         raise CLIError(f"{name}: {e}", code=2) from e
 
@@ -68,15 +72,11 @@ def _read_prompts(args) -> List[str]:
         if not prompts:
             raise CLIError(f"{args.file} holds no prompts (one per line)")
         return prompts
-    from sinklab.prompts import load_passages
-
     return load_passages("sinks")
 
 
 def _check_model_arg(name: str) -> None:
     """CLIError unless ``name`` is an existing path or a registered model name."""
-    from sinklab.io import registry
-
     if not os.path.exists(name) and not registry.is_registered(name):
         raise CLIError(f"{name!r} is neither a file, a folder, nor a registered model name "
                        f"({', '.join(sorted(registry.MODELS))})")
@@ -84,10 +84,7 @@ def _check_model_arg(name: str) -> None:
 
 def cmd_sinks(args) -> int:
     """Sink rate of the first token over prompts of exactly ``--max-tokens`` tokens (Gu et al.)."""
-    import sinklab as sl
     from sinklab.viz.plots import importance_heatmap
-    from sinklab.results import save_json
-    from sinklab.io.registry import sha256_manifest
 
     _check_model_arg(args.model)
     prompts = _read_prompts(args)
@@ -127,7 +124,7 @@ def cmd_sinks(args) -> int:
                              title=f"{model.name}: first-token importance ({'with' if bos else 'no'} BOS, T={T})")
     png = os.path.join(args.out, "sinks_heatmap.png")
     fig.savefig(png, dpi=130)
-    digest, manifest = sha256_manifest(model.source)
+    digest, manifest = registry.sha256_manifest(model.source)
     result = {"model": model.name, "source": model.source, "sha256": digest, "sha256_manifest": manifest,
               "bos_token_id": c.bos_token_id if bos else None, "eps": args.eps, "max_tokens": T, "T": T,
               "bos_in_T": True, "n_prompts_given": n_given, "n_prompts": study.n_prompts, "n_dropped": dropped,
@@ -374,8 +371,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     _check_args(parser, args)
     try:
         if args.threads:
-            import sinklab as sl
-
             sl.set_num_threads(args.threads)
         return args.func(args)
     except BrokenPipeError:  # stdout closed early (`sinklab sinks M | head`): not an error worth a line

@@ -13,6 +13,7 @@ from .families.rope import layer_inv_freq
 from .families.tensors import QuantizedTensor, to_f32
 from .interventions import Intervention
 from .progress import progress_bar
+from .system import available_memory  # run's size checks call this name (tests patch it here)
 from .trace import AttentionStats, Trace
 
 DEFAULT_CAPTURE = ("attn", "resid", "logits")  # run()'s default; models without an LM head drop "logits"
@@ -48,33 +49,6 @@ ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 # _core.model_release_workspace(model._handle) frees it now.
 MAX_ROWS_PER_CALL = 8192
 WORKSPACE_BYTES = 256 << 20
-MEMINFO = "/proc/meminfo"  # a module attribute so tests can point it elsewhere
-
-
-def available_memory() -> Optional[int]:
-    """Bytes of memory available for new allocations, or None when it cannot be told.
-
-    psutil's ``virtual_memory().available`` when psutil is installed (it is only a test
-    dependency), else Linux's ``MemAvailable`` from /proc/meminfo; None elsewhere, and then no
-    size check is made.
-    """
-    try:
-        import psutil  # type: ignore
-    except ImportError:
-        psutil = None
-    if psutil is not None:
-        try:
-            return int(psutil.virtual_memory().available)
-        except Exception:  # psutil without support for this platform: fall back
-            pass
-    try:
-        with open(MEMINFO, encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the kernel reports kB (KiB)
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def _gb(n: float) -> str:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
-from typing import IO, Any, Callable, Dict, Tuple, Union
+from typing import Any, Dict, Tuple, Union
 
 import numpy as np
+
+# re-exported: results were written through these before they moved to the ground floor
+from .system import write_atomic, write_text_atomic  # noqa: F401
 
 
 def _nan_to_none(x: Any) -> Any:
@@ -33,50 +35,6 @@ def to_jsonable(x: Any) -> Any:
     if isinstance(x, (list, tuple)):
         return [to_jsonable(v) for v in x]
     return _nan_to_none(x)
-
-
-def _fsync_dir(folder: str) -> None:
-    """Makes a rename in ``folder`` durable (POSIX; a no-op where folders cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> str:
-    """Calls ``write(f)`` on a temporary file beside ``path``, fsyncs it and renames it to
-    ``path`` (then fsyncs the folder); on any error (a full disk, Ctrl-C) the temporary file is
-    removed and ``path`` is left as it was, so no reader ever sees a half-written file.
-
-    The temporary name is ``<path>.tmp-<pid>-<random>``: unique per call (two threads may write
-    the same path), and a process killed mid-write (no ``finally`` runs) leaves a name the
-    cleaners of :mod:`sinklab.sweeps.store` and :mod:`sinklab.train.checkpoint` recognise by
-    its ``.tmp-<pid>`` part. Returns ``path``."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
-    return path
-
-
-def write_text_atomic(path: Union[str, os.PathLike], text: str) -> str:
-    """``text`` (UTF-8) written to ``path`` through :func:`write_atomic`; returns ``path``."""
-    data = text.encode("utf-8")
-    return write_atomic(path, lambda f: f.write(data))
 
 
 def save_json(path: Union[str, os.PathLike], obj: Any, indent: int = 1) -> str:

@@ -171,7 +171,7 @@ def test_too_large_request_names_cheaper_captures(model, monkeypatch):
 
 def test_available_memory_falls_back_cleanly(monkeypatch, tmp_path):
     import sys
-    from sinklab import model as sm
+    from sinklab import system as sm
 
     monkeypatch.setitem(sys.modules, "psutil", None)      # psutil not installed: read /proc/meminfo
     meminfo = tmp_path / "meminfo"

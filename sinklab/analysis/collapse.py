@@ -495,6 +495,11 @@ class CollapseTrend:
         m = self.measure(measure, setting)
         return [[mean_ci(m[:, i, l]) for l in range(m.shape[2])] for i in range(m.shape[1])]
 
+    def depth_mean_ci(self, measure: str = "rank", setting: Optional[str] = None) -> List[Interval]:
+        """[T] bootstrap intervals over units of the measure's mean over ``depth_layers``."""
+        m = self.measure(measure, setting)[:, :, self.depth_layers].mean(axis=2)
+        return [mean_ci(m[:, i]) for i in range(m.shape[1])]
+
     def prop31(self, setting: Optional[str] = None) -> Prop31:
         """Prop. 3.1's two sides, (P, nT, L+1) arrays."""
         s = self._setting(setting)

@@ -7,6 +7,8 @@ from typing import Any, Tuple, Union
 
 import numpy as np
 
+from .. import runtime
+
 # ggml type ids the C core decodes (see csrc/quant.h)
 TYPE_NAMES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
               12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 30: "BF16"}
@@ -15,9 +17,7 @@ F32, F16, BF16 = 0, 1, 30
 
 def block_size(type_id: int) -> Tuple[int, int]:
     """(elements, bytes) of one block of ggml type ``type_id``."""
-    from .. import _core
-
-    return tuple(int(x) for x in _core.quant_block_size(int(type_id)))  # type: ignore[return-value]
+    return runtime.quant_block_size(type_id)
 
 
 class QuantizedTensor:
@@ -75,10 +75,8 @@ class QuantizedTensor:
     def dequantize(self) -> np.ndarray:
         """The float32 matrix of ``shape``, decoded by the C core's own block decoder (the one
         its matrix products use)."""
-        from .. import _core
-
         n = self.shape[0] * self.shape[1]
-        return _core.dequantize(self.type, self.data, n).reshape(self.shape)
+        return runtime.dequantize(self.type, self.data, n).reshape(self.shape)
 
     def core(self) -> Tuple[int, np.ndarray]:
         """The ``(ggml_type, raw bytes)`` tuple the C core takes."""

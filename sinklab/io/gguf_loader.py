@@ -18,8 +18,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from .. import _core
-from .. import families
+from .. import families, runtime
 from ..families.config import ModelConfig
 from ..families.tensors import TYPE_NAMES, QuantizedTensor, Tensor, to_f32
 from .gguf_reader import GGUFFile, GGUFFormatError, GGUFTensor
@@ -143,7 +142,7 @@ def read_tensor(t: GGUFTensor, expected_shape: Tuple[int, ...]) -> Tensor:
         raise GGUFError(f"tensor {t.name} has shape {shape}, expected {tuple(expected_shape)}")
     n = int(np.prod(shape))
     raw = t.data
-    block_elems, block_bytes = _core.quant_block_size(type_id)
+    block_elems, block_bytes = runtime.quant_block_size(type_id)
     if n % block_elems or shape[-1] % block_elems:
         raise GGUFError(f"tensor {t.name}: rows of {shape[-1]} values are not whole {SUPPORTED_TYPES[type_id]} blocks")
     if raw.nbytes != n // block_elems * block_bytes:
@@ -154,7 +153,7 @@ def read_tensor(t: GGUFTensor, expected_shape: Tuple[int, ...]) -> Tensor:
     data = raw
     if len(shape) == 2:
         return QuantizedTensor(type_id, data, shape)
-    return _core.dequantize(type_id, data, n).reshape(shape)
+    return runtime.dequantize(type_id, data, n).reshape(shape)
 
 
 def tensor_to_f32(t, expected_shape: Tuple[int, ...]) -> np.ndarray:

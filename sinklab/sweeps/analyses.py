@@ -17,6 +17,18 @@ from typing import Any, Callable, Dict, List, Tuple
 
 import numpy as np
 
+from ..analysis.controls import sink_location as run_sink_location
+from ..analysis.long_context import long_context_stats, long_texts
+from ..analysis.perturbation import perturbation_study
+from ..analysis.quality import perplexity
+from ..analysis.sensitivity import sensitivity as run_sensitivity
+from ..analysis.sinkset import sink_study as run_sink_study
+from ..inputs import prepare, text_budget, text_ids
+from ..model import load
+from ..train.evaluate import EPS
+from ..train.experiments import profile as profile_of
+from ..train.run import TrainConfig
+from ..train.run import train as run_training
 from .grid import SpecError, Task, make_intervention, read_prompts
 
 Rows = List[Dict[str, Any]]
@@ -30,12 +42,10 @@ _MODELS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
 
 def worker_model(name: str) -> Any:
     """The model ``name`` (registered name or path), loaded once in this process."""
-    import sinklab
-
     if name in _MODELS:
         _MODELS.move_to_end(name)
         return _MODELS[name]
-    model = sinklab.load(name, quiet=True)
+    model = load(name, quiet=True)
     _MODELS[name] = model
     while len(_MODELS) > max(1, MODELS_KEPT):
         _MODELS.popitem(last=False)
@@ -59,10 +69,8 @@ def _intervention(task: Task, model: Any) -> Any:
 def sink_study(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """Sink rate (a_0 > eps, fraction of (prompt, layer, head)) and mean a_0 (paper §3, Fig. 5's
     metric), one row per eps; arrays: ``importance`` (P, L, H) float64."""
-    from ..analysis.sinkset import sink_study as run
-
     s = task.settings
-    st = run(model, _prompts(task, 0), T=task.point["T"], eps=tuple(r["eps"] for r in task.rows),
+    st = run_sink_study(model, _prompts(task, 0), T=task.point["T"], eps=tuple(r["eps"] for r in task.rows),
              bos=task.point["bos"], skip_short=True, bos_in_T=bool(s.get("bos_in_T", True)),
              capture=s.get("capture", "stats"), progress=False, intervene=_intervention(task, model))
     rows = [{"sink_rate": st.sink_rate(r["eps"]), "mean_importance": float(st.importance.mean()),
@@ -74,9 +82,6 @@ def sink_location(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """Where the sink sits (:func:`sinklab.analysis.controls.sink_location`): per eps the share of
     heads whose top key is position 0 or the first text token, the sink rate at position 0 and the
     mean top mass, each the mean over prompts; arrays: the top mass (P,) per prompt and eps."""
-    from ..analysis.controls import sink_location as run
-    from ..inputs import prepare, text_budget, text_ids
-
     s, T, bos = task.settings, task.point["T"], task.point["bos"]
     seqs = [prepare(model, ids, bos, T) for ids in (text_ids(model, t) for t in _prompts(task, 0))
             if len(ids) >= text_budget(T, bos)]
@@ -84,7 +89,7 @@ def sink_location(task: Task, model: Any) -> Tuple[Rows, Arrays]:
         raise SpecError(f"sink_location: no prompt has {T} tokens")
     rows, arrays = [], {}
     for r in task.rows:
-        loc = run(model, np.stack(seqs), text_pos=1 if bos else 0, bos_pos=0 if bos else None, eps=r["eps"],
+        loc = run_sink_location(model, np.stack(seqs), text_pos=1 if bos else 0, bos_pos=0 if bos else None, eps=r["eps"],
                   mass=s.get("mass", "seen"), min_queries=int(s.get("min_queries", 8)),
                   intervene=_intervention(task, model))
         rows.append({"share_top_pos0": float(loc.share["pos0"].mean()),
@@ -100,8 +105,6 @@ def long_context(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     streamed in C without a T×T buffer) over ``n_windows`` stretches of the prompts joined: per
     eps the mean sink rate, attention to position 0 (queries >= 1) and row entropy; arrays: the
     per-window values."""
-    from ..analysis.long_context import long_context_stats, long_texts
-
     T = int(task.point["T"])
     texts = long_texts(model, T, int(task.settings.get("n_windows", 3)))
     key = "bos" if task.point["bos"] else "nobos"
@@ -118,8 +121,6 @@ def perturbation(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """One-token swaps with and without ⟨bos⟩ (paper §4.1, Fig. 3): per setting the mean
     relative change of the later positions' residual stream (layers >= 1) and the mean
     attention entropy; the pooled no-⟨bos⟩/⟨bos⟩ spread ratio (geometric mean) on both rows."""
-    from ..analysis.perturbation import perturbation_study
-
     s = task.settings
     texts = read_prompts(task.point["prompts"])       # passages without a valid swap are skipped
     st = perturbation_study(model, texts, n_passages=int(s.get("n_prompts", 10)), swaps_per_passage=int(s.get("swaps_per_passage", 3)),
@@ -141,16 +142,13 @@ def sensitivity(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """Over-squashing map of the last token (paper §3.2, Fig. 4): Frobenius norm of
     d resid[L][last] / d resid[0][j] at the first position and the mean over the others,
     averaged over the prompts (default 1); arrays: ``fro`` (P, L+1, T)."""
-    from ..analysis.sensitivity import sensitivity as run
-    from ..inputs import prepare, text_ids
-
     s = task.settings
     T, bos = task.point["T"], task.point["bos"]
     iv = _intervention(task, model)
     fros = []
     for text in _prompts(task, 1):
         ids = prepare(model, text_ids(model, text), bos, T)
-        res = run(model, ids, target=int(s.get("target", -1)), method=s.get("method", "estimate"),
+        res = run_sensitivity(model, ids, target=int(s.get("target", -1)), method=s.get("method", "estimate"),
                   n_probes=int(s.get("n_probes", 16)), seed=int(s.get("seed", 0)), intervene=iv,
                   spectral=False, progress=False)
         fros.append(res.fro)
@@ -164,8 +162,6 @@ def sensitivity(task: Task, model: Any) -> Tuple[Rows, Arrays]:
 def quality(task: Task, model: Any) -> Tuple[Rows, Arrays]:
     """Held-out perplexity with or without ⟨bos⟩ (paper §3.3's cost of removing the sink): the
     token-weighted mean NLL (nats) over the prompts, each cut to T tokens."""
-    from ..analysis.quality import perplexity
-
     r = perplexity(model, _prompts(task, 0), bos=task.point["bos"], max_tokens=task.point["T"],
                    intervene=_intervention(task, model), progress=False)
     return ([{"mean_nll": r.mean_nll, "perplexity": r.perplexity, "n_predicted": int(r.n_predicted.sum()),
@@ -176,11 +172,6 @@ def train(task: Task, out_dir: str) -> Tuple[Rows, Arrays]:
     """One training run (paper §5; :func:`sinklab.train.run.train`) in ``out_dir`` (resumed
     from its latest checkpoint when a retried task finds one), then its final evaluation: per
     (⟨bos⟩ or text-only inference, eps) the validation loss and sink rate."""
-    from ..train.evaluate import EPS
-    from ..train.experiments import profile as profile_of
-    from ..train.run import TrainConfig
-    from ..train.run import train as run
-
     fields = {k: v for k, v in task.settings.items() if k != "profile"}
     if "profile" in task.settings:
         p = profile_of(task.settings["profile"])
@@ -195,7 +186,7 @@ def train(task: Task, out_dir: str) -> Tuple[Rows, Arrays]:
         if r["eps"] not in EPS:
             raise SpecError(f"train runs log sink rates at eps {EPS}; got eps={r['eps']}")
     cfg = TrainConfig(**fields, out_dir=out_dir, keep_last=1)
-    log = run(cfg, progress=False).log
+    log = run_training(cfg, progress=False).log
     last = [line for line in log if line.get("val_loss_bos") is not None][-1]
     rows = []
     for r in task.rows:

@@ -30,6 +30,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
+from ..io import registry
+from ..system import available_memory
+
 GIB = 1 << 30
 
 
@@ -58,8 +61,6 @@ class LocalPlan:
 
 def model_bytes(models: Sequence[str]) -> int:
     """The largest size on disk among the models (registered size for a name not yet fetched)."""
-    from ..io import registry
-
     biggest = 0
     for m in models:
         if os.path.isfile(m):
@@ -80,8 +81,6 @@ def plan_local(task_models: Sequence[str], workers: Optional[int] = None,
         task_models: the model of every task to run (repeats included; "" for a training run).
         workers, threads: fixed by the caller when not None.
     """
-    from ..model import available_memory
-
     n_cores = cores()
     sizes = {m: model_bytes([m]) if m else 0 for m in set(task_models)}
     largest = max(sizes.values(), default=0)

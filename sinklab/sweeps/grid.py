@@ -45,7 +45,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..prompts import SPLITS
+from ..interventions import Intervention
+from ..io import registry
+from ..prompts import SPLITS, load_passages
 
 ANALYSES = ("sink_study", "sink_location", "long_context", "perturbation", "sensitivity", "quality", "train")
 
@@ -171,8 +173,6 @@ def intervention_layers(name: str, n_layers: Optional[int]) -> Tuple[str, Option
 
 def make_intervention(name: str, n_layers: int, n_heads: int) -> Any:
     """The :class:`sinklab.Intervention` an intervention name stands for (None for ``"none"``)."""
-    from ..interventions import Intervention
-
     kind, layers = intervention_layers(name, n_layers)
     if kind == "none":
         return None
@@ -293,22 +293,16 @@ def _json_default(o: Any) -> Any:
 def prompts_digest(prompts: str) -> str:
     """sha256 of a prompt set's texts (a shipped split, or a file's bytes)."""
     if prompts in SPLITS:
-        from ..prompts import load_passages
-
         text = "\n".join(load_passages(prompts))
         return hashlib.sha256(text.encode("utf-8")).hexdigest()
     if not os.path.isfile(prompts):
         raise SpecError(f"prompts {prompts!r} is neither a shipped split ({', '.join(SPLITS)}) nor a file")
-    from ..io.registry import sha256_file
-
-    return sha256_file(prompts)
+    return registry.sha256_file(prompts)
 
 
 def read_prompts(prompts: str) -> List[str]:
     """The texts of a prompt set: a shipped split, or a UTF-8 file's non-empty lines."""
     if prompts in SPLITS:
-        from ..prompts import load_passages
-
         return load_passages(prompts)
     with open(prompts, encoding="utf-8") as f:
         return [line.strip() for line in f if line.strip()]
@@ -320,8 +314,6 @@ _MODEL_DIGESTS: Dict[Tuple[str, int, float], str] = {}
 def model_digest(model: str) -> str:
     """sha256 that names a model's weights: the pinned one of a registered name (no download
     needed), else the file's (a folder's manifest digest), cached per (path, size, mtime)."""
-    from ..io import registry
-
     if not os.path.exists(model):
         if registry.is_registered(model):
             return registry.resolve_name(model).sha256

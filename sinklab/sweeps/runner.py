@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..progress import progress_bar
-from ..results import write_atomic
+from ..runtime import __version__, get_num_threads, set_num_threads
+from ..system import write_atomic
+from ..train.corpus import prepare_corpus
 from . import analyses, cluster, store
 from .grid import AXES, Grid, SpecError, Task, address_all, read_spec
 
@@ -36,13 +38,11 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
     includes ``load_seconds``, the model's load when this worker had not loaded it); raises what the analysis raised,
     after recording it in ``failed/``.
     """
-    import sinklab
-
     n = cluster.task_threads(threads, slots)
     if slots is not None or _on_dask_worker():
         cluster.prepare_worker()
-    before = sinklab.get_num_threads()
-    sinklab.set_num_threads(n)
+    before = get_num_threads()
+    set_num_threads(n)
     mark = store.mark_running(out, task)
     t0 = time.perf_counter()
     try:
@@ -62,7 +62,7 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
         raise
     finally:
         os.remove(mark)
-        sinklab.set_num_threads(before)
+        set_num_threads(before)
 
 
 def _on_dask_worker() -> bool:
@@ -114,8 +114,6 @@ def _grid_and_options(grid: Union[str, os.PathLike, Mapping[str, Any], Grid]) ->
 
 def _prepare_corpora(tasks: List[Task]) -> None:
     """Fetches and tokenizes each training corpus once, here, before workers race for it."""
-    from ..train.corpus import prepare_corpus
-
     seen = set()
     for t in tasks:
         if t.analysis != "train":
@@ -174,10 +172,8 @@ def _run_pending(pending: List[Task], out: str, serial: bool, client: Any, sched
                  say: Any) -> tuple:
     """Runs the tasks in-process, on ``client``, on ``scheduler`` or on a new LocalCluster;
     returns (names run, dashboard URL, where in words)."""
-    import sinklab
-
     if serial:
-        threads = threads or sinklab.get_num_threads()
+        threads = threads or get_num_threads()
         return _run_serial(pending, out, threads, progress, failed), None, f"serial, {threads} thread(s)"
     own = client is None
     if own and scheduler:
@@ -236,8 +232,6 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
     LocalCluster the sweep kills the workers instead of waiting for their tasks. Finished
     results stay, half-written files and the in-flight markers are removed.
     """
-    import sinklab
-
     t0 = time.perf_counter()
     g, opts = _grid_and_options(grid)
     out = out or opts.get("out") or "sweep-results"
@@ -247,7 +241,7 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
     say = print if verbose else (lambda *a, **k: None)
     for note in g.not_applicable():
         say(f"note: {note}")
-    tasks = address_all(g.tasks(), sinklab.__version__)
+    tasks = address_all(g.tasks(), __version__)
     store.ensure(out)
     stale = store.interrupted(out)           # markers of a client or node that died earlier
     store.clear_markers(out, stale)
@@ -277,6 +271,7 @@ def sweep(grid: Union[str, os.PathLike, Mapping[str, Any], Grid], out: Optional[
                          interrupted=stale + lost, dashboard=dashboard, where=where)
     result.table = table(out, tasks)
     if figures and len(result.table):
+        # here, not at the top: a worker unpickling execute() would load matplotlib (1 s) to draw nothing
         from ..viz.figures_sweep import sweep_figures
 
         result.figures = sweep_figures(result.table, os.path.join(out, "figures"))

@@ -23,7 +23,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..results import to_jsonable, write_atomic, write_text_atomic
+from ..results import to_jsonable
+from ..system import clean_stale, write_atomic, write_text_atomic
 from .grid import Task
 
 RESULT_FORMAT = "sinklab.sweeps.TaskResult/1"
@@ -123,8 +124,6 @@ def clear_partial(out: str) -> List[str]:
     ``failed/`` (never a finished result), and the stale checkpoint temporaries of the training
     runs in ``runs/``; returns the paths removed. Two sweeps writing one folder at the same time
     are not supported."""
-    from ..train.checkpoint import clean_stale
-
     removed = []
     for sub in ("tasks", "failed"):
         d = os.path.join(out, sub)

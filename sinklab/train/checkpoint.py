@@ -41,7 +41,8 @@ import numpy as np
 from ..families import base, llama
 from ..families.config import ModelConfig
 from ..io.hf_loader import SafetensorsError, read_safetensors
-from ..results import _fsync_dir, write_text_atomic
+from ..runtime import __version__
+from ..system import clean_stale, fsync_dir, write_text_atomic
 from .engine import AdamW, Trainer, llama_config
 
 FORMAT = "sinklab.TrainCheckpoint/1"
@@ -56,7 +57,6 @@ STATE_FILE = "trainer_state.json"
 # of step STEP), after its first file, so a test can kill the process mid-write.
 PAUSE_ENV = "SINKLAB_TEST_CKPT_PAUSE"
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
-_TMP = re.compile(r"\.tmp-(\d+)")
 
 
 class CheckpointError(ValueError):
@@ -165,40 +165,6 @@ def _tokenizer_config(tokenizer_path: str, cfg: ModelConfig) -> Optional[Dict[st
 
 
 # ------------------------------------------------------------------ run folders
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return False  # ours: a save in this process that failed half-way; no save runs now
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def clean_stale(run_dir: str) -> List[str]:
-    """Removes the ``*.tmp-<pid>*`` files and folders left in ``run_dir`` by processes that no
-    longer run (a checkpoint write or delete that was killed); returns their paths."""
-    removed = []
-    if not os.path.isdir(run_dir):
-        return removed
-    for name in os.listdir(run_dir):
-        m = _TMP.search(name)
-        if not m or _pid_alive(int(m.group(1))):
-            continue
-        path = os.path.join(run_dir, name)
-        if os.path.isdir(path) and not os.path.islink(path):
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            try:
-                os.remove(path)
-            except FileNotFoundError:
-                pass
-        removed.append(path)
-    return removed
-
-
 def list_checkpoints(run_dir: str) -> List[Tuple[int, str]]:
     """(step, path) of every ``step-NNNNNN`` folder in ``run_dir`` (complete or not), by step."""
     if not os.path.isdir(run_dir):
@@ -252,7 +218,7 @@ def prune(run_dir: str, keep_last: int, keep_steps: Sequence[int] = ()) -> List[
             _delete_dir(p)
             gone.append(p)
     if gone:
-        _fsync_dir(run_dir)
+        fsync_dir(run_dir)
     return gone
 
 
@@ -308,8 +274,6 @@ def save_checkpoint(trainer: Trainer, run_dir: str, run_state: Optional[Dict[str
             tcfg = _tokenizer_config(tokenizer_path, cfg)
             if tcfg is not None:
                 files[TOKENIZER_CONFIG_FILE] = _write_file(os.path.join(tmp, TOKENIZER_CONFIG_FILE), _json_bytes(tcfg))
-        from .. import __version__
-
         state = dict(run_state or {})
         state.update({"format": FORMAT, "step": step, "data_position": step, "sinklab_version": __version__,
                       "model": model_kwargs(cfg), "optimizer": asdict(trainer.optimizer),
@@ -320,14 +284,14 @@ def save_checkpoint(trainer: Trainer, run_dir: str, run_state: Optional[Dict[str
                       "files": files})
         state["state_sha256"] = _state_digest(state)
         _write_file(os.path.join(tmp, STATE_FILE), _json_bytes(state))
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if os.path.exists(final):  # left by a run killed between this rename and updating latest
         _delete_dir(final)
     os.rename(tmp, final)
-    _fsync_dir(run_dir)
+    fsync_dir(run_dir)
     write_text_atomic(os.path.join(run_dir, LATEST), name + "\n")
     prune(run_dir, keep_last, keep_steps)
     return final

@@ -58,8 +58,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ..io.registry import cache_dir
 from ..progress import progress_bar
-from ..results import _fsync_dir
+from ..system import fsync_dir, pid_alive
 
 CORPUS_VERSION = 1
 CORPUS_NAME = "pd-english"
@@ -145,8 +146,6 @@ class Document:
 def corpus_cache_dir() -> Path:
     """The corpus cache: ``$SINKLAB_HOME/corpus`` (default ``~/.cache/sinklab/corpus``), beside
     the model cache of :mod:`sinklab.io.registry`."""
-    from ..io.registry import cache_dir
-
     return cache_dir().parent / "corpus"
 
 
@@ -201,7 +200,7 @@ def fetch_source(src: DebSource, debs_dir: PathLike, quiet: bool = False) -> Pat
             raise CorpusFetchError(f"{url}: got {n} bytes with sha256 {digest}, expected {src.size} bytes "
                                    f"with sha256 {src.sha256}; nothing was cached.")
         os.replace(tmp, dest)
-        _fsync_dir(debs)
+        fsync_dir(debs)
         return dest
     finally:
         if tmp.exists():
@@ -729,15 +728,7 @@ def _remove_stale(final: Path, older_than_s: float = 6 * 3600) -> None:
             pid = int(tmp.name.split(".tmp-", 1)[1].split("-", 1)[0])
         except ValueError:
             pid = -1
-        alive = False
-        if pid > 0:
-            try:
-                os.kill(pid, 0)
-                alive = pid != os.getpid()
-            except ProcessLookupError:
-                alive = False
-            except PermissionError:
-                alive = True
+        alive = pid > 0 and pid_alive(pid)
         try:
             old = time.time() - tmp.stat().st_mtime > older_than_s
         except FileNotFoundError:
@@ -822,14 +813,14 @@ def build_corpus(documents: Sequence[Document], out_dir: PathLike, vocab_size: i
             "prepare_seconds": round(time.perf_counter() - t0, 2),
         }
         _write_text(tmp / "meta.json", json.dumps(meta, indent=1) + "\n")  # last: marks completeness
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
         try:
             os.replace(tmp, out)
         except OSError:
             if (out / "meta.json").is_file():  # another process finished first: use its corpus
                 return load_corpus(out)
             raise
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -46,7 +46,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..analysis import status as S
 from ..analysis.status import Verdict
 from ..analysis.stats import Interval, SeedSummary, describe_difference, over_seeds
-from .experiments import PAPER_TABLE2
+from ..viz.reference import sink_T, uniform_first_importance
 
 EPS = 0.3                       # the sink threshold the criteria judge (Gu et al.'s default)
 RELIANCE_NATS = 0.5             # (a) loss: the size of effect counted as "relies on ⟨bos⟩"
@@ -54,6 +54,15 @@ NO_EFFECT_NATS = 0.05           # (b) loss: the equivalence margin of "no change
 NO_EFFECT_SINK_PP = 5.0         # (b) sink rate: the equivalence margin, percentage points
 LOSS_COMPARABLE_FRACTION = 0.05  # Fig. 5 losses "comparable": within ±5 % of the shortest context's
 NO_SINKS = "no head crossed ε = {eps:g} in any seed"
+
+# The paper's Table 2 (~120M LLaMA-2-style models, 30B tokens): (masking, fixed ⟨bos⟩ in training,
+# inference) -> (sink rate %, validation loss). Its intra-document model without a fixed ⟨bos⟩
+# has no ⟨bos⟩+text row (it never saw one).
+PAPER_TABLE2: List[Tuple[str, bool, str, float, float]] = [
+    ("causal", False, "bos", 65.10, 2.69), ("causal", False, "text", 65.15, 2.70),
+    ("causal", True, "bos", 90.84, 2.69), ("causal", True, "text", 0.05, 7.56),
+    ("intra_doc", False, "text", 28.23, 2.67),
+    ("intra_doc", True, "bos", 90.56, 2.67), ("intra_doc", True, "text", 0.00, 7.78)]
 
 PAPER_ROWS = {(m, b, i): (sink, loss) for m, b, i, sink, loss in PAPER_TABLE2}
 
@@ -80,8 +89,6 @@ def _pm(s: Optional[SeedSummary], spec: str = ".3f", unit: str = "") -> str:
 
 
 def _uniform(context: int) -> float:
-    from ..viz.figures_training import sink_T, uniform_first_importance
-
     return uniform_first_importance(sink_T(context))
 
 

@@ -39,6 +39,9 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
+from ..viz.reference import sink_T, uniform_first_importance
+from . import criteria
+from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
 EPS = (0.3, 0.8)
@@ -64,15 +67,6 @@ PROFILES: Dict[str, Dict[str, Any]] = {
              "total_tokens": 8192 * 2500, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "eval_every": 250,
              "eval_docs": 64, "eval_windows": 16, "seeds": DEFAULT_SEEDS},
 }
-
-# The paper's Table 2 (~120M LLaMA-2-style models, 30B tokens): (masking, fixed ⟨bos⟩ in training,
-# inference) -> (sink rate %, validation loss). Its intra-document model without a fixed ⟨bos⟩
-# has no ⟨bos⟩+text row (it never saw one).
-PAPER_TABLE2: List[Tuple[str, bool, str, float, float]] = [
-    ("causal", False, "bos", 65.10, 2.69), ("causal", False, "text", 65.15, 2.70),
-    ("causal", True, "bos", 90.84, 2.69), ("causal", True, "text", 0.05, 7.56),
-    ("intra_doc", False, "text", 28.23, 2.67),
-    ("intra_doc", True, "bos", 90.56, 2.67), ("intra_doc", True, "text", 0.00, 7.78)]
 
 TABLE2_RUNS = (("causal", False), ("causal", True), ("intra_doc", False), ("intra_doc", True))
 
@@ -195,8 +189,6 @@ def _mean_sd(series: Sequence[Sequence[Optional[float]]]) -> Tuple[List[Optional
 
 
 def _uniform(context: int) -> Tuple[int, float]:
-    from ..viz.figures_training import sink_T, uniform_first_importance
-
     T = sink_T(context)
     return T, uniform_first_importance(T)
 
@@ -393,7 +385,7 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
     """Sink rates, mean first-token importance and validation loss against tokens seen, one
     line per context, mean ± sd over seeds (:func:`sinklab.viz.figures_training.fig5_miniature_figure`),
     saved to ``path``."""
-    from ..viz.figures_training import fig5_miniature_figure
+    from ..viz.figures_training import fig5_miniature_figure  # matplotlib, only to draw
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig5_miniature_figure(summary).savefig(path, dpi=120)
@@ -403,7 +395,7 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
 def table2_figure(summary: Dict[str, Any], path: str) -> str:
     """Table 2 in miniature beside the paper's, mean ± sd over seeds
     (:func:`sinklab.viz.figures_training.table2_miniature_figure`), saved to ``path``."""
-    from ..viz.figures_training import table2_miniature_figure
+    from ..viz.figures_training import table2_miniature_figure  # matplotlib, only to draw
 
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     table2_miniature_figure(summary).savefig(path, dpi=120)
@@ -419,8 +411,6 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
     verdict (``verdict``) and the reading (``reading``) of :mod:`.criteria`. Returns the summary."""
     if name not in ("fig5", "table2"):
         raise ValueError(f"unknown experiment {name!r}: fig5 or table2")
-    from . import criteria
-
     make = fig5_configs if name == "fig5" else table2_configs
     configs = make(profile_name, root=root, threads=threads, seeds=seeds)
     logs = run_all(configs, progress=progress)

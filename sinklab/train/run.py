@@ -27,10 +27,14 @@ from typing import Any, Callable, Dict, List, Optional
 import numpy as np
 
 from ..progress import progress_bar
-from ..results import write_text_atomic
+from ..runtime import get_num_threads, set_num_threads
+from ..system import clean_stale, write_text_atomic
+from ..tokenizer import Tokenizer
 from . import checkpoint as ckpt_io
+from .corpus import prepare_corpus
 from .engine import AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
+from .packing import Packer
 
 LOG_FILE = "log.jsonl"
 MASKINGS = ("causal", "intra_doc")
@@ -283,8 +287,6 @@ class RunResult:
 
 def _tokenizer(corpus: Any) -> Any:
     """A :class:`sinklab.tokenizer.Tokenizer` of the corpus (with its ⟨bos⟩/⟨eos⟩ ids), or None."""
-    from ..tokenizer import Tokenizer
-
     tok = getattr(corpus, "tokenizer", None)
     if isinstance(tok, Tokenizer):
         return tok
@@ -395,25 +397,23 @@ def train(config: TrainConfig, resume: bool = True, progress: bool = True, *, co
 
     ``config.threads`` applies during the run only; the thread count is restored after it.
     """
-    import sinklab
-
     config.validate()
-    threads_before = sinklab.get_num_threads()
+    threads_before = get_num_threads()
     if config.threads:
-        sinklab.set_num_threads(config.threads)
+        set_num_threads(config.threads)
     try:
         return _train(config, resume, progress, corpus, packer_cls)
     except KeyboardInterrupt as e:
         e.args = (_interrupted(config.out_dir, e),)
         raise
     finally:
-        sinklab.set_num_threads(threads_before)
+        set_num_threads(threads_before)
 
 
 def _interrupted(out: str, e: KeyboardInterrupt) -> str:
     """After Ctrl-C: removes this process's half-written files from ``out`` (a checkpoint's
     temporary folder, ``latest`` or the log's temporary file) and says where the run resumes."""
-    ckpt_io.clean_stale(out)  # counts this process's own temporaries as stale: no save runs now
+    clean_stale(out)  # counts this process's own temporaries as stale: no save runs now
     try:
         latest = ckpt_io.latest_checkpoint(out)
     except ckpt_io.CheckpointError:
@@ -433,11 +433,9 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     if latest is not None:  # before the corpus, which may take minutes to prepare
         _check_same_run(config, ckpt_io.read_state(latest).get("run_config", {}), latest)
     if corpus is None:
-        from .corpus import prepare_corpus
-
         corpus = prepare_corpus(root=config.corpus_root, vocab_size=config.vocab_size)
     if packer_cls is None:
-        from .packing import Packer as packer_cls  # noqa: N813
+        packer_cls = Packer
     tok = _tokenizer(corpus)
     bos_id, eos_id = int(corpus.bos_id), int(corpus.eos_id)
     C, B, total = config.context, config.batch_size, config.n_steps
@@ -448,7 +446,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     opt = AdamW(beta1=float(config.beta1), beta2=float(config.beta2), eps=float(config.adam_eps),
                 weight_decay=float(config.weight_decay), grad_clip=float(config.grad_clip))
     os.makedirs(out, exist_ok=True)
-    ckpt_io.clean_stale(out)
+    clean_stale(out)
     log_path = os.path.join(out, LOG_FILE)
     resumed_from, wall0 = None, 0.0
     if latest is not None:

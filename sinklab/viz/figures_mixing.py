@@ -344,10 +344,7 @@ def collapse_trend_figure(trend: Any, measure: str = "rank", setting: Any = None
     axes[0].legend(fontsize=7, ncol=2)
     ax = axes[1]
     _errbar(ax, Ts, [r[L] for r in grid], color="k", marker="o", lw=2, label=f"l = {L}")
-    m = trend.measure(measure, setting)[:, :, trend.depth_layers].mean(axis=2)
-    from ..analysis.stats import mean_ci
-
-    _errbar(ax, Ts, [mean_ci(m[:, i]) for i in range(len(Ts))], color="gray", marker=".", lw=1,
+    _errbar(ax, Ts, trend.depth_mean_ci(measure, setting), color="gray", marker=".", lw=1,
             label="mean over layers")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("text tokens T")

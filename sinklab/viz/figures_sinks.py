@@ -156,13 +156,16 @@ def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = Fal
     return fig
 
 
+TOP_KEY_CLASSES = {"pos0": "position 0", "bos": "⟨bos⟩ (moved)", "text": "first text token", "elsewhere": "elsewhere"}
+"""Legend of the classes of a head's top key in :func:`bos_controls_figure`, by the keys of
+``BosControls.location`` (the figure reads the classes from the result, not from the analysis)."""
+
+
 def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
     """Controls for ⟨bos⟩ removal (:class:`sinklab.analysis.controls.BosControls`), one row per
     condition (draws of a random control pooled): perplexity with its 95% interval (log scale,
     the baseline's as a dotted line), the sink rate at position 0 and at the (moved) ⟨bos⟩ with
     their intervals, and where each head's top key sits (stacked shares)."""
-    from ..analysis.controls import CLASS_KEYS, CLASSES
-
     groups = list(result.groups())
     labels = [result.label(g) for g in groups]
     n = len(groups)
@@ -201,7 +204,9 @@ def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
 
     ax = axes[2]
     left = np.zeros(n)
-    for c, (key, name) in enumerate(zip(CLASS_KEYS, CLASSES)):
+    keys = [k for k in result.location(groups[0]) if k != "top_mass"]  # the classes, in their order
+    for c, key in enumerate(keys):
+        name = TOP_KEY_CLASSES.get(key, key)
         vals = np.array([100 * result.location(g)[key].value for g in groups])
         ax.barh(y, vals, left=left, color=f"C{c + 3}", label=name, height=0.7)
         left += vals

@@ -1,5 +1,6 @@
 """Figures of the pre-training experiments in miniature (Fig. 5, Table 2): shared by the
-report's training section and ``sinklab experiment``. sinklab Figures, no pyplot state."""
+report's training section and ``sinklab experiment``. sinklab Figures, no pyplot state; they
+draw from the summaries alone (plain dicts) and import no training code."""
 from __future__ import annotations
 
 from typing import Any, Dict
@@ -7,22 +8,8 @@ from typing import Any, Dict
 import numpy as np
 
 from .figure import subplots
-
-
-def uniform_first_importance(T: int) -> float:
-    """a_0 of a head that attends uniformly over its causal prefix, over T tokens:
-    1/T Σ_{i<T} 1/(i+1) = H_T / T (0.074 at T = 64). A trained head's a_0 above it leans on
-    position 0; the sink rate counts only heads above eps."""
-    if T < 1:
-        raise ValueError(f"T must be at least 1, got {T}")
-    return float(np.sum(1.0 / np.arange(1, T + 1)) / T)
-
-
-def sink_T(context: int) -> int:
-    """T of the training runs' sink metric: 64 tokens, or the context when shorter."""
-    from ..train.evaluate import SINK_TOKENS
-
-    return min(SINK_TOKENS, int(context))
+# re-exported: the report's training section reads them from here
+from .reference import SINK_TOKENS, sink_T, uniform_first_importance  # noqa: F401
 
 
 def _series(run: Dict[str, Any], key: str, scale: float = 1.0) -> tuple:
