@@ -105,6 +105,9 @@ static int check_flat_views(const sl_model *m, const sl_model_grads *pg, const f
     }
 #undef LAYER
 #undef GLOBAL
+#undef QUANT_MATRIX
+#undef QUANT_VECTOR
+#undef QUANT_TABLE
 #undef DATA_MATRIX
 #undef DATA_VECTOR
 #undef DATA_TABLE
