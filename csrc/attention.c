@@ -230,6 +230,10 @@ int64_t sl_attn_batch_floats(const sl_attn_shape *s, const sl_attn_batch *bt, in
     return sizes[0] + sizes[1] + sizes[2];
 }
 
+int64_t sl_attn_row_floats(const sl_attn_shape *s) {
+    return s->n_kv_heads * s->head_dim + 2 * s->n_heads * SL_ATTN_SEGMENTS;
+}
+
 /* Everything one sequence's tasks need, resolved once per task. */
 typedef struct {
     int64_t n, off, n_seg;

@@ -107,6 +107,11 @@ typedef struct {
  * Reads B, T_pad, off, len and whether importance is asked. */
 int64_t sl_attn_batch_floats(const sl_attn_shape *s, const sl_attn_batch *bt, int n_threads, int64_t sizes[3]);
 
+/* The most floats sl_attn_batch_floats asks per packed row (Vᵀ and, with importance, the
+ * partials of SL_ATTN_SEGMENTS query segments per head, as doubles); reads the head counts and
+ * head_dim of s. */
+int64_t sl_attn_row_floats(const sl_attn_shape *s);
+
 /* The whole batch in one parallel region: Vᵀ, then (sequence, head, query segment) tasks, then
  * each (sequence, head)'s importance sums and padding zeros. s->T is not read. With a head under
  * SL_ZFV_MEAN the call allocates the values' prefix sums itself (rows * G*hd doubles). */

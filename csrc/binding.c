@@ -1,26 +1,20 @@
-/* sinklab._core: the CPython/NumPy binding. It converts and checks arguments, releases the GIL
- * around every computation and turns core status codes into Python exceptions. No numerics. */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#define PY_ARRAY_UNIQUE_SYMBOL sinklab_ARRAY_API
-#include <numpy/arrayobject.h>
+/* sinklab._core: the CPython/NumPy binding. It converts and checks arguments, calls the core
+ * through one skeleton (sl_py_call: the GIL released, the Ctrl-C guard on, the status raised)
+ * and turns core status codes into Python exceptions. No numerics. Build information, the
+ * SIGINT guard, training and the test-only entry points live in build_info.c, interrupt.c,
+ * binding_train.c and binding_testing.c. */
+#define SL_BINDING_MAIN
+#include "binding.h"
 
 #include <math.h>
-#include <signal.h>
 #include <string.h>
 
 #include "cpu.h"
-#include "grad.h"
-#include "model.h"
+#include "interrupt.h"
 #include "ops.h"
 #include "quant.h"
 #include "sgemm.h"
 #include "sl_common.h"
-#include "train.h"
-
-#if SL_HAVE_OPENMP
-#include <omp.h>
-#endif
 
 /* ---------------------------------------------------------------- errors and array checks */
 
@@ -43,82 +37,24 @@ static PyObject *raise_status(const sl_ctx *ctx, int rc) {
     return NULL;
 }
 
-/* ---------------------------------------------------------------- Ctrl-C during long calls */
-
-/* While Python's main thread runs a long call with the GIL released, Python's SIGINT handler only
- * trips a flag that nothing reads until the call returns, so Ctrl-C would wait for the whole
- * computation. The guard swaps in a handler that also sets the core's interrupt flag (read
- * between layers by sl_check_interrupt) and chains to Python's handler, then restores it. A
- * SIGINT that is ignored (SIG_IGN) or left to the default action is not touched. */
-#if defined(__unix__) || defined(__APPLE__)
-#define SL_HAVE_SIGINT_GUARD 1
-static unsigned long sl_main_thread;
-static struct sigaction sl_python_sigint; /* the handler chained to, set while a guard is on */
-
-static void sl_on_sigint(int sig) {
-    sl_interrupt_set(1);
-    if (sl_python_sigint.sa_handler != SIG_DFL && sl_python_sigint.sa_handler != SIG_IGN)
-        sl_python_sigint.sa_handler(sig);
-}
-#else
-#define SL_HAVE_SIGINT_GUARD 0
-#endif
-
-typedef struct {
-    int on;
-#if SL_HAVE_SIGINT_GUARD
-    struct sigaction prev;
-#endif
-} sigint_guard;
-
-/* Call with the GIL held, after sl_ctx_begin(ctx). */
-static void sigint_guard_begin(sigint_guard *g, sl_ctx *ctx) {
-    g->on = 0;
-#if SL_HAVE_SIGINT_GUARD
-    if (PyThread_get_thread_ident() != sl_main_thread) return;
-    struct sigaction cur;
-    if (sigaction(SIGINT, NULL, &cur) != 0 || (cur.sa_flags & SA_SIGINFO) || cur.sa_handler == SIG_IGN ||
-        cur.sa_handler == SIG_DFL || cur.sa_handler == sl_on_sigint)
-        return;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = sl_on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sl_python_sigint = cur;
-    sl_interrupt_set(0);
-    if (sigaction(SIGINT, &sa, &g->prev) != 0) return;
-    ctx->interruptible = 1;
-    g->on = 1;
-    sl_check_gaps_begin();
-#else
-    (void)ctx;
-#endif
+int sl_py_call(sl_py_core_fn fn, void *arg, int interruptible) {
+    int rc;
+    sl_ctx ctx;
+    sl_ctx *prev = sl_ctx_begin(&ctx);
+    sl_sigint_guard guard = {0};
+    if (interruptible) sl_sigint_guard_begin(&guard, &ctx);
+    Py_BEGIN_ALLOW_THREADS
+    rc = fn(arg);
+    Py_END_ALLOW_THREADS
+    sl_sigint_guard_end(&guard);
+    sl_ctx_end(prev);
+    if (rc == SL_OK) return 0;
+    raise_status(&ctx, rc);
+    return -1;
 }
 
-/* The last guarded call's Ctrl-C checks (count, longest time without one in s), for the tests. */
-static int64_t sl_last_checks = -1;
-static double sl_last_check_gap = 0.0;
-
-static void sigint_guard_end(sigint_guard *g) {
-#if SL_HAVE_SIGINT_GUARD
-    if (g->on) {
-        sigaction(SIGINT, &g->prev, NULL);
-        sl_check_gaps_end(&sl_last_checks, &sl_last_check_gap);
-    }
-#endif
-    g->on = 0;
-}
-
-static PyObject *py_interrupt_check_gaps(PyObject *self, PyObject *noargs) {
-    (void)self, (void)noargs;
-    return Py_BuildValue("(Ld)", (long long)sl_last_checks, sl_last_check_gap);
-}
-
-/* Checks that obj is a C-contiguous, aligned ndarray of dtype `type` with `ndim` dims; dims[i]
- * >= 0 must match exactly, -1 accepts any size. Never copies: a silent copy of an output buffer
- * would lose what the core writes, and of a weight would double memory. */
-static PyArrayObject *check_array(PyObject *obj, const char *name, int type, int ndim,
-                                  const npy_intp *dims, int writable) {
+PyArrayObject *sl_py_check_array(PyObject *obj, const char *name, int type, int ndim, const npy_intp *dims,
+                                 int writable) {
     if (!PyArray_Check(obj)) {
         PyErr_Format(PyExc_TypeError, "%s must be a numpy array, got %s", name, Py_TYPE(obj)->tp_name);
         return NULL;
@@ -185,27 +121,6 @@ static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
 #endif
 }
 
-/* Test-only: the team size a kernel's parallel region gets when called from this Python thread
- * now (a region opened exactly as the kernels open theirs, from a fresh call context). It lets
- * the tests check the per-call thread count without timing. */
-static PyObject *py_team_size(PyObject *self, PyObject *noargs) {
-    (void)self, (void)noargs;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    int team = 1;
-    Py_BEGIN_ALLOW_THREADS
-#pragma omp parallel num_threads(sl_num_threads())
-    {
-#if SL_HAVE_OPENMP
-#pragma omp single
-        team = omp_get_num_threads();
-#endif
-    }
-    Py_END_ALLOW_THREADS
-    sl_ctx_end(prev);
-    return PyLong_FromLong(team);
-}
-
 static PyObject *py_simd(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
     return PyUnicode_FromString(sl_simd_name(sl_simd()));
@@ -227,121 +142,23 @@ static PyObject *py_simd_best(PyObject *self, PyObject *noargs) {
     return PyUnicode_FromString(sl_simd_name(sl_simd_best()));
 }
 
-/* ---------------------------------------------------------------- build information */
-
-/* Facts fixed when the extension was compiled (the compiler's own macros, the flags and NumPy
- * setup.py passed in) and those read from the machine now (CPU features, the OpenMP runtime,
- * the NumPy loaded). sinklab.build_info() assembles the public dict from this one. */
-#ifndef SL_BUILD_CC
-#define SL_BUILD_CC "unknown"
-#endif
-#ifndef SL_BUILD_CFLAGS
-#define SL_BUILD_CFLAGS "unknown"
-#endif
-#ifndef SL_BUILD_NUMPY
-#define SL_BUILD_NUMPY "unknown"
-#endif
-#ifndef SL_BUILD_OPENMP_REQUEST
-#define SL_BUILD_OPENMP_REQUEST "auto"
-#endif
-
-#define SL_STR_(x) #x
-#define SL_STR(x) SL_STR_(x)
-#if defined(__INTEL_LLVM_COMPILER)
-#define SL_COMPILER_FAMILY "icx"
-#elif defined(__clang__) && defined(__apple_build_version__)
-#define SL_COMPILER_FAMILY "apple-clang"
-#elif defined(__clang__)
-#define SL_COMPILER_FAMILY "clang"
-#elif defined(__GNUC__)
-#define SL_COMPILER_FAMILY "gcc"
-#else
-#define SL_COMPILER_FAMILY "unknown"
-#endif
-#if defined(__clang__)
-#define SL_COMPILER_VERSION SL_STR(__clang_major__) "." SL_STR(__clang_minor__) "." SL_STR(__clang_patchlevel__)
-#elif defined(__GNUC__)
-#define SL_COMPILER_VERSION SL_STR(__GNUC__) "." SL_STR(__GNUC_MINOR__) "." SL_STR(__GNUC_PATCHLEVEL__)
-#else
-#define SL_COMPILER_VERSION "unknown"
-#endif
-#ifdef __VERSION__
-#define SL_COMPILER_BANNER __VERSION__
-#else
-#define SL_COMPILER_BANNER "unknown"
-#endif
-
-static int dict_set(PyObject *d, const char *key, PyObject *value) {
-    if (!value) return -1;
-    int rc = PyDict_SetItemString(d, key, value);
-    Py_DECREF(value);
-    return rc;
-}
-
-/* v, or None for 0 (a fact this build cannot know) */
-static PyObject *long_or_none(long v) {
-    if (v) return PyLong_FromLong(v);
-    Py_RETURN_NONE;
-}
-
-/* The CPU features the kernels care about, as the CPU (and OS) report them now. */
-static PyObject *cpu_features(void) {
-    PyObject *d = PyDict_New();
-    if (!d) return NULL;
-#if (defined(__x86_64__) || defined(__i386__)) && defined(__GNUC__)
-    __builtin_cpu_init();
-    const struct { const char *name; int on; } feats[] = {
-        {"avx", __builtin_cpu_supports("avx")},           {"avx2", __builtin_cpu_supports("avx2")},
-        {"fma", __builtin_cpu_supports("fma")},           {"avx512f", __builtin_cpu_supports("avx512f")},
-        {"avx512bw", __builtin_cpu_supports("avx512bw")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
-        {"avx512dq", __builtin_cpu_supports("avx512dq")},
-    };
-    for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++)
-        if (dict_set(d, feats[i].name, PyBool_FromLong(feats[i].on)) < 0) {
-            Py_DECREF(d);
-            return NULL;
-        }
-#endif
-    return d;
-}
-
-static PyObject *py_build_info(PyObject *self, PyObject *noargs) {
-    (void)self, (void)noargs;
-    PyObject *d = PyDict_New();
-    if (!d) return NULL;
-#if SL_HAVE_OPENMP && defined(_OPENMP)
-    /* _OPENMP: the date of the OpenMP specification the compiler implements (201511 = 4.5) */
-    const long omp_date = (long)_OPENMP, omp_max = omp_get_max_threads(), omp_procs = omp_get_num_procs();
-#else
-    const long omp_date = 0, omp_max = 1, omp_procs = 0;
-#endif
-    if (dict_set(d, "compiler_family", PyUnicode_FromString(SL_COMPILER_FAMILY)) < 0 ||
-        dict_set(d, "compiler_version", PyUnicode_FromString(SL_COMPILER_VERSION)) < 0 ||
-        dict_set(d, "compiler_banner", PyUnicode_FromString(SL_COMPILER_BANNER)) < 0 ||
-        dict_set(d, "cc", PyUnicode_FromString(SL_BUILD_CC)) < 0 ||
-        dict_set(d, "cflags", PyUnicode_FromString(SL_BUILD_CFLAGS)) < 0 ||
-        dict_set(d, "openmp", PyBool_FromLong(SL_HAVE_OPENMP)) < 0 ||
-        dict_set(d, "openmp_request", PyUnicode_FromString(SL_BUILD_OPENMP_REQUEST)) < 0 ||
-        dict_set(d, "openmp_date", long_or_none(omp_date)) < 0 ||
-        dict_set(d, "omp_max_threads", PyLong_FromLong(omp_max)) < 0 ||
-        dict_set(d, "omp_num_procs", long_or_none(omp_procs)) < 0 ||
-        dict_set(d, "num_threads", PyLong_FromLong(SL_HAVE_OPENMP ? sl_get_num_threads() : 1)) < 0 ||
-        dict_set(d, "simd", PyUnicode_FromString(sl_simd_name(sl_simd()))) < 0 ||
-        dict_set(d, "simd_best", PyUnicode_FromString(sl_simd_name(sl_simd_best()))) < 0 ||
-        dict_set(d, "cpu_features", cpu_features()) < 0 ||
-        dict_set(d, "numpy_build", PyUnicode_FromString(SL_BUILD_NUMPY)) < 0 ||
-        dict_set(d, "numpy_build_abi", PyLong_FromUnsignedLong(NPY_ABI_VERSION)) < 0 ||
-        dict_set(d, "numpy_build_api", PyLong_FromUnsignedLong(NPY_API_VERSION)) < 0 ||
-        dict_set(d, "numpy_target_api", PyLong_FromUnsignedLong(NPY_FEATURE_VERSION)) < 0 ||
-        dict_set(d, "numpy_runtime_abi", PyLong_FromUnsignedLong(PyArray_GetNDArrayCVersion())) < 0 ||
-        dict_set(d, "numpy_runtime_api", PyLong_FromUnsignedLong(PyArray_GetNDArrayCFeatureVersion())) < 0) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
 /* ---------------------------------------------------------------- SGEMM */
+
+typedef struct {
+    int ta, tb;
+    int64_t M, N, K;
+    const float *a;
+    int64_t lda;
+    const float *b;
+    int64_t ldb;
+    float *c;
+    int accumulate;
+} sgemm_call;
+
+static int run_sgemm(void *p) {
+    const sgemm_call *c = p;
+    return sl_sgemm(c->ta, c->tb, c->M, c->N, c->K, c->a, c->lda, c->b, c->ldb, c->c, c->N, c->accumulate, 1);
+}
 
 /* sgemm(A, B, C=None, trans_a=False, trans_b=True, accumulate=False): C = op(A)·op(B) (+ C). */
 static PyObject *py_sgemm(PyObject *self, PyObject *args, PyObject *kw) {
@@ -351,9 +168,9 @@ static PyObject *py_sgemm(PyObject *self, PyObject *args, PyObject *kw) {
     int accumulate = 0, ta = 0, tb = 1;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|Oppp", kwlist, &ao, &bo, &co, &ta, &tb, &accumulate))
         return NULL;
-    PyArrayObject *a = check_array(ao, "A", NPY_FLOAT32, 2, NULL, 0);
+    PyArrayObject *a = sl_py_check_array(ao, "A", NPY_FLOAT32, 2, NULL, 0);
     if (!a) return NULL;
-    PyArrayObject *b = check_array(bo, "B", NPY_FLOAT32, 2, NULL, 0);
+    PyArrayObject *b = sl_py_check_array(bo, "B", NPY_FLOAT32, 2, NULL, 0);
     if (!b) return NULL;
     npy_intp M = PyArray_DIM(a, ta ? 1 : 0), K = PyArray_DIM(a, ta ? 0 : 1);
     npy_intp N = PyArray_DIM(b, tb ? 0 : 1), Kb = PyArray_DIM(b, tb ? 1 : 0);
@@ -367,21 +184,15 @@ static PyObject *py_sgemm(PyObject *self, PyObject *args, PyObject *kw) {
         c = (PyArrayObject *)PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
         if (!c) return NULL;
     } else {
-        if (!check_array(co, "C", NPY_FLOAT32, 2, dims, 1)) return NULL;
+        if (!sl_py_check_array(co, "C", NPY_FLOAT32, 2, dims, 1)) return NULL;
         c = (PyArrayObject *)co;
         Py_INCREF(c);
     }
-    int rc;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    Py_BEGIN_ALLOW_THREADS
-    rc = sl_sgemm(ta, tb, M, N, K, PyArray_DATA(a), PyArray_DIM(a, 1), PyArray_DATA(b), PyArray_DIM(b, 1),
-                  PyArray_DATA(c), N, accumulate, 1);
-    Py_END_ALLOW_THREADS
-    sl_ctx_end(prev);
-    if (rc != SL_OK) {
+    sgemm_call call = {ta, tb, M, N, K, PyArray_DATA(a), PyArray_DIM(a, 1), PyArray_DATA(b), PyArray_DIM(b, 1),
+                       PyArray_DATA(c), accumulate};
+    if (sl_py_call(run_sgemm, &call, 0) < 0) {
         Py_DECREF(c);
-        return raise_status(&ctx, rc);
+        return NULL;
     }
     return (PyObject *)c;
 }
@@ -412,50 +223,53 @@ static PyObject *py_quant_block_size(PyObject *self, PyObject *arg) {
     return Py_BuildValue("(LL)", (long long)be, (long long)bb);
 }
 
+typedef struct {
+    int type;
+    const uint8_t *src;
+    int64_t nbytes;
+    float *dst;
+    int64_t n;
+} dequantize_call;
+
+static int run_dequantize_check(void *p) {
+    const dequantize_call *c = p;
+    return sl_dequantize_check(c->type, c->nbytes, c->n);
+}
+
+static int run_dequantize(void *p) {
+    const dequantize_call *c = p;
+    return sl_dequantize(c->type, c->src, c->nbytes, c->dst, c->n, 1);
+}
+
 static PyObject *py_dequantize(PyObject *self, PyObject *args) {
     (void)self;
     int type;
     PyObject *data;
     long long n;
     if (!PyArg_ParseTuple(args, "iOL", &type, &data, &n)) return NULL;
-    PyArrayObject *src = check_array(data, "data", NPY_UINT8, 1, NULL, 0);
+    PyArrayObject *src = sl_py_check_array(data, "data", NPY_UINT8, 1, NULL, 0);
     if (!src) return NULL;
     if (n < 0) return PyErr_Format(PyExc_ValueError, "n_elements must be >= 0, got %lld", n);
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
     /* Size checks before allocating, so a bogus n_elements is a ValueError, not a MemoryError. */
-    int rc = sl_dequantize_check(type, PyArray_DIM(src, 0), n);
-    PyArrayObject *out = NULL;
-    if (rc == SL_OK) {
-        npy_intp dims[1] = {(npy_intp)n};
-        out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
-    }
-    if (rc == SL_OK && out) {
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_dequantize(type, PyArray_DATA(src), PyArray_DIM(src, 0), PyArray_DATA(out), n, 1);
-        Py_END_ALLOW_THREADS
-    }
-    sl_ctx_end(prev);
-    if (rc != SL_OK) {
-        Py_XDECREF(out);
-        return raise_status(&ctx, rc);
-    }
+    dequantize_call c = {type, PyArray_DATA(src), PyArray_DIM(src, 0), NULL, n};
+    if (sl_py_call(run_dequantize_check, &c, 0) < 0) return NULL;
+    npy_intp dims[1] = {(npy_intp)n};
+    PyArrayObject *out = (PyArrayObject *)PyArray_EMPTY(1, dims, NPY_FLOAT32, 0);
     if (!out) return NULL;
+    c.dst = PyArray_DATA(out);
+    if (sl_py_call(run_dequantize, &c, 0) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
     return (PyObject *)out;
 }
 
 /* ---------------------------------------------------------------- model handle */
 
-/* The handle owns the C structs and a reference to every weight array they point into. */
-typedef struct {
-    sl_model model;
-    sl_layer_weights *layers;
-    PyObject *keep;     /* list of the arrays */
-    sl_ws_cache cache;  /* the forward's activations, kept between calls (model.h) */
-} model_handle;
+sl_py_model *sl_py_model_of(PyObject *capsule) { return PyCapsule_GetPointer(capsule, "sinklab.model"); }
 
 static void handle_destroy(PyObject *capsule) {
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return;
     sl_ws_cache_clear(&h->cache); /* no call can be running: each holds a reference */
     Py_XDECREF(h->keep);
@@ -478,50 +292,6 @@ static int cfg_int(PyObject *cfg, const char *key, int64_t *out) {
     *out = x;
     return 1;
 }
-
-/* The parameter gradients loss_grad fills: field of sl_layer_grads, canonical key, shape in
- * terms of d, qd = H*hd, kvd = G*hd, hd and F (numpy order (out, in)), and whether layer lw has
- * the tensor (a buffer is taken only then). */
-#define GRAD_TENSORS(X)                                                    \
-    X(attn_norm, "attn_norm", 1, d, 0, lw->attn_norm.w)                    \
-    X(attn_norm_b, "attn_norm_b", 1, d, 0, lw->attn_norm.b)                \
-    X(wq, "attn_q", 2, qd, d, lw->wq.data)                                 \
-    X(wk, "attn_k", 2, kvd, d, lw->wk.data)                                \
-    X(wv, "attn_v", 2, kvd, d, lw->wv.data)                                \
-    X(wo, "attn_output", 2, d, qd, lw->wo.data)                            \
-    X(bq, "attn_q_b", 1, qd, 0, lw->bq)                                    \
-    X(bk, "attn_k_b", 1, kvd, 0, lw->bk)                                   \
-    X(bv, "attn_v_b", 1, kvd, 0, lw->bv)                                   \
-    X(bo, "attn_output_b", 1, d, 0, lw->bo)                                \
-    X(attn_q_norm, "attn_q_norm", 1, hd, 0, lw->attn_q_norm)               \
-    X(attn_k_norm, "attn_k_norm", 1, hd, 0, lw->attn_k_norm)               \
-    X(attn_post_norm, "attn_post_norm", 1, d, 0, lw->attn_post_norm.w)     \
-    X(attn_post_norm_b, "attn_post_norm_b", 1, d, 0, lw->attn_post_norm.b) \
-    X(attn_res_norm, "attn_res_norm", 1, d, 0, lw->attn_res_norm.w)        \
-    X(attn_res_norm_b, "attn_res_norm_b", 1, d, 0, lw->attn_res_norm.b)    \
-    X(ffn_norm, "ffn_norm", 1, d, 0, lw->ffn_norm.w)                       \
-    X(ffn_norm_b, "ffn_norm_b", 1, d, 0, lw->ffn_norm.b)                   \
-    X(w_gate, "ffn_gate", 2, F, d, lw->w_gate.data)                        \
-    X(w_up, "ffn_up", 2, F, d, lw->w_up.data)                              \
-    X(w_down, "ffn_down", 2, d, F, lw->w_down.data)                        \
-    X(b_gate, "ffn_gate_b", 1, F, 0, lw->b_gate)                           \
-    X(b_up, "ffn_up_b", 1, F, 0, lw->b_up)                                 \
-    X(b_down, "ffn_down_b", 1, d, 0, lw->b_down)                           \
-    X(ffn_post_norm, "ffn_post_norm", 1, d, 0, lw->ffn_post_norm.w)        \
-    X(ffn_post_norm_b, "ffn_post_norm_b", 1, d, 0, lw->ffn_post_norm.b)    \
-    X(ffn_res_norm, "ffn_res_norm", 1, d, 0, lw->ffn_res_norm.w)           \
-    X(ffn_res_norm_b, "ffn_res_norm_b", 1, d, 0, lw->ffn_res_norm.b)
-
-/* The same for the model-wide tensors: field of sl_model_grads, key, shape, presence in m. */
-#define GRAD_GLOBALS(X)                                       \
-    X(tok_embd, "tok_embd", 2, V, d, m->tok_embd.data)        \
-    X(lm_head, "lm_head", 2, V, d, m->lm_head.data)           \
-    X(out_norm, "out_norm", 1, d, 0, m->out_norm.w)           \
-    X(out_norm_b, "out_norm_b", 1, d, 0, m->out_norm.b)       \
-    X(pos_embd, "pos_embd", 2, m->n_pos, d, m->pos_embd)      \
-    X(type_embd, "type_embd", 1, d, 0, m->type_embd)          \
-    X(embd_norm, "embd_norm", 1, d, 0, m->embd_norm.w)        \
-    X(embd_norm_b, "embd_norm_b", 1, d, 0, m->embd_norm.b)
 
 /* Reads tensors[name] (NULL with no error when absent and optional) and records the name as used. */
 static PyObject *tensor_item(PyObject *tensors, PyObject *used, const char *name, int required) {
@@ -546,7 +316,7 @@ static int float_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const
     *out = NULL;
     PyObject *o = tensor_item(tensors, used, name, required);
     if (!o) return !PyErr_Occurred();
-    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 0);
+    PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, ndim, dims, 0);
     if (!a || PyList_Append(keep, o) < 0) return 0;
     *out = PyArray_DATA(a);
     return 1;
@@ -567,7 +337,7 @@ static int matrix_tensor(PyObject *tensors, PyObject *used, PyObject *keep, cons
     if (!o) return !PyErr_Occurred();
     if (!PyTuple_Check(o)) {
         npy_intp dims[2] = {rows, cols};
-        PyArrayObject *a = check_array(o, name, NPY_FLOAT32, 2, dims, 0);
+        PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, 2, dims, 0);
         if (!a || PyList_Append(keep, o) < 0) return 0;
         *w = sl_weight_f32(PyArray_DATA(a), rows, cols);
         return 1;
@@ -575,7 +345,7 @@ static int matrix_tensor(PyObject *tensors, PyObject *used, PyObject *keep, cons
     int type;
     PyObject *raw;
     if (!PyArg_ParseTuple(o, "iO;a quantized tensor is (ggml_type: int, data: uint8 array)", &type, &raw)) return 0;
-    PyArrayObject *a = check_array(raw, name, NPY_UINT8, 1, NULL, 0);
+    PyArrayObject *a = sl_py_check_array(raw, name, NPY_UINT8, 1, NULL, 0);
     if (!a || PyList_Append(keep, raw) < 0) return 0;
     if (sl_weight_init(w, type, PyArray_DATA(a), PyArray_DIM(a, 0), rows, cols) != SL_OK) {
         PyErr_Format(PyExc_ValueError, "tensor %s: %s", name, sl_last_error());
@@ -584,11 +354,24 @@ static int matrix_tensor(PyObject *tensors, PyObject *used, PyObject *keep, cons
     return 1;
 }
 
-/* A norm's weight (d) and optional bias "<name>_b"; absent weight: no such norm. */
-static int norm_tensor(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp d, sl_norm *n) {
-    char bias[96];
-    snprintf(bias, sizeof bias, "%s_b", name);
-    return vector_tensor(tensors, used, keep, name, d, 0, &n->w) && vector_tensor(tensors, used, keep, bias, d, 0, &n->b);
+/* The parsers of the schema's kinds (model.h): MATRIX into an sl_weight, VECTOR (rows) and TABLE
+ * (any, cols) into a float pointer; absent and optional: left NULL. */
+static int parse_MATRIX(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp rows,
+                        npy_intp cols, int required, sl_weight *w) {
+    return matrix_tensor(tensors, used, keep, name, rows, cols, required, w);
+}
+
+static int parse_VECTOR(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp rows,
+                        npy_intp cols, int required, const float **out) {
+    (void)cols;
+    return vector_tensor(tensors, used, keep, name, rows, required, out);
+}
+
+static int parse_TABLE(PyObject *tensors, PyObject *used, PyObject *keep, const char *name, npy_intp rows,
+                       npy_intp cols, int required, const float **out) {
+    (void)rows; /* the table's length is the file's (n_pos) */
+    npy_intp dims[2] = {-1, cols};
+    return float_tensor(tensors, used, keep, name, 2, dims, required, out);
 }
 
 static int cfg_float(PyObject *cfg, const char *key, double dflt, float *out) {
@@ -651,6 +434,12 @@ static int model_config(PyObject *cfg, sl_model *m) {
         return 0;
     }
     m->rope_layout = (int)layout;
+    /* n_kv_heads <= n_heads then, so n_kv_heads * head_dim is in range too */
+    if (m->n_heads > (1LL << 40) / m->head_dim) {
+        PyErr_Format(PyExc_ValueError, "model config n_heads * head_dim = %lld * %lld is out of range",
+                     (long long)m->n_heads, (long long)m->head_dim);
+        return 0;
+    }
     if (m->n_heads % m->n_kv_heads || m->head_dim % 2) {
         PyErr_Format(PyExc_ValueError, "n_heads (%lld) must be a multiple of n_kv_heads (%lld) and head_dim even",
                      (long long)m->n_heads, (long long)m->n_kv_heads);
@@ -662,48 +451,31 @@ static int model_config(PyObject *cfg, sl_model *m) {
            cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap);
 }
 
+/* The schema's global tensors of m, then n_pos from the learned positions' length. */
 static int global_tensors(PyObject *tensors, PyObject *used, PyObject *keep, sl_model *m) {
-    const npy_intp d = m->d_model, V = m->vocab_size;
-    npy_intp pos_dims[2] = {-1, d};
-    if (!matrix_tensor(tensors, used, keep, "tok_embd", V, d, 1, &m->tok_embd) ||
-        !matrix_tensor(tensors, used, keep, "lm_head", V, d, 0, &m->lm_head) ||
-        !float_tensor(tensors, used, keep, "pos_embd", 2, pos_dims, 0, &m->pos_embd) ||
-        !vector_tensor(tensors, used, keep, "type_embd", d, 0, &m->type_embd) ||
-        !norm_tensor(tensors, used, keep, "embd_norm", d, &m->embd_norm) ||
-        !norm_tensor(tensors, used, keep, "out_norm", d, &m->out_norm))
-        return 0;
+    int ok = 1;
+#define PARSE(grad, key, kind, weight, rows, cols, required, role)                                           \
+    ok = ok && parse_##kind(tensors, used, keep, key, sl_model_dim(m, SL_DIM_##rows), sl_model_dim(m, SL_DIM_##cols), \
+                            required, &m->weight);
+    SL_GLOBAL_TENSORS(PARSE)
+#undef PARSE
+    if (!ok) return 0;
     if (m->pos_embd) m->n_pos = PyArray_DIM((PyArrayObject *)PyDict_GetItemString(tensors, "pos_embd"), 0);
     return 1;
 }
 
+/* Layer l's tensors of the schema ("blk.<l>.<key>") and its slice of the RoPE frequencies. */
 static int layer_tensors(PyObject *tensors, PyObject *used, PyObject *keep, const sl_model *m, int64_t l,
                          const float *rope, int rope_shared, sl_layer_weights *lw) {
-    const npy_intp d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd, kvd = m->n_kv_heads * hd, F = m->d_ff;
     char n[64];
-#define NAME(key) (snprintf(n, sizeof n, "blk.%lld." key, (long long)l), n)
-    int ok = norm_tensor(tensors, used, keep, NAME("attn_norm"), d, &lw->attn_norm) &&
-             norm_tensor(tensors, used, keep, NAME("attn_post_norm"), d, &lw->attn_post_norm) &&
-             norm_tensor(tensors, used, keep, NAME("attn_res_norm"), d, &lw->attn_res_norm) &&
-             norm_tensor(tensors, used, keep, NAME("ffn_norm"), d, &lw->ffn_norm) &&
-             norm_tensor(tensors, used, keep, NAME("ffn_post_norm"), d, &lw->ffn_post_norm) &&
-             norm_tensor(tensors, used, keep, NAME("ffn_res_norm"), d, &lw->ffn_res_norm) &&
-             vector_tensor(tensors, used, keep, NAME("attn_q_norm"), hd, 0, &lw->attn_q_norm) &&
-             vector_tensor(tensors, used, keep, NAME("attn_k_norm"), hd, 0, &lw->attn_k_norm) &&
-             matrix_tensor(tensors, used, keep, NAME("attn_q"), qd, d, 1, &lw->wq) &&
-             matrix_tensor(tensors, used, keep, NAME("attn_k"), kvd, d, 1, &lw->wk) &&
-             matrix_tensor(tensors, used, keep, NAME("attn_v"), kvd, d, 1, &lw->wv) &&
-             matrix_tensor(tensors, used, keep, NAME("attn_output"), d, qd, 1, &lw->wo) &&
-             vector_tensor(tensors, used, keep, NAME("attn_q_b"), qd, 0, &lw->bq) &&
-             vector_tensor(tensors, used, keep, NAME("attn_k_b"), kvd, 0, &lw->bk) &&
-             vector_tensor(tensors, used, keep, NAME("attn_v_b"), kvd, 0, &lw->bv) &&
-             vector_tensor(tensors, used, keep, NAME("attn_output_b"), d, 0, &lw->bo) &&
-             matrix_tensor(tensors, used, keep, NAME("ffn_gate"), F, d, 0, &lw->w_gate) &&
-             matrix_tensor(tensors, used, keep, NAME("ffn_up"), F, d, 1, &lw->w_up) &&
-             matrix_tensor(tensors, used, keep, NAME("ffn_down"), d, F, 1, &lw->w_down) &&
-             vector_tensor(tensors, used, keep, NAME("ffn_gate_b"), F, 0, &lw->b_gate) &&
-             vector_tensor(tensors, used, keep, NAME("ffn_up_b"), F, 0, &lw->b_up) &&
-             vector_tensor(tensors, used, keep, NAME("ffn_down_b"), d, 0, &lw->b_down);
-#undef NAME
+    int ok = 1;
+#define PARSE(grad, key, kind, weight, rows, cols, required, role)                                              \
+    ok = ok && (snprintf(n, sizeof n, "blk.%lld." key, (long long)l), 1) &&                                    \
+         parse_##kind(tensors, used, keep, n, sl_model_dim(m, SL_DIM_##rows), sl_model_dim(m, SL_DIM_##cols), \
+                      required, &lw->weight);
+    SL_LAYER_TENSORS(PARSE)
+#undef PARSE
+    const npy_intp hd = m->head_dim;
     lw->rope_inv_freq = rope ? rope + (rope_shared ? 0 : l * (hd / 2)) : NULL;
     return ok;
 }
@@ -727,7 +499,7 @@ static PyObject *py_model_new(PyObject *self, PyObject *args) {
     (void)self;
     PyObject *cfg, *tensors, *used = NULL;
     if (!PyArg_ParseTuple(args, "O!O!", &PyDict_Type, &cfg, &PyDict_Type, &tensors)) return NULL;
-    model_handle *h = PyMem_Calloc(1, sizeof *h);
+    sl_py_model *h = PyMem_Calloc(1, sizeof *h);
     if (!h) return PyErr_NoMemory();
     sl_model *m = &h->model;
     PyObject *capsule = NULL;
@@ -776,7 +548,7 @@ static int array_list(PyObject *lst, const char *name, Py_ssize_t n, int type, i
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *o = PyList_GET_ITEM(lst, i);
         if (o == Py_None) continue;
-        PyArrayObject *a = check_array(o, name, type, ndim, dims, 1);
+        PyArrayObject *a = sl_py_check_array(o, name, type, ndim, dims, 1);
         if (!a) return 0;
         ptrs[i] = PyArray_DATA(a);
     }
@@ -793,7 +565,7 @@ static int intervention_array(PyObject *o, const char *name, int type, const sl_
     *out = NULL;
     if (o == Py_None) return 1;
     npy_intp dims[2] = {m->n_layers, m->n_heads};
-    PyArrayObject *a = check_array(o, name, type, 2, dims, 0);
+    PyArrayObject *a = sl_py_check_array(o, name, type, 2, dims, 0);
     if (!a) return 0;
     *out = PyArray_DATA(a);
     return 1;
@@ -812,7 +584,7 @@ static int packing_mask(PyObject *ks_o, int keep_first, npy_intp T, sl_intervent
     iv->keep_first = keep_first;
     if (ks_o == Py_None) return 1;
     npy_intp dims[1] = {T};
-    PyArrayObject *a = check_array(ks_o, "key_start", NPY_INT64, 1, dims, 0);
+    PyArrayObject *a = sl_py_check_array(ks_o, "key_start", NPY_INT64, 1, dims, 0);
     if (a) iv->key_start = PyArray_DATA(a);
     return a != NULL;
 }
@@ -838,7 +610,7 @@ static int capture_arg(PyObject *o, const char *name, npy_intp B, int batched, P
     full[k++] = sel ? n_sel : n;
     npy_intp per_slot = 1;
     for (int i = 0; i < ndim; i++) full[k++] = dims[i], per_slot *= dims[i];
-    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, k, full, 1);
+    PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, k, full, 1);
     if (!a) return 0;
     float *data = PyArray_DATA(a);
     const Py_ssize_t slots = sel ? n_sel : n;
@@ -878,6 +650,21 @@ static int layer_selection(PyObject *o, npy_intp L, int64_t **sel, Py_ssize_t *n
     return 1;
 }
 
+typedef struct {
+    const sl_model *m;
+    const int64_t *ids;
+    int64_t B, T;
+    const int64_t *lengths;
+    const sl_capture *cap;
+    const sl_intervention *iv;
+    sl_ws_cache *cache;
+} forward_call;
+
+static int run_forward(void *p) {
+    const forward_call *c = p;
+    return sl_model_forward_batch(c->m, c->ids, c->B, c->T, c->lengths, c->cap, c->iv, c->cache);
+}
+
 static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
@@ -896,13 +683,13 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
                                      &len_o, &layers_o, &ks_o, &keep_first))
         return NULL;
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
     const sl_model *m = &h->model;
     if (!PyArray_Check(ids_o) || (PyArray_NDIM((PyArrayObject *)ids_o) != 1 && PyArray_NDIM((PyArrayObject *)ids_o) != 2))
         return PyErr_Format(PyExc_ValueError, "ids must be a numpy array of shape (T,) or (B, T)");
     const int batched = PyArray_NDIM((PyArrayObject *)ids_o) == 2;
-    PyArrayObject *ids = check_array(ids_o, "ids", NPY_INT64, batched ? 2 : 1, NULL, 0);
+    PyArrayObject *ids = sl_py_check_array(ids_o, "ids", NPY_INT64, batched ? 2 : 1, NULL, 0);
     if (!ids) return NULL;
     const npy_intp B = batched ? PyArray_DIM(ids, 0) : 1, T = PyArray_DIM(ids, batched ? 1 : 0);
     if (T == 0 || B == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
@@ -911,7 +698,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     const int64_t *lengths = NULL;
     if (len_o != Py_None) {
         npy_intp ldims[1] = {B};
-        PyArrayObject *la = check_array(len_o, "lengths", NPY_INT64, 1, ldims, 0);
+        PyArrayObject *la = sl_py_check_array(len_o, "lengths", NPY_INT64, 1, ldims, 0);
         if (!la) return NULL;
         lengths = PyArray_DATA(la);
     }
@@ -950,33 +737,22 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
              interventions(m, mask_o, zero_o, scale_o, &iv) && packing_mask(ks_o, keep_first, T, &iv);
 #undef CAPTURE
     if (ok && logits_o != Py_None) {
-        PyArrayObject *lg = check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
+        PyArrayObject *lg = sl_py_check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
                                         batched ? logit_dims : logit_dims + 1, 1);
         ok = lg != NULL;
         if (ok) cap.logits = PyArray_DATA(lg);
     }
-    int rc = SL_OK;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    if (ok) {
-        sigint_guard guard;
-        sigint_guard_begin(&guard, &ctx);
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_forward_batch(m, PyArray_DATA(ids), B, T, lengths, &cap, &iv, &h->cache);
-        Py_END_ALLOW_THREADS
-        sigint_guard_end(&guard);
-    }
-    sl_ctx_end(prev);
+    forward_call c = {m, PyArray_DATA(ids), B, T, lengths, &cap, &iv, &h->cache};
+    ok = ok && sl_py_call(run_forward, &c, 1) == 0;
     PyMem_Free(ptrs);
     PyMem_Free(sel);
     if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(&ctx, rc);
     Py_RETURN_NONE;
 }
 
 static PyObject *py_model_workspace_bytes(PyObject *self, PyObject *capsule) {
     (void)self;
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
     return PyLong_FromLongLong((long long)sl_ws_cache_bytes(&h->cache));
 }
@@ -986,7 +762,7 @@ static PyObject *py_model_tape_floats(PyObject *self, PyObject *args) {
     PyObject *capsule;
     long long T;
     if (!PyArg_ParseTuple(args, "OL", &capsule, &T)) return NULL;
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
     if (T < 1) return PyErr_Format(PyExc_ValueError, "T=%lld must be >= 1", T);
     const int64_t n = sl_layer_tape_floats(&h->model, T);
@@ -994,9 +770,78 @@ static PyObject *py_model_tape_floats(PyObject *self, PyObject *args) {
     return PyLong_FromLongLong((long long)n);
 }
 
+/* model_grad_floats(handle, T, B=1, n_tape=None): sl_model_grad_floats (n_tape None: every layer). */
+static PyObject *py_model_grad_floats(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"handle", "T", "B", "n_tape", NULL};
+    PyObject *capsule, *tape_o = Py_None;
+    long long T, B = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OL|LO", kwlist, &capsule, &T, &B, &tape_o)) return NULL;
+    sl_py_model *h = sl_py_model_of(capsule);
+    if (!h) return NULL;
+    const int64_t L = h->model.n_layers;
+    long long n_tape = L;
+    if (tape_o != Py_None && (n_tape = PyLong_AsLongLong(tape_o)) == -1 && PyErr_Occurred()) return NULL;
+    if (T < 1 || B < 0 || n_tape < 0 || n_tape > L)
+        return PyErr_Format(PyExc_ValueError, "model_grad_floats: need T >= 1, B >= 0 and n_tape in [0, %lld], got "
+                            "T=%lld, B=%lld, n_tape=%lld", (long long)L, T, B, n_tape);
+    const int64_t n = sl_model_grad_floats(&h->model, T, B, n_tape);
+    if (n < 0) return PyErr_Format(PyExc_OverflowError, "gradient buffer size overflows for T=%lld, B=%lld", T, B);
+    return PyLong_FromLongLong((long long)n);
+}
+
+static PyObject *py_model_forward_floats(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *capsule;
+    long long rows;
+    if (!PyArg_ParseTuple(args, "OL", &capsule, &rows)) return NULL;
+    sl_py_model *h = sl_py_model_of(capsule);
+    if (!h) return NULL;
+    if (rows < 0) return PyErr_Format(PyExc_ValueError, "rows=%lld must be >= 0", rows);
+    const int64_t n = sl_model_forward_floats(&h->model, rows);
+    if (n < 0) return PyErr_Format(PyExc_OverflowError, "workspace size overflows for %lld rows", rows);
+    return PyLong_FromLongLong((long long)n);
+}
+
+/* One row of the schema as (scope, key, kind, shape, required, role); shape is the dimension
+ * names of the axes. */
+static PyObject *schema_row(const char *scope, const char *key, int kind, sl_dim rows, sl_dim cols, int required,
+                            int role) {
+    PyObject *shape = cols == SL_DIM_NONE ? Py_BuildValue("(s)", sl_dim_name(rows))
+                                          : Py_BuildValue("(ss)", sl_dim_name(rows), sl_dim_name(cols));
+    if (!shape) return NULL;
+    PyObject *row = Py_BuildValue("(sssNOs)", scope, key, sl_kind_name(kind), shape, required ? Py_True : Py_False,
+                                  sl_role_name(role));
+    return row;
+}
+
+static PyObject *py_tensor_schema(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    PyObject *out = PyList_New(0), *row;
+    if (!out) return NULL;
+#define ROW(scope, grad, key, kind, weight, rows, cols, required, role)                                        \
+    if (!(row = schema_row(scope, key, SL_KIND_##kind, SL_DIM_##rows, SL_DIM_##cols, required, SL_ROLE_##role)) || \
+        PyList_Append(out, row) < 0) {                                                                         \
+        Py_XDECREF(row);                                                                                       \
+        Py_DECREF(out);                                                                                        \
+        return NULL;                                                                                           \
+    }                                                                                                          \
+    Py_DECREF(row);
+#define GLOBAL(...) ROW("global", __VA_ARGS__)
+#define LAYER(...) ROW("layer", __VA_ARGS__)
+    SL_GLOBAL_TENSORS(GLOBAL)
+    SL_LAYER_TENSORS(LAYER)
+#undef LAYER
+#undef GLOBAL
+#undef ROW
+    PyObject *t = PyList_AsTuple(out);
+    Py_DECREF(out);
+    return t;
+}
+
 static PyObject *py_model_release_workspace(PyObject *self, PyObject *capsule) {
     (void)self;
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
     /* Only the cached one: a call running now holds its own and puts it back afterwards. */
     sl_ws_cache_clear(&h->cache);
@@ -1007,9 +852,9 @@ static PyObject *py_model_release_workspace(PyObject *self, PyObject *capsule) {
 
 /* The model handle and (T,) int64 ids of a derivative call. */
 static const sl_model *model_and_ids(PyObject *capsule, PyObject *ids_o, PyArrayObject **ids) {
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
+    sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
-    *ids = check_array(ids_o, "ids", NPY_INT64, 1, NULL, 0);
+    *ids = sl_py_check_array(ids_o, "ids", NPY_INT64, 1, NULL, 0);
     if (!*ids) return NULL;
     if (PyArray_DIM(*ids, 0) == 0) {
         PyErr_SetString(PyExc_ValueError, "ids is empty: need at least one token");
@@ -1021,7 +866,7 @@ static const sl_model *model_and_ids(PyObject *capsule, PyObject *ids_o, PyArray
 /* (B, T, d) float32 directions (cotangents or tangents) for a sequence of T tokens. */
 static PyArrayObject *directions(PyObject *o, const char *name, const sl_model *m, npy_intp T) {
     npy_intp dims[3] = {-1, T, m->d_model};
-    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, 3, dims, 0);
+    PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, 3, dims, 0);
     if (a && PyArray_DIM(a, 0) < 1) {
         PyErr_Format(PyExc_ValueError, "%s needs at least one direction", name);
         return NULL;
@@ -1040,6 +885,28 @@ static const sl_model *direction_call(PyObject *capsule, PyObject *ids_o, PyObje
         return NULL;
     }
     return m;
+}
+
+/* The arguments of a VJP (out) or JVP (tout) call. */
+typedef struct {
+    const sl_model *m;
+    const int64_t *ids;
+    int64_t T;
+    const sl_intervention *iv;
+    int64_t at, B;
+    const float *dirs;
+    sl_vjp_out *out;
+    float **tout;
+} derivative_call;
+
+static int run_vjp(void *p) {
+    const derivative_call *c = p;
+    return sl_model_vjp(c->m, c->ids, c->T, c->iv, c->at, c->B, c->dirs, c->out);
+}
+
+static int run_jvp(void *p) {
+    const derivative_call *c = p;
+    return sl_model_jvp(c->m, c->ids, c->T, c->iv, c->at, c->B, c->dirs, c->tout);
 }
 
 static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
@@ -1071,21 +938,10 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
              array_list(sq_o, "sqnorm", L + 1, NPY_FLOAT64, 2, sq_dims, ptrs + L + 1) &&
              array_list(spec_o, "spectral", L + 1, NPY_FLOAT64, 1, spec_dims, ptrs + 2 * (L + 1)) &&
              interventions(m, mask_o, zero_o, scale_o, &iv);
-    int rc = SL_OK;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    if (ok) {
-        sigint_guard guard;
-        sigint_guard_begin(&guard, &ctx);
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_vjp(m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out);
-        Py_END_ALLOW_THREADS
-        sigint_guard_end(&guard);
-    }
-    sl_ctx_end(prev);
+    derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out, NULL};
+    ok = ok && sl_py_call(run_vjp, &c, 1) == 0;
     PyMem_Free(ptrs);
     if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(&ctx, rc);
     return PyLong_FromLong(out.spectral_iters);
 }
 
@@ -1107,21 +963,10 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
     sl_intervention iv = {0};
     int ok = capture_list(tout_o, "tout", L + 1, 3, dims, tout) && interventions(m, mask_o, zero_o, scale_o, &iv);
-    int rc = SL_OK;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    if (ok) {
-        sigint_guard guard;
-        sigint_guard_begin(&guard, &ctx);
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_jvp(m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), tout);
-        Py_END_ALLOW_THREADS
-        sigint_guard_end(&guard);
-    }
-    sl_ctx_end(prev);
+    derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), NULL, tout};
+    ok = ok && sl_py_call(run_jvp, &c, 1) == 0;
     PyMem_Free(tout);
     if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(&ctx, rc);
     Py_RETURN_NONE;
 }
 
@@ -1133,34 +978,33 @@ static float *grad_buffer(PyObject *grads, const char *name, int ndim, npy_intp 
         return NULL;
     }
     npy_intp dims[2] = {d0, d1};
-    PyArrayObject *a = check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
+    PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, ndim, dims, 1);
     if (a) ++*n_used;
     return a ? PyArray_DATA(a) : NULL;
 }
 
-/* pg (its layers lg, n_layers entries) pointing at grads[name] for every tensor m has; every
- * entry of grads must be used. */
-static int parse_grads(const sl_model *m, PyObject *grads, sl_model_grads *pg, sl_layer_grads *lg) {
-    const npy_intp L = m->n_layers, d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd;
-    const npy_intp kvd = m->n_kv_heads * hd, F = m->d_ff, V = m->vocab_size;
+int sl_py_parse_grads(const sl_model *m, PyObject *grads, sl_model_grads *pg, sl_layer_grads *lg) {
     memset(pg, 0, sizeof *pg);
     pg->layers = lg;
     /* A buffer per tensor the model has; a tied head's key may name the embedding's buffer. */
     Py_ssize_t used = 0;
     int ok = 1;
-#define G(field, key, nd, a, b, present) \
-    if (ok && (present)) ok = (pg->field = grad_buffer(grads, key, nd, a, b, &used)) != NULL;
-    GRAD_GLOBALS(G)
+#define G(grad, key, kind, weight, rows, cols, required, role)                                          \
+    if (ok && SL_HAS_##kind(m->weight))                                                                 \
+        ok = (pg->grad = grad_buffer(grads, key, SL_NDIM(cols), sl_model_dim(m, SL_DIM_##rows),         \
+                                     sl_model_dim(m, SL_DIM_##cols), &used)) != NULL;
+    SL_GLOBAL_TENSORS(G)
 #undef G
-    for (npy_intp l = 0; l < L && ok; l++) {
+    for (int64_t l = 0; l < m->n_layers && ok; l++) {
         const sl_layer_weights *lw = &m->layers[l];
         char name[64];
-#define G(field, key, nd, a, b, present)                                              \
-    if (ok && (present)) {                                                             \
-        snprintf(name, sizeof name, "blk.%lld." key, (long long)l);                    \
-        ok = (lg[l].field = grad_buffer(grads, name, nd, a, b, &used)) != NULL;        \
+#define G(grad, key, kind, weight, rows, cols, required, role)                                          \
+    if (ok && SL_HAS_##kind(lw->weight)) {                                                              \
+        snprintf(name, sizeof name, "blk.%lld." key, (long long)l);                                     \
+        ok = (lg[l].grad = grad_buffer(grads, name, SL_NDIM(cols), sl_model_dim(m, SL_DIM_##rows),      \
+                                       sl_model_dim(m, SL_DIM_##cols), &used)) != NULL;                 \
     }
-        GRAD_TENSORS(G)
+        SL_LAYER_TENSORS(G)
 #undef G
     }
     if (ok && used != PyDict_Size(grads)) {
@@ -1169,6 +1013,20 @@ static int parse_grads(const sl_model *m, PyObject *grads, sl_model_grads *pg, s
         ok = 0;
     }
     return ok;
+}
+
+typedef struct {
+    const sl_model *m;
+    const int64_t *ids, *targets;
+    int64_t T;
+    const sl_intervention *iv;
+    double loss;
+    const sl_model_grads *pg;
+} loss_call;
+
+static int run_loss_grad(void *p) {
+    loss_call *c = p;
+    return sl_model_loss_grad(c->m, c->ids, c->targets, c->T, c->iv, &c->loss, c->pg);
 }
 
 static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw) {
@@ -1186,7 +1044,7 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     if (!m) return NULL;
     const npy_intp T = PyArray_DIM(ids, 0);
     npy_intp tdims[1] = {T};
-    PyArrayObject *targets = check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
+    PyArrayObject *targets = sl_py_check_array(tg_o, "targets", NPY_INT64, 1, tdims, 0);
     if (!targets) return NULL;
     if (!m->lm_head.data) {
         PyErr_SetString(PyExc_ValueError, "loss: the model has no LM head");
@@ -1196,189 +1054,13 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     if (!lg) return PyErr_NoMemory();
     sl_model_grads pg;
     sl_intervention iv = {0};
-    int ok = parse_grads(m, grads, &pg, lg) && interventions(m, mask_o, zero_o, scale_o, &iv) &&
+    int ok = sl_py_parse_grads(m, grads, &pg, lg) && interventions(m, mask_o, zero_o, scale_o, &iv) &&
              packing_mask(ks_o, keep_first, T, &iv);
-    double loss = 0.0;
-    int rc = SL_OK;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    if (ok) {
-        sigint_guard guard;
-        sigint_guard_begin(&guard, &ctx);
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_model_loss_grad(m, PyArray_DATA(ids), PyArray_DATA(targets), T, &iv, &loss, &pg);
-        Py_END_ALLOW_THREADS
-        sigint_guard_end(&guard);
-    }
-    sl_ctx_end(prev);
+    loss_call c = {m, PyArray_DATA(ids), PyArray_DATA(targets), T, &iv, 0.0, &pg};
+    ok = ok && sl_py_call(run_loss_grad, &c, 1) == 0;
     PyMem_Free(lg);
     if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(&ctx, rc);
-    return PyFloat_FromDouble(loss);
-}
-
-/* ---------------------------------------------------------------- training */
-
-static void flat_destroy(PyObject *capsule) { sl_free(PyCapsule_GetPointer(capsule, "sinklab.flat")); }
-
-/* A zeroed, 64-byte aligned buffer of n floats owned by the core, as a numpy array whose base
- * object frees it. */
-static PyObject *flat_array(npy_intp n) {
-    float *p = sl_alloc_floats(n > 0 ? n : 1);
-    if (!p) return PyErr_NoMemory();
-    PyObject *cap = PyCapsule_New(p, "sinklab.flat", flat_destroy);
-    if (!cap) {
-        sl_free(p);
-        return NULL;
-    }
-    npy_intp dims[1] = {n};
-    PyObject *arr = PyArray_SimpleNewFromData(1, dims, NPY_FLOAT32, p);
-    if (!arr || PyArray_SetBaseObject((PyArrayObject *)arr, cap) < 0) {
-        Py_XDECREF(arr);
-        Py_DECREF(cap);
-        return NULL;
-    }
-    return arr;
-}
-
-static PyObject *py_train_buffers(PyObject *self, PyObject *args) {
-    (void)self;
-    long long n, count;
-    if (!PyArg_ParseTuple(args, "LL", &n, &count)) return NULL;
-    if (n < 1 || n > ((long long)1 << 40) || count < 1 || count > 16)
-        return PyErr_Format(PyExc_ValueError, "train_buffers: need 1 <= n <= 2^40 and 1 <= count <= 16, got %lld, %lld",
-                            n, count);
-    PyObject *out = PyTuple_New((Py_ssize_t)count);
-    for (long long i = 0; out && i < count; i++) {
-        PyObject *a = flat_array((npy_intp)n);
-        if (!a) {
-            Py_CLEAR(out);
-            break;
-        }
-        PyTuple_SET_ITEM(out, (Py_ssize_t)i, a);
-    }
-    return out;
-}
-
-/* Whether [p, p + bytes) lies inside the flat buffer base of n floats. */
-static int inside(const void *p, int64_t bytes, const float *base, int64_t n) {
-    const char *c = p, *b = (const char *)base;
-    return c >= b && bytes >= 0 && c + bytes <= b + 4 * n;
-}
-
-/* Every gradient buffer of pg in grads (n floats), and every weight of m float32 inside params:
- * zeroing the flat gradient and updating the flat parameters then covers exactly the model. */
-static int check_flat_views(const sl_model *m, const sl_model_grads *pg, const float *params, const float *grads,
-                            int64_t n) {
-    const npy_intp L = m->n_layers, d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd;
-    const npy_intp kvd = m->n_kv_heads * hd, F = m->d_ff, V = m->vocab_size;
-    const char *bad = NULL;
-    /* The weight `present` of shape (a) or (a, b) and its gradient buffer `g`. */
-#define CHECK(g, key, nd, a, b, present)                                                        \
-    if (!bad && (present)) {                                                                     \
-        const int64_t bytes = 4 * (int64_t)(a) * ((nd) == 2 ? (int64_t)(b) : 1);                 \
-        if (!inside((g), bytes, grads, n) || !inside((present), bytes, params, n)) bad = key;    \
-    }
-#define GG(field, key, nd, a, b, present) CHECK(pg->field, key, nd, a, b, present)
-#define GL(field, key, nd, a, b, present) CHECK(pg->layers[l].field, key, nd, a, b, present)
-    GRAD_GLOBALS(GG)
-    for (npy_intp l = 0; l < L && !bad; l++) {
-        const sl_layer_weights *lw = &m->layers[l];
-        GRAD_TENSORS(GL)
-    }
-#undef GL
-#undef GG
-#undef CHECK
-    if (bad) {
-        PyErr_Format(PyExc_ValueError, "train_step: tensor %s is not a view into the flat parameter and gradient "
-                     "buffers", bad);
-        return 0;
-    }
-    const sl_weight *w[] = {&m->tok_embd, &m->lm_head};
-    for (int i = 0; i < 2; i++)
-        if (w[i]->data && w[i]->type != SL_GGML_F32) {
-            PyErr_SetString(PyExc_ValueError, "train_step: every weight must be float32 to be trained");
-            return 0;
-        }
-    for (npy_intp l = 0; l < L; l++) {
-        const sl_layer_weights *lw = &m->layers[l];
-        const sl_weight *lws[] = {&lw->wq, &lw->wk, &lw->wv, &lw->wo, &lw->w_gate, &lw->w_up, &lw->w_down};
-        for (int i = 0; i < 7; i++)
-            if (lws[i]->data && lws[i]->type != SL_GGML_F32) {
-                PyErr_SetString(PyExc_ValueError, "train_step: every weight must be float32 to be trained");
-                return 0;
-            }
-    }
-    return 1;
-}
-
-static PyObject *py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
-    (void)self;
-    static char *kwlist[] = {"handle", "grads", "params", "flat_grads", "mom", "vel", "decay", "ids", "targets",
-                             "key_start", "keep_first", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
-                             "step", "group_grads", NULL};
-    PyObject *capsule, *grads, *p_o, *g_o, *m_o, *v_o, *dec_o, *ids_o, *tg_o, *ks_o = Py_None, *gg_o = Py_None;
-    int keep_first = 0;
-    sl_adamw hp = {0};
-    long long step = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL|O", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
-                                     &g_o, &m_o, &v_o, &dec_o, &ids_o, &tg_o, &ks_o, &keep_first, &hp.lr, &hp.beta1,
-                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step, &gg_o))
-        return NULL;
-    hp.step = step;
-    model_handle *h = PyCapsule_GetPointer(capsule, "sinklab.model");
-    if (!h) return NULL;
-    const sl_model *m = &h->model;
-    PyArrayObject *pa = check_array(p_o, "params", NPY_FLOAT32, 1, NULL, 1);
-    if (!pa) return NULL;
-    npy_intp fdims[1] = {PyArray_DIM(pa, 0)}, ddims[2] = {-1, 2};
-    PyArrayObject *ga = check_array(g_o, "flat_grads", NPY_FLOAT32, 1, fdims, 1);
-    PyArrayObject *ma = ga ? check_array(m_o, "mom", NPY_FLOAT32, 1, fdims, 1) : NULL;
-    PyArrayObject *va = ma ? check_array(v_o, "vel", NPY_FLOAT32, 1, fdims, 1) : NULL;
-    PyArrayObject *da = va ? check_array(dec_o, "decay", NPY_INT64, 2, ddims, 0) : NULL;
-    PyArrayObject *ids = da ? check_array(ids_o, "ids", NPY_INT64, 2, NULL, 0) : NULL;
-    if (!ids) return NULL;
-    npy_intp bdims[2] = {PyArray_DIM(ids, 0), PyArray_DIM(ids, 1)};
-    PyArrayObject *tg = check_array(tg_o, "targets", NPY_INT64, 2, bdims, 0);
-    PyArrayObject *ks = tg && ks_o != Py_None ? check_array(ks_o, "key_start", NPY_INT64, 2, bdims, 0) : NULL;
-    if (!tg || (ks_o != Py_None && !ks)) return NULL;
-    if (bdims[0] < 1 || bdims[1] < 1) return PyErr_Format(PyExc_ValueError, "ids is empty: need (B, T) with B, T >= 1");
-    if (!m->lm_head.data) return PyErr_Format(PyExc_ValueError, "train_step: the model has no LM head");
-    sl_layer_grads *lg = PyMem_Calloc((size_t)m->n_layers, sizeof *lg);
-    if (!lg) return PyErr_NoMemory();
-    sl_model_grads pg;
-    const int64_t n = PyArray_DIM(pa, 0);
-    int ok = parse_grads(m, grads, &pg, lg) &&
-             check_flat_views(m, &pg, PyArray_DATA(pa), PyArray_DATA(ga), n);
-    /* group_grads: None (one group) or (groups - 1, n) float32 scratch for the other groups. */
-    PyArrayObject *gga = NULL;
-    if (ok && gg_o != Py_None) {
-        npy_intp gdims[2] = {-1, n};
-        gga = check_array(gg_o, "group_grads", NPY_FLOAT32, 2, gdims, 1);
-        ok = gga != NULL;
-    }
-    sl_train_state st = {PyArray_DATA(pa), PyArray_DATA(ga), PyArray_DATA(ma), PyArray_DATA(va), n,
-                         PyArray_DATA(da), PyArray_DIM(da, 0), gga ? PyArray_DATA(gga) : NULL,
-                         gga ? 1 + PyArray_DIM(gga, 0) : 1};
-    sl_train_batch b = {bdims[0], bdims[1], PyArray_DATA(ids), PyArray_DATA(tg), ks ? PyArray_DATA(ks) : NULL,
-                        keep_first};
-    double loss = 0.0, norm = 0.0;
-    int rc = SL_OK;
-    sl_ctx ctx;
-    sl_ctx *prev = sl_ctx_begin(&ctx);
-    if (ok) {
-        sigint_guard guard;
-        sigint_guard_begin(&guard, &ctx);
-        Py_BEGIN_ALLOW_THREADS
-        rc = sl_train_step(m, &pg, &st, &b, &hp, &loss, &norm);
-        Py_END_ALLOW_THREADS
-        sigint_guard_end(&guard);
-    }
-    sl_ctx_end(prev);
-    PyMem_Free(lg);
-    if (!ok) return NULL;
-    if (rc != SL_OK) return raise_status(&ctx, rc);
-    return Py_BuildValue("(dd)", loss, norm);
+    return PyFloat_FromDouble(c.loss);
 }
 
 /* ---------------------------------------------------------------- module */
@@ -1388,16 +1070,16 @@ static PyMethodDef methods[] = {
      "set_num_threads(n): OpenMP threads for every later call, from any Python thread (process-wide)."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS,
      "get_num_threads() -> int: the count a call started now from this thread uses."},
-    {"_interrupt_check_gaps", py_interrupt_check_gaps, METH_NOARGS,
+    {"_interrupt_check_gaps", sl_py_interrupt_check_gaps, METH_NOARGS,
      "_interrupt_check_gaps() -> (checks, longest_gap_s) of the last main-thread call guarded for Ctrl-C "
      "(-1 checks: none yet). Test-only."},
     {"set_thread_num_threads", py_set_thread_num_threads, METH_O,
      "set_thread_num_threads(n) -> previous: this OS thread's own count (0 clears), over the process-wide one."},
-    {"_team_size", py_team_size, METH_NOARGS,
+    {"_team_size", sl_py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
     {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
-    {"build_info", py_build_info, METH_NOARGS,
+    {"build_info", sl_py_build_info, METH_NOARGS,
      "build_info() -> dict: the compiler, flags, OpenMP and NumPy of this build; CPU features and threads now."},
     {"set_simd", py_set_simd, METH_O,
      "set_simd('generic' | 'avx2' | 'avx512' | 'auto') -> the level now in use (a level the CPU lacks\n"
@@ -1416,10 +1098,10 @@ static PyMethodDef methods[] = {
      "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None) -> the most Lanczos steps any spectral norm took"},
     {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
      "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
-    {"train_buffers", py_train_buffers, METH_VARARGS,
+    {"train_buffers", sl_py_train_buffers, METH_VARARGS,
      "train_buffers(n, count) -> tuple of count zeroed float32 arrays of n elements, owned by the core "
      "(64-byte aligned): flat parameters, gradients and Adam moments."},
-    {"train_step", (PyCFunction)(void (*)(void))py_train_step, METH_VARARGS | METH_KEYWORDS,
+    {"train_step", (PyCFunction)(void (*)(void))sl_py_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(handle, grads, params, flat_grads, mom, vel, decay, ids, targets, key_start, keep_first, lr, "
      "beta1, beta2, eps, weight_decay, grad_clip, step) -> (loss, grad_norm): one AdamW step on a (B, T) batch."},
     {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,
@@ -1443,6 +1125,19 @@ static PyMethodDef methods[] = {
      "ValueError), head_scale float32."},
     {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
      "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
+    {"model_grad_floats", (PyCFunction)(void (*)(void))py_model_grad_floats, METH_VARARGS | METH_KEYWORDS,
+     "model_grad_floats(handle, T, B=1, n_tape=None) -> floats the VJP/JVP allocate for B directions on T tokens\n"
+     "with the saved activations of n_tape layers (default all), besides the outputs: the tapes, one layer's\n"
+     "(H, T, T) probabilities, the direction buffers and the MLP's F-wide blocks (not the (T, hd) RoPE tables)."},
+    {"model_forward_floats", py_model_forward_floats, METH_VARARGS,
+     "model_forward_floats(handle, rows) -> floats of the forward's workspace that grow with rows packed token\n"
+     "rows (activations, V transposed, importance partials at most; not the per-thread score blocks)."},
+    {"tensor_schema", py_tensor_schema, METH_NOARGS,
+     "tensor_schema() -> tuple of (scope, key, kind, shape, required, role): every tensor the core reads, globals\n"
+     "first. scope 'global' or 'layer' (key prefixed 'blk.<l>.'); kind 'matrix' (float32 or quantized), 'vector'\n"
+     "or 'table' (learned positions, any length); shape: dimension names among 'd', 'qd' (n_heads*head_dim),\n"
+     "'kvd' (n_kv_heads*head_dim), 'hd', 'F', 'V', 'n_pos'; role 'embedding', 'head', 'norm', 'norm_bias',\n"
+     "'matrix' or 'bias'. rope_inv_freq ((hd/2) or (n_layers, hd/2)) is read besides these."},
     {"model_workspace_bytes", py_model_workspace_bytes, METH_O,
      "model_workspace_bytes(handle) -> bytes of the activations workspace the model keeps between forward calls."},
     {"model_release_workspace", py_model_release_workspace, METH_O,
@@ -1460,9 +1155,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     /* Pin the default (OMP_NUM_THREADS or the core count, as seen by the importing thread) so
      * that every Python thread starts from the same count. */
     sl_set_num_threads(sl_get_num_threads());
-#if SL_HAVE_SIGINT_GUARD
-    sl_main_thread = PyThread_get_thread_ident();  /* Python imports in its main thread, as a rule */
-#endif
+    sl_sigint_init(); /* Python imports in its main thread, as a rule */
     if (PyModule_AddIntConstant(mod, "has_openmp", SL_HAVE_OPENMP) < 0) {
         Py_DECREF(mod);
         return NULL;

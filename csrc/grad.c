@@ -58,23 +58,63 @@ static int mul3(int64_t a, int64_t b, int64_t c, int64_t *out) {
     return sl_mul_size(a, b, &ab) && sl_mul_size(ab, c, out);
 }
 
+/* Floats of each buffer grad_bufs_alloc takes, in one place so sizing (sl_model_grad_floats)
+ * and allocation cannot disagree: chunk directions per MLP block, per_layer floats of tape,
+ * n_probs (H, T, T), n_d, n_qd, n_kvd (B*T rows of d, H*hd, G*hd), n_f (chunk*T, F), n_half
+ * (T, hd/2), n_tf (T, F); which optional buffers the model needs. 0 on overflow. */
+typedef struct {
+    int64_t chunk, per_layer, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_tf;
+    int shared, qk_norm, post;
+} grad_sizes;
+
+static int grad_sizes_of(const sl_model *m, int64_t T, int64_t B, grad_sizes *z) {
+    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t F = m->d_ff, H = m->n_heads, half = m->head_dim / 2;
+    const sl_layer_weights *lw = &m->layers[0];
+    z->chunk = SL_GRAD_MLP_ROWS / T > 0 ? SL_GRAD_MLP_ROWS / T : 1;
+    if (z->chunk > B) z->chunk = B;
+    z->per_layer = sl_layer_tape_floats(m, T);
+    z->shared = m->n_heads != m->n_kv_heads;
+    z->qk_norm = lw->attn_q_norm || lw->attn_k_norm;
+    z->post = lw->attn_post_norm.w || lw->ffn_post_norm.w || lw->attn_res_norm.w || lw->ffn_res_norm.w;
+    return z->per_layer >= 0 && mul3(H, T, T, &z->n_probs) && mul3(B, T, d, &z->n_d) && mul3(B, T, qd, &z->n_qd) &&
+           mul3(B, T, kvd, &z->n_kvd) && mul3(z->chunk, T, F, &z->n_f) && sl_mul_size(T, half, &z->n_half) &&
+           sl_mul_size(T, F, &z->n_tf);
+}
+
+/* sum of n[0..k) times their factors c[0..k), -1 on overflow */
+static int64_t weighted_sum(const int64_t *n, const int64_t *c, int k) {
+    int64_t total = 0, t;
+    for (int i = 0; i < k; i++) {
+        if (!sl_mul_size(n[i], c[i], &t) || t > INT64_MAX - total) return -1;
+        total += t;
+    }
+    return total;
+}
+
+int64_t sl_model_grad_floats(const sl_model *m, int64_t T, int64_t B, int64_t n_tape) {
+    grad_sizes z;
+    if (T < 1 || B < 0 || n_tape < 0 || n_tape > m->n_layers || !grad_sizes_of(m, T, B, &z)) return -1;
+    /* tape, probs, dx+dxn (+ds), dz+dq (+pk+pv, +dr), dk+dv, dact+dg+du, dh_dg+dh_du */
+    const int64_t n[] = {z.per_layer, z.n_probs, z.n_d, z.n_qd, z.n_kvd, z.n_f, z.n_tf};
+    const int64_t c[] = {n_tape, 1, 2 + z.post, 2 + 2 * z.shared + z.qk_norm, 2, 3, 2};
+    return weighted_sum(n, c, 7);
+}
+
 /* Tapes for n_tape layers and direction buffers for B directions; params: the (T, F) activation;
  * scratch: the forward mode's (B*T, d) post-norm buffer. */
 static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B, int64_t n_tape, int params,
                            int scratch) {
     memset(g, 0, sizeof *g);
-    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const int64_t F = m->d_ff, H = m->n_heads, half = m->head_dim / 2;
     g->T = T, g->B = B;
-    g->chunk = SL_GRAD_MLP_ROWS / T > 0 ? SL_GRAD_MLP_ROWS / T : 1;
-    if (g->chunk > B) g->chunk = B;
-    const int64_t per_layer = sl_layer_tape_floats(m, T);
-    int64_t n_tape_f, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_tf;
-    int ok = per_layer >= 0 && sl_mul_size(per_layer, n_tape > 0 ? n_tape : 1, &n_tape_f) &&
-             mul3(H, T, T, &n_probs) && mul3(B, T, d, &n_d) && mul3(B, T, qd, &n_qd) && mul3(B, T, kvd, &n_kvd) &&
-             mul3(g->chunk, T, F, &n_f) && sl_mul_size(T, half, &n_half) && sl_mul_size(T, F, &n_tf);
+    grad_sizes z;
+    int64_t n_tape_f;
+    int ok = grad_sizes_of(m, T, B, &z) && sl_mul_size(z.per_layer, n_tape > 0 ? n_tape : 1, &n_tape_f);
     if (!ok) return sl_fail(SL_ERR_MEMORY, "gradient: sizes overflow for T=%lld and %lld directions", (long long)T,
                             (long long)B);
+    g->chunk = z.chunk;
+    const int64_t per_layer = z.per_layer, n_probs = z.n_probs, n_d = z.n_d, n_qd = z.n_qd, n_kvd = z.n_kvd;
+    const int64_t n_f = z.n_f, n_half = z.n_half, n_tf = z.n_tf;
     g->tapes = n_tape > 0 ? calloc((size_t)n_tape, sizeof(sl_layer_tape)) : NULL;
     /* Every buffer is written before it is read (tape by the forward, the rest by each layer). */
     g->tape_buf = sl_alloc_floats_uninit(n_tape_f);
@@ -93,13 +133,9 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     g->act = params ? sl_alloc_floats_uninit(n_tf) : NULL;
     g->dh_dg = sl_alloc_floats_uninit(n_tf);
     g->dh_du = sl_alloc_floats_uninit(n_tf);
-    const int shared = m->n_heads != m->n_kv_heads;
+    const int shared = z.shared, qk_norm = z.qk_norm, post = scratch && z.post;
     g->pk = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
     g->pv = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
-    const sl_layer_weights *lw = &m->layers[0];
-    const int qk_norm = lw->attn_q_norm || lw->attn_k_norm;
-    const int post = scratch && (lw->attn_post_norm.w || lw->ffn_post_norm.w || lw->attn_res_norm.w ||
-                                 lw->ffn_res_norm.w);
     g->dr = qk_norm ? sl_alloc_floats_uninit(n_qd) : NULL;
     g->ds = post ? sl_alloc_floats_uninit(n_d) : NULL;
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
@@ -443,34 +479,23 @@ static int cross_entropy(float *logits, const int64_t *targets, int64_t T, int64
     return SL_OK;
 }
 
-/* The parameter gradient buffers pg must hold for m (one per tensor the model has): an error
- * naming the first one missing. */
+/* The parameter gradient buffers pg must hold for m (one per tensor of the schema the model
+ * has): an error naming the first one missing. */
 static int check_grads(const sl_model *m, const sl_model_grads *pg) {
     if (!pg || !pg->tok_embd || !pg->lm_head || !pg->layers)
         return sl_fail(SL_ERR_VALUE, "loss: the gradient buffers of tok_embd, lm_head and the layers are needed");
-    const void *have[] = {m->out_norm.w, m->out_norm.b, m->pos_embd, m->type_embd, m->embd_norm.w, m->embd_norm.b};
-    const float *buf[] = {pg->out_norm, pg->out_norm_b, pg->pos_embd, pg->type_embd, pg->embd_norm, pg->embd_norm_b};
-    const char *name[] = {"out_norm", "out_norm_b", "pos_embd", "type_embd", "embd_norm", "embd_norm_b"};
-    for (size_t i = 0; i < sizeof have / sizeof have[0]; i++)
-        if (have[i] && !buf[i]) return sl_fail(SL_ERR_VALUE, "loss: no gradient buffer for %s", name[i]);
+#define GLOBAL(grad, key, kind, weight, rows, cols, required, role) \
+    if (SL_HAS_##kind(m->weight) && !pg->grad) return sl_fail(SL_ERR_VALUE, "loss: no gradient buffer for %s", key);
+    SL_GLOBAL_TENSORS(GLOBAL)
+#undef GLOBAL
     for (int64_t l = 0; l < m->n_layers; l++) {
         const sl_layer_weights *lw = &m->layers[l];
         const sl_layer_grads *lg = &pg->layers[l];
-        const void *lhave[] = {lw->attn_norm.w, lw->attn_norm.b, lw->wq.data, lw->wk.data, lw->wv.data, lw->wo.data,
-                               lw->bq, lw->bk, lw->bv, lw->bo, lw->attn_q_norm, lw->attn_k_norm,
-                               lw->attn_post_norm.w, lw->attn_post_norm.b, lw->attn_res_norm.w, lw->attn_res_norm.b,
-                               lw->ffn_norm.w, lw->ffn_norm.b, lw->w_gate.data, lw->w_up.data, lw->w_down.data,
-                               lw->b_gate, lw->b_up, lw->b_down, lw->ffn_post_norm.w, lw->ffn_post_norm.b,
-                               lw->ffn_res_norm.w, lw->ffn_res_norm.b};
-        const float *lbuf[] = {lg->attn_norm, lg->attn_norm_b, lg->wq, lg->wk, lg->wv, lg->wo, lg->bq, lg->bk, lg->bv,
-                               lg->bo, lg->attn_q_norm, lg->attn_k_norm, lg->attn_post_norm, lg->attn_post_norm_b,
-                               lg->attn_res_norm, lg->attn_res_norm_b, lg->ffn_norm, lg->ffn_norm_b, lg->w_gate,
-                               lg->w_up, lg->w_down, lg->b_gate, lg->b_up, lg->b_down, lg->ffn_post_norm,
-                               lg->ffn_post_norm_b, lg->ffn_res_norm, lg->ffn_res_norm_b};
-        for (size_t i = 0; i < sizeof lhave / sizeof lhave[0]; i++)
-            if (lhave[i] && !lbuf[i])
-                return sl_fail(SL_ERR_VALUE, "loss: layer %lld lacks a gradient buffer (tensor %d of sl_layer_grads)",
-                               (long long)l, (int)i);
+#define LAYER(grad, key, kind, weight, rows, cols, required, role)                                        \
+    if (SL_HAS_##kind(lw->weight) && !lg->grad)                                                           \
+        return sl_fail(SL_ERR_VALUE, "loss: layer %lld lacks a gradient buffer for %s", (long long)l, key);
+        SL_LAYER_TENSORS(LAYER)
+#undef LAYER
     }
     return SL_OK;
 }

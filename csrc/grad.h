@@ -7,26 +7,30 @@
 
 #include "model.h"
 
-/* Parameter gradients, same shapes as sl_model's weights; every buffer is added to (+=), so the
- * caller zeroes them first (or accumulates over several sequences). lm_head may point to the same
- * buffer as tok_embd (tied embeddings): both contributions are added into it, in a fixed order.
- * A buffer is needed for every tensor the model has, and read for no other (NULL there). */
+/* Parameter gradients, one buffer per row of the tensor schema (model.h), same shapes as the
+ * weights; every buffer is added to (+=), so the caller zeroes them first (or accumulates over
+ * several sequences). lm_head may point to the same buffer as tok_embd (tied embeddings): both
+ * contributions are added into it, in a fixed order. A buffer is needed for every tensor the
+ * model has, and read for no other (NULL there); pos_embd's rows >= T stay untouched. */
+#define SL_GRAD_FIELD(grad, key, kind, weight, rows, cols, required, role) float *grad;
 typedef struct {
-    float *attn_norm, *attn_norm_b, *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
-    float *attn_q_norm, *attn_k_norm;
-    float *attn_post_norm, *attn_post_norm_b, *attn_res_norm, *attn_res_norm_b;
-    float *ffn_norm, *ffn_norm_b, *w_gate, *w_up, *w_down, *b_gate, *b_up, *b_down;
-    float *ffn_post_norm, *ffn_post_norm_b, *ffn_res_norm, *ffn_res_norm_b;
+    SL_LAYER_TENSORS(SL_GRAD_FIELD)
 } sl_layer_grads;
 
 typedef struct {
-    float *tok_embd, *out_norm, *lm_head;
+    SL_GLOBAL_TENSORS(SL_GRAD_FIELD)
     sl_layer_grads *layers; /* n_layers entries */
-    float *out_norm_b;      /* (d) */
-    float *pos_embd;        /* (n_pos, d): rows >= T stay untouched */
-    float *type_embd;       /* (d) */
-    float *embd_norm, *embd_norm_b;
 } sl_model_grads;
+#undef SL_GRAD_FIELD
+
+/* Floats sl_model_vjp / sl_model_jvp allocate for B directions on T tokens with the tape of
+ * n_tape layers, besides the outputs (-1 on overflow or T < 1): the tapes, one layer's
+ * probabilities (H*T*T), the direction buffers (B*T rows of 2d + 2*H*hd + 2*G*hd, + 2*H*hd
+ * with grouped kv heads, + H*hd with QK-norms, + d with post-norms or post-LN: the JVP's
+ * scratch), the MLP's three F-wide blocks of up to SL_GRAD_MLP_ROWS rows and its two (T, F)
+ * partials. Not counted: the (T, hd) RoPE tables, at least one layer's tape when n_tape is 0
+ * and the loss's (T, F) activation. Model.grad_bytes is 4 times this. */
+int64_t sl_model_grad_floats(const sl_model *m, int64_t T, int64_t B, int64_t n_tape);
 
 /* What the VJP returns at each layer boundary l in [0, at]; every array and entry may be NULL.
  * The backward stops at the lowest layer anything is asked for. */

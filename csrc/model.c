@@ -97,12 +97,57 @@ typedef struct {
     float **lists;                                             /* 4*B: ab's per-layer pointers */
 } acts;
 
+/* Floats per packed row of the workspace fields [WS_X, WS_COSB), in their order. */
+static void act_row_floats(const sl_model *m, int64_t per_row[WS_COSB]) {
+    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
+    const int64_t half = m->head_dim / 2, F = m->d_ff;
+    const int64_t n[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half};
+    memcpy(per_row, n, sizeof n);
+}
+
+int64_t sl_model_forward_floats(const sl_model *m, int64_t rows) {
+    int64_t per_row[WS_COSB], total;
+    act_row_floats(m, per_row);
+    const sl_attn_shape s = {.n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim};
+    int64_t sum = sl_attn_row_floats(&s);
+    for (int i = 0; i < WS_COSB; i++) sum += per_row[i];
+    return rows >= 0 && sl_mul_size(sum, rows, &total) ? total : -1;
+}
+
+int64_t sl_model_dim(const sl_model *m, sl_dim dim) {
+    int64_t n;
+    switch (dim) {
+    case SL_DIM_D: return m->d_model;
+    case SL_DIM_QD: return sl_mul_size(m->n_heads, m->head_dim, &n) ? n : -1;
+    case SL_DIM_KVD: return sl_mul_size(m->n_kv_heads, m->head_dim, &n) ? n : -1;
+    case SL_DIM_HD: return m->head_dim;
+    case SL_DIM_F: return m->d_ff;
+    case SL_DIM_V: return m->vocab_size;
+    case SL_DIM_NPOS: return m->n_pos;
+    default: return 1;
+    }
+}
+
+const char *sl_dim_name(sl_dim dim) {
+    static const char *names[SL_DIM_COUNT] = {"", "d", "qd", "kvd", "hd", "F", "V", "n_pos"};
+    return dim >= 0 && dim < SL_DIM_COUNT ? names[dim] : "";
+}
+
+const char *sl_kind_name(int kind) {
+    static const char *names[] = {"matrix", "vector", "table"};
+    return kind >= 0 && kind < 3 ? names[kind] : "";
+}
+
+const char *sl_role_name(int role) {
+    static const char *names[] = {"embedding", "head", "norm", "norm_bias", "matrix", "bias"};
+    return role >= 0 && role < 6 ? names[role] : "";
+}
+
 /* Binds w to a batch of B sequences padded to T with the given lengths (NULL: all T), growing
  * it as needed. */
 static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int64_t T, const int64_t *lengths,
                      int need_importance) {
-    const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
-    const int64_t half = m->head_dim / 2, F = m->d_ff;
+    const int64_t half = m->head_dim / 2;
     int64_t need[WS_N] = {0};
     /* Index arrays first (int64, pointers): off B+1, len B, task_off B+1, part_off B, lists 4B. */
     need[WS_IDX] = 2 * (8 * B + 2);
@@ -121,7 +166,8 @@ static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int
     a->ab.importance = need_importance ? a->lists : NULL; /* only read for its NULL-ness below */
     const sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim,
                              .scale = 1.0f, .bidirectional = m->bidirectional};
-    int64_t att[3], per_row[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half};
+    int64_t att[3], per_row[WS_COSB];
+    act_row_floats(m, per_row);
     sl_attn_batch_floats(&s, &a->ab, sl_num_threads(), att);
     a->ab.importance = NULL;
     for (int i = 0; i < WS_COSB; i++)
@@ -138,15 +184,15 @@ static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int
     return SL_OK;
 }
 
-/* Whether layer l has each optional piece, as a bit set, so all layers can be compared. */
+/* Whether layer l has each tensor of the schema (and RoPE frequencies), as a bit set, so all
+ * layers can be compared. */
 static unsigned layer_features(const sl_layer_weights *lw) {
-    const void *opt[] = {lw->attn_norm.w, lw->attn_norm.b, lw->attn_post_norm.w, lw->attn_post_norm.b,
-                         lw->attn_res_norm.w, lw->attn_res_norm.b, lw->ffn_norm.w, lw->ffn_norm.b,
-                         lw->ffn_post_norm.w, lw->ffn_post_norm.b, lw->ffn_res_norm.w, lw->ffn_res_norm.b,
-                         lw->attn_q_norm, lw->attn_k_norm, lw->bq, lw->bk, lw->bv, lw->bo, lw->w_gate.data,
-                         lw->b_gate, lw->b_up, lw->b_down, lw->rope_inv_freq};
+#define HAS(grad, key, kind, weight, rows, cols, required, role) SL_HAS_##kind(lw->weight),
+    const int has[] = {SL_LAYER_TENSORS(HAS) lw->rope_inv_freq != NULL};
+#undef HAS
+    _Static_assert(sizeof has / sizeof has[0] <= 32, "layer features must fit an unsigned");
     unsigned f = 0;
-    for (unsigned i = 0; i < sizeof opt / sizeof opt[0]; i++) f |= (unsigned)(opt[i] != NULL) << i;
+    for (unsigned i = 0; i < sizeof has / sizeof has[0]; i++) f |= (unsigned)(has[i] != 0) << i;
     return f;
 }
 

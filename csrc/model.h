@@ -45,6 +45,74 @@ typedef struct {
 
 enum { SL_NORM_RMS = 0, SL_NORM_LAYER = 1 };
 
+/* ---------------------------------------------------------------- the tensor schema
+ * Every tensor the core reads, written once: the binding parses weights and gradient buffers
+ * from these tables, checks training's flat views with them, and exports them to Python
+ * (sinklab._core.tensor_schema(), read by sinklab.families.base); grad.h builds the gradient
+ * structs from them. A row is
+ *   X(grad, key, kind, weight, rows, cols, required, role)
+ * grad: the field of sl_layer_grads / sl_model_grads; key: the canonical name (per-layer keys
+ * are prefixed "blk.<l>."); kind: MATRIX (sl_weight: float32 or a file's quantized blocks),
+ * VECTOR (const float *, (rows)) or TABLE (const float *, (any, cols): learned positions);
+ * weight: the member of sl_layer_weights / sl_model; rows, cols: the shape (numpy order (out,
+ * in)) in dimensions SL_DIM_<rows>, SL_DIM_<cols> (NONE: a vector); required: every model has
+ * it; role: SL_ROLE_<role>, what the tensor is to Python. Rows are in the order the Python side
+ * lays canonical tensors out (globals) and the gradient parser reads them (layers). */
+#define SL_LAYER_TENSORS(X)                                                              \
+    X(attn_norm, "attn_norm", VECTOR, attn_norm.w, D, NONE, 0, NORM)                     \
+    X(attn_norm_b, "attn_norm_b", VECTOR, attn_norm.b, D, NONE, 0, NORM_BIAS)            \
+    X(wq, "attn_q", MATRIX, wq, QD, D, 1, MATRIX)                                        \
+    X(wk, "attn_k", MATRIX, wk, KVD, D, 1, MATRIX)                                       \
+    X(wv, "attn_v", MATRIX, wv, KVD, D, 1, MATRIX)                                       \
+    X(wo, "attn_output", MATRIX, wo, D, QD, 1, MATRIX)                                   \
+    X(bq, "attn_q_b", VECTOR, bq, QD, NONE, 0, BIAS)                                     \
+    X(bk, "attn_k_b", VECTOR, bk, KVD, NONE, 0, BIAS)                                    \
+    X(bv, "attn_v_b", VECTOR, bv, KVD, NONE, 0, BIAS)                                    \
+    X(bo, "attn_output_b", VECTOR, bo, D, NONE, 0, BIAS)                                 \
+    X(attn_q_norm, "attn_q_norm", VECTOR, attn_q_norm, HD, NONE, 0, NORM)                \
+    X(attn_k_norm, "attn_k_norm", VECTOR, attn_k_norm, HD, NONE, 0, NORM)                \
+    X(attn_post_norm, "attn_post_norm", VECTOR, attn_post_norm.w, D, NONE, 0, NORM)      \
+    X(attn_post_norm_b, "attn_post_norm_b", VECTOR, attn_post_norm.b, D, NONE, 0, NORM_BIAS) \
+    X(attn_res_norm, "attn_res_norm", VECTOR, attn_res_norm.w, D, NONE, 0, NORM)         \
+    X(attn_res_norm_b, "attn_res_norm_b", VECTOR, attn_res_norm.b, D, NONE, 0, NORM_BIAS) \
+    X(ffn_norm, "ffn_norm", VECTOR, ffn_norm.w, D, NONE, 0, NORM)                        \
+    X(ffn_norm_b, "ffn_norm_b", VECTOR, ffn_norm.b, D, NONE, 0, NORM_BIAS)               \
+    X(w_gate, "ffn_gate", MATRIX, w_gate, F, D, 0, MATRIX)                               \
+    X(w_up, "ffn_up", MATRIX, w_up, F, D, 1, MATRIX)                                     \
+    X(w_down, "ffn_down", MATRIX, w_down, D, F, 1, MATRIX)                               \
+    X(b_gate, "ffn_gate_b", VECTOR, b_gate, F, NONE, 0, BIAS)                            \
+    X(b_up, "ffn_up_b", VECTOR, b_up, F, NONE, 0, BIAS)                                  \
+    X(b_down, "ffn_down_b", VECTOR, b_down, D, NONE, 0, BIAS)                            \
+    X(ffn_post_norm, "ffn_post_norm", VECTOR, ffn_post_norm.w, D, NONE, 0, NORM)         \
+    X(ffn_post_norm_b, "ffn_post_norm_b", VECTOR, ffn_post_norm.b, D, NONE, 0, NORM_BIAS) \
+    X(ffn_res_norm, "ffn_res_norm", VECTOR, ffn_res_norm.w, D, NONE, 0, NORM)            \
+    X(ffn_res_norm_b, "ffn_res_norm_b", VECTOR, ffn_res_norm.b, D, NONE, 0, NORM_BIAS)
+
+#define SL_GLOBAL_TENSORS(X)                                                             \
+    X(tok_embd, "tok_embd", MATRIX, tok_embd, V, D, 1, EMBEDDING)                        \
+    X(pos_embd, "pos_embd", TABLE, pos_embd, NPOS, D, 0, EMBEDDING)                      \
+    X(type_embd, "type_embd", VECTOR, type_embd, D, NONE, 0, EMBEDDING)                  \
+    X(embd_norm, "embd_norm", VECTOR, embd_norm.w, D, NONE, 0, NORM)                     \
+    X(embd_norm_b, "embd_norm_b", VECTOR, embd_norm.b, D, NONE, 0, NORM_BIAS)            \
+    X(out_norm, "out_norm", VECTOR, out_norm.w, D, NONE, 0, NORM)                        \
+    X(out_norm_b, "out_norm_b", VECTOR, out_norm.b, D, NONE, 0, NORM_BIAS)               \
+    X(lm_head, "lm_head", MATRIX, lm_head, V, D, 0, HEAD)
+
+/* The dimensions shapes are written in: d_model, n_heads*head_dim, n_kv_heads*head_dim,
+ * head_dim, d_ff, vocab_size, n_pos; NONE (size 1) is the missing second axis of a vector. */
+typedef enum { SL_DIM_NONE, SL_DIM_D, SL_DIM_QD, SL_DIM_KVD, SL_DIM_HD, SL_DIM_F, SL_DIM_V, SL_DIM_NPOS,
+               SL_DIM_COUNT } sl_dim;
+enum { SL_KIND_MATRIX, SL_KIND_VECTOR, SL_KIND_TABLE };
+enum { SL_ROLE_EMBEDDING, SL_ROLE_HEAD, SL_ROLE_NORM, SL_ROLE_NORM_BIAS, SL_ROLE_MATRIX, SL_ROLE_BIAS };
+/* Whether the model has a tensor of the given kind (its weight member w). */
+#define SL_HAS_MATRIX(w) ((w).data != NULL)
+#define SL_HAS_VECTOR(w) ((w) != NULL)
+#define SL_HAS_TABLE(w) ((w) != NULL)
+/* Axes of a tensor whose second dimension is cols: 1 for a vector, else 2. */
+#define SL_NDIM(cols) (SL_DIM_##cols == SL_DIM_NONE ? 1 : 2)
+
+
+
 typedef struct {
     int64_t n_layers, n_heads, n_kv_heads, d_model, head_dim, d_ff, vocab_size;
     float norm_eps;
@@ -183,6 +251,21 @@ int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int6
 /* Checks the descriptor: dimensions, that every layer has the same optional tensors, and that the
  * activation matches the presence of the gate. */
 int sl_model_check(const sl_model *m);
+
+/* The size of dimension dim in m (1 for SL_DIM_NONE, n_pos for SL_DIM_NPOS), or -1 when the
+ * product overflows; its name ("d", "qd", "kvd", "hd", "F", "V", "n_pos"; "" for NONE). */
+int64_t sl_model_dim(const sl_model *m, sl_dim dim);
+const char *sl_dim_name(sl_dim dim);
+/* Names of SL_KIND_* ("matrix", "vector", "table") and SL_ROLE_* ("embedding", "head", "norm",
+ * "norm_bias", "matrix", "bias"). */
+const char *sl_kind_name(int kind);
+const char *sl_role_name(int role);
+
+/* Floats of the forward's workspace that grow with the packed token rows, for `rows` rows (-1 on
+ * overflow): the activations acts_bind sizes per row, Vᵀ and the importance partials at their
+ * most (SL_ATTN_SEGMENTS per head); the per-thread score blocks and the (T, hd) RoPE tables
+ * are not counted. Model.max_rows_per_call sizes calls with it. */
+int64_t sl_model_forward_floats(const sl_model *m, int64_t rows);
 
 /* The token positions a model can run: n_pos with learned positions, else no limit (INT64_MAX). */
 int64_t sl_model_max_positions(const sl_model *m);

@@ -467,34 +467,24 @@ class Model:
     @property
     def max_rows_per_call(self) -> int:
         """Token rows per forward call by default: MAX_ROWS_PER_CALL, fewer for models whose
-        activations take more than WORKSPACE_BYTES at that many rows (rows x (2d + 2H*hd + 3G*hd
-        + 2F + hd + 8H) floats)."""
-        c = self.config
-        per_row = 4 * (2 * c.d_model + 2 * c.n_heads * c.head_dim + 3 * c.n_kv_heads * c.head_dim
-                       + 2 * c.d_ff + c.head_dim + 8 * c.n_heads)
+        activations take more than WORKSPACE_BYTES at that many rows (the C core's count of the
+        workspace per packed row, ``_core.model_forward_floats``: rows x (2d + 2H*hd + 3G*hd +
+        2F + hd + 8H) floats)."""
+        per_row = 4 * _core.model_forward_floats(self._handle, 1)
         return max(1, min(MAX_ROWS_PER_CALL, WORKSPACE_BYTES // per_row))
 
     def grad_bytes(self, T: int, B: int = 1, n_tape: Optional[int] = None) -> int:
-        """Bytes the C backward allocates for ``B`` directions on ``T`` tokens (besides the outputs).
+        """Bytes the C backward allocates for ``B`` directions on ``T`` tokens (besides the outputs),
+        as the C core sizes them (``_core.model_grad_floats``).
 
-        The tape of ``n_tape`` layers (default all), as the C core sizes it for this architecture
-        (LLaMA: 4*(4d + 2H*hd + 2G*hd + 2F + 2) bytes per token and layer; QK-norms, post-norms
-        and LayerNorm statistics add to it); the layer's attention probabilities 4*H*T*T and MLP
-        partials 4*2*T*F; per direction and token 4*(2d + 2H*hd + 2G*hd) bytes (+ 4*2H*hd with
-        grouped kv heads, + 4*H*hd with QK-norms, + 4*d with post-norms), and the MLP's 3 F-wide
-        buffers for up to 8192 rows.
+        The tape of ``n_tape`` layers (default all; LLaMA: 4*(4d + 2H*hd + 2G*hd + 2F + 2) bytes
+        per token and layer; QK-norms, post-norms and LayerNorm statistics add to it); the
+        layer's attention probabilities 4*H*T*T and MLP partials 4*2*T*F; per direction and
+        token 4*(2d + 2H*hd + 2G*hd) bytes (+ 4*2H*hd with grouped kv heads, + 4*H*hd with
+        QK-norms, + 4*d with post-norms), and the MLP's 3 F-wide buffers for up to 8192 rows.
         """
-        c = self.config
-        qd, kvd = c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim
-        L = c.n_layers if n_tape is None else n_tape
-        tape = L * _core.model_tape_floats(self._handle, max(int(T), 1))
-        rows = B * T
-        norms = set(c.layer_norms)
-        per_row = (2 * c.d_model + 2 * qd + 2 * kvd + (2 * qd if c.n_heads != c.n_kv_heads else 0)
-                   + (qd if norms & {"attn_q_norm", "attn_k_norm"} else 0)
-                   + (c.d_model if norms - {"attn_norm", "ffn_norm", "attn_q_norm", "attn_k_norm"} else 0))
-        return 4 * (tape + c.n_heads * T * T + 2 * T * c.d_ff + rows * per_row
-                    + 3 * min(rows, max(8192 // T, 1) * T) * c.d_ff)
+        return 4 * _core.model_grad_floats(self._handle, int(T), int(B),
+                                           None if n_tape is None else int(n_tape))
 
     def vjp(self, ids: Any, cotangent: Any, at: Any, intervene: Optional[Intervention] = None,
             layers: Optional[Sequence[int]] = None) -> np.ndarray:

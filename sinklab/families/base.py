@@ -1,5 +1,6 @@
 """What every family module shares: the canonical tensor schema (names and shapes the C core
-reads, given a :class:`ModelConfig`), the assembly of those tensors from a file through a name
+reads, given a :class:`ModelConfig`; the table itself is the core's, ``_core.tensor_schema()``,
+the X-macro table of csrc/model.h), the assembly of those tensors from a file through a name
 map, and the config fields most decoders state the same way in config.json and GGUF metadata.
 
 A loader (:mod:`sinklab.io`) hands a family two readers:
@@ -19,11 +20,17 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 import numpy as np
 
-from .config import QK_NORMS, ModelConfig
+from .. import _core
+from .config import ModelConfig
 from .tensors import Tensor, to_f32
 
+# The core's tensor schema: (scope, key, kind, shape, required, role) rows, globals in the order
+# canonical_shapes lays them out; shapes are dimension names (_dim_sizes).
+SCHEMA: Tuple[Tuple[str, str, str, Tuple[str, ...], bool, str], ...] = _core.tensor_schema()
+_GLOBAL = {row[1]: row for row in SCHEMA if row[0] == "global"}
+_LAYER = {row[1]: row for row in SCHEMA if row[0] == "layer"}
 # Matrices may stay quantized; every other tensor is float32.
-MATRICES = ("tok_embd", "lm_head", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+MATRICES = tuple(row[1] for row in SCHEMA if row[2] == "matrix")
 
 
 def base_name(key: str) -> str:
@@ -40,44 +47,45 @@ def is_norm_weight(key: str) -> bool:
     return base_name(key).endswith("norm")
 
 
+def _dim_sizes(cfg: ModelConfig) -> Dict[str, int]:
+    """The sizes of the schema's dimension names for this config."""
+    hd = cfg.head_dim
+    return {"d": cfg.d_model, "qd": cfg.n_heads * hd, "kvd": cfg.n_kv_heads * hd, "hd": hd,
+            "F": cfg.d_ff, "V": cfg.vocab_size, "n_pos": cfg.n_pos}
+
+
+def _shape(row: Tuple[Any, ...], sizes: Mapping[str, int]) -> Tuple[int, ...]:
+    return tuple(sizes[n] for n in row[3])
+
+
 def layer_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
-    """Shape of each per-layer tensor the config calls for, numpy order (out, in)."""
-    d, hd, F = cfg.d_model, cfg.head_dim, cfg.d_ff
-    qd, kvd = cfg.n_heads * hd, cfg.n_kv_heads * hd
+    """Shape of each per-layer tensor the config calls for, numpy order (out, in): its norms in
+    ``cfg.layer_norms`` order (each followed by its bias under LayerNorm; the QK-norms have
+    none), the projections in schema order, then ``cfg.biases`` in their order."""
+    sizes = _dim_sizes(cfg)
     out: Dict[str, Tuple[int, ...]] = {}
     for n in cfg.layer_norms:
-        if n in QK_NORMS:
-            out[n] = (hd,)
-        else:
-            out[n] = (d,)
-            if cfg.norm_kind == "layernorm":
-                out[n + "_b"] = (d,)
-    out.update({"attn_q": (qd, d), "attn_k": (kvd, d), "attn_v": (kvd, d), "attn_output": (d, qd)})
-    if cfg.gated:
-        out["ffn_gate"] = (F, d)
-    out.update({"ffn_up": (F, d), "ffn_down": (d, F)})
-    bias = {"attn_q_b": qd, "attn_k_b": kvd, "attn_v_b": kvd, "attn_output_b": d,
-            "ffn_gate_b": F, "ffn_up_b": F, "ffn_down_b": d}
-    out.update({b: (bias[b],) for b in cfg.biases})
+        out[n] = _shape(_LAYER[n], sizes)
+        if cfg.norm_kind == "layernorm" and n + "_b" in _LAYER:
+            out[n + "_b"] = _shape(_LAYER[n + "_b"], sizes)
+    optional = {"ffn_gate": cfg.gated}  # the schema's one optional matrix
+    for key, row in _LAYER.items():
+        if row[5] == "matrix" and (row[4] or optional[key]):
+            out[key] = _shape(row, sizes)
+    out.update({b: _shape(_LAYER[b], sizes) for b in cfg.biases})
     return out
 
 
 def global_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
-    """Shape of each global tensor the config calls for (``tok_embd`` first)."""
-    d = cfg.d_model
-    out: Dict[str, Tuple[int, ...]] = {"tok_embd": (cfg.vocab_size, d)}
-    if cfg.positions == "learned":
-        out["pos_embd"] = (cfg.n_pos, d)
-    if cfg.type_embd:
-        out["type_embd"] = (d,)
-    for flag, name in ((cfg.embd_norm, "embd_norm"), (cfg.has_out_norm, "out_norm")):
-        if flag:
-            out[name] = (d,)
-            if cfg.norm_kind == "layernorm":
-                out[name + "_b"] = (d,)
-    if cfg.has_lm_head:
-        out["lm_head"] = (cfg.vocab_size, d)
-    return out
+    """Shape of each global tensor the config calls for, in schema order (``tok_embd`` first,
+    ``lm_head`` last)."""
+    ln = cfg.norm_kind == "layernorm"
+    present = {"tok_embd": True, "pos_embd": cfg.positions == "learned", "type_embd": bool(cfg.type_embd),
+               "embd_norm": bool(cfg.embd_norm), "embd_norm_b": bool(cfg.embd_norm) and ln,
+               "out_norm": bool(cfg.has_out_norm), "out_norm_b": bool(cfg.has_out_norm) and ln,
+               "lm_head": bool(cfg.has_lm_head)}
+    sizes = _dim_sizes(cfg)
+    return {key: _shape(row, sizes) for key, row in _GLOBAL.items() if present[key]}
 
 
 def canonical_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
