@@ -160,6 +160,13 @@ def dequantize(type_id: int, data: np.ndarray, n: int) -> np.ndarray:
     return _core.dequantize(int(type_id), data, int(n))
 
 
+def tensor_schema() -> Tuple[Tuple[str, str, str, Tuple[str, ...], bool, str], ...]:
+    """The C core's tensor schema (csrc/model.h's X-macro tables): one ``(scope, key, kind,
+    shape, required, role)`` row per tensor, scope ``"global"`` or ``"layer"``, shape as
+    dimension names; the one list of weights and gradients the core parses."""
+    return tuple(_core.tensor_schema())
+
+
 # Told once, when sinklab is imported (this module is imported only then).
 if not _core.has_openmp:
     warnings.warn("sinklab was built without OpenMP ("

@@ -1,5 +1,5 @@
 """What every family module shares: the canonical tensor schema (names and shapes the C core
-reads, given a :class:`ModelConfig`; the table itself is the core's, ``_core.tensor_schema()``,
+reads, given a :class:`ModelConfig`; the table itself is the core's, ``sinklab.runtime.tensor_schema()``,
 the X-macro table of csrc/model.h), the assembly of those tensors from a file through a name
 map, and the config fields most decoders state the same way in config.json and GGUF metadata.
 
@@ -20,13 +20,13 @@ from typing import Any, Callable, Dict, Iterable, Mapping, Optional, Sequence, T
 
 import numpy as np
 
-from .. import _core
+from ..runtime import tensor_schema
 from .config import ModelConfig
 from .tensors import Tensor, to_f32
 
 # The core's tensor schema: (scope, key, kind, shape, required, role) rows, globals in the order
 # canonical_shapes lays them out; shapes are dimension names (_dim_sizes).
-SCHEMA: Tuple[Tuple[str, str, str, Tuple[str, ...], bool, str], ...] = _core.tensor_schema()
+SCHEMA: Tuple[Tuple[str, str, str, Tuple[str, ...], bool, str], ...] = tensor_schema()
 _GLOBAL = {row[1]: row for row in SCHEMA if row[0] == "global"}
 _LAYER = {row[1]: row for row in SCHEMA if row[0] == "layer"}
 # Matrices may stay quantized; every other tensor is float32.
