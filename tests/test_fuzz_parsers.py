@@ -18,17 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import fuzz_atheris as fa  # noqa: E402
-import fuzz_parsers as fz  # noqa: E402
+from tests.support import fuzz_atheris as fa  # noqa: E402
+from tests.support import fuzz_parsers as fz  # noqa: E402
 from sinklab.io.gguf_loader import GGUFError, open_gguf  # noqa: E402
 from sinklab.io.gguf_reader import GGUFFile, GGUFFormatError  # noqa: E402
 from sinklab.io.hf_loader import SafetensorsError, read_safetensors  # noqa: E402
 from sinklab.tokenizer import Tokenizer  # noqa: E402
 from sinklab.train import checkpoint as ck  # noqa: E402
 
-from reference_models import require  # noqa: E402
+from tests.support.reference_models import require  # noqa: E402
 
 # inputs per parser in CI: about 8 s in all on 2 cores
 SHORT_RUN = {"gguf": 2000, "safetensors": 2000, "tokenizer": 800, "checkpoint": 800, "hfconfig": 2000, "core": 1000}

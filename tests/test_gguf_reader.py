@@ -6,10 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 gguf = rm.require("gguf")
 

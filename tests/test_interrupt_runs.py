@@ -23,7 +23,7 @@ import sinklab as sl
 from sinklab.train import checkpoint as ck
 from sinklab.train.run import TIMING_FIELDS, TrainConfig, read_log, train
 
-from reference_models import require
+from tests.support.reference_models import require
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals, /proc")
 

@@ -19,7 +19,7 @@ FAMILIES = Path(__file__).resolve().parent.parent / "notebooks" / "results"
 
 def jupyter():
     """(nbformat, NotebookClient), or a failure/skip naming what is missing."""
-    from conftest import unavailable
+    from tests.support.required import unavailable
 
     try:
         import nbformat

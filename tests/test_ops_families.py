@@ -32,10 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 

@@ -24,12 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-    from .conftest import unavailable
-except ImportError:
-    import reference_models as rm
-    from conftest import unavailable
+from tests.support import reference_models as rm
+from tests.support.required import unavailable
 
 gguf = rm.require("gguf")
 psutil = rm.require("psutil")

@@ -16,7 +16,7 @@ import sinklab as sl
 from sinklab.sweeps import INFO_COLUMNS, Grid, SpecError, sweep
 from sinklab.sweeps.grid import EXAMPLE_SPEC, address_all, make_intervention, read_prompts, read_spec
 
-from reference_models import require
+from tests.support.reference_models import require
 
 pd = require("pandas")
 

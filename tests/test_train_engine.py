@@ -2,23 +2,19 @@
 step (loss, every parameter gradient, the AdamW update) under each of the paper's §5 packing
 strategies, a few hundred steps of loss curve on the same data order, and determinism.
 
-The reference is a plain PyTorch LLaMA (benchmarks/torch_llama.py, written independently of
+The reference is a plain PyTorch LLaMA (tests/support/torch_llama.py, written independently of
 sinklab) in fp32 with torch.optim.AdamW and clip_grad_norm_; intra-document masking there is a
 dense (B, T, T) boolean mask, so the C core's key ranges are checked against what the mask means.
 """
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import sinklab
 from sinklab.train import AdamW, Trainer, llama_config, lr_schedule
-from tests.reference_models import require
+from tests.support.reference_models import require
 
 torch = require("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import torch_llama  # noqa: E402
+from tests.support import torch_llama  # noqa: E402
 
 RTOL = 1e-4
 

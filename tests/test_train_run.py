@@ -27,7 +27,7 @@ from sinklab.train import Trainer, llama_config
 from sinklab.train import checkpoint as ck
 from sinklab.train.evaluate import evaluate, packed_loss
 from sinklab.train.packing import Packer
-from reference_models import require
+from tests.support.reference_models import require
 from sinklab.train.run import TIMING_FIELDS, ConfigError, TrainConfig, example_config, read_log, train
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -104,7 +104,9 @@ def deterministic(log):
 
 # ------------------------------------------------------------------ crash and resume
 def _spawn(corpus_dir, out_dir, env_extra):
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import test_train_run as t; t.child_main({corpus_dir!r}, {out_dir!r})"
+    # the repository root too: this module imports tests.support
+    code = (f"import sys; sys.path[:0] = [{HERE!r}, {os.path.dirname(HERE)!r}]; import test_train_run as t; "
+            f"t.child_main({corpus_dir!r}, {out_dir!r})")
     env = {**os.environ, **env_extra}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
