@@ -21,6 +21,8 @@ import pytest
 from tests.support import reference_models as rm
 from tests.support.attention_ctypes import Batch, Intervention, Shape, Stats, f32p, f64p, i64p, ptr, u8p  # noqa: F401
 
+pytestmark = pytest.mark.cdriver  # compiles csrc/ into a driver (or library) and runs it
+
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 SOURCES = ("attention.c", "ops.c", "sgemm.c", "quant.c", "cpu.c", "common.c")

@@ -245,6 +245,7 @@ def _registered():
     return registered_names()
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("name", _registered())
 def test_sinks_on_every_registered_model(name, cached_load, tmp_path, capsys):
     """`sinklab sinks NAME` on each registered model: a_0 per (layer, head) and the sink rates

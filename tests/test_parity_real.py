@@ -38,6 +38,7 @@ rm.require("gguf")
 import sinklab as sl  # noqa: E402
 
 CAPTURE = ("attn", "resid", "logits")
+pytestmark = pytest.mark.real   # every test here runs the registered real models
 LOGIT_BLOCK = 128
 LARGE = os.environ.get("SINKLAB_LARGE_TESTS", "").strip() == "1"
 

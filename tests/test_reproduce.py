@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 STUDY, CONTRAST = "gemma-3-270m", "smollm2-135m-instruct"
+# the whole quick report in a subprocess (README: about 11 min on 2 idle cores), on both models
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ MODELS = {
     "qwen2.5-coder-0.5b-instruct": {"Q4_K", "Q5_0", "Q6_K", "Q8_0"},
 }
 CAPTURE = ("logits", "resid", "attn", "stats")
+pytestmark = pytest.mark.real   # every test here runs the registered real models
 T = 64
 RAGGED = (64, 41, 17)   # lengths of a padded (3, 64) batch
 # RSS beyond the file: interpreter and imports (~60 MB), the tokenizer (Gemma 3's 262k-token

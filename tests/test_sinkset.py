@@ -184,6 +184,7 @@ def test_T_beyond_context(model):
 
 
 # ------------------------------------------------------------------ where the sink sits
+@pytest.mark.real
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m", "all-minilm-l6-v2"])
 @pytest.mark.parametrize("bos", [True, False], ids=["bos", "nobos"])
 def test_where_the_sink_sits_vs_float64_attention(name, bos):
