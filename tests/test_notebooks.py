@@ -15,6 +15,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 # The families study's saved results (`sinklab reproduce --families`), which the notebook reads
 # instead of loading every registered model.
 FAMILIES = Path(__file__).resolve().parent.parent / "notebooks" / "results"
+pytestmark = pytest.mark.slow  # each notebook runs end to end in a Jupyter kernel
 
 
 def jupyter():

@@ -179,6 +179,7 @@ def _rss(path, resident):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a subprocess per model measures its RSS
 @pytest.mark.parametrize("name", list(MODELS))
 def test_resident_memory_near_file_size(name):
     path = Path(_fetch(name))
@@ -191,6 +192,7 @@ def test_resident_memory_near_file_size(name):
     assert got["rss_run"] < size + RSS_SLACK
 
 
+@pytest.mark.slow  # a subprocess measures its RSS
 def test_fp32_resident_memory_is_four_bytes_per_weight():
     """The control: the same measurement sees the fp32 path's 4 bytes per weight."""
     path = Path(_fetch("smollm2-135m-instruct"))

@@ -158,6 +158,7 @@ def test_intervention_in_a_sweep_is_the_one_named(smollm2_gguf, tmp_path):
 
 
 # ------------------------------------------------------------------ Dask
+@pytest.mark.slow  # a LocalCluster
 def test_two_worker_local_cluster_is_bitwise_the_serial_run(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "cluster")
@@ -170,6 +171,7 @@ def test_two_worker_local_cluster_is_bitwise_the_serial_run(serial, tmp_path):
     assert again.ran == [] and len(again.skipped) == N_TASKS                     # a rerun skips finished tasks
 
 
+@pytest.mark.slow  # a LocalCluster, a worker killed
 def test_a_worker_killed_mid_task_loses_only_that_task(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "killed")
@@ -199,6 +201,7 @@ def test_a_worker_killed_mid_task_loses_only_that_task(serial, tmp_path):
     _assert_same_results(serial[0], out, GRID)
 
 
+@pytest.mark.slow  # a client subprocess killed and resumed
 def test_a_killed_client_resumes_from_the_finished_tasks(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "crash")
@@ -226,6 +229,7 @@ def test_a_killed_client_resumes_from_the_finished_tasks(serial, tmp_path):
 
 
 # ------------------------------------------------------------------ training runs and the CLI
+@pytest.mark.slow  # a training run, twice
 def test_a_training_run_in_a_sweep_is_the_run_trained_directly(training_corpus, tmp_path):
     from sinklab.train.run import TrainConfig, train
 
@@ -314,6 +318,7 @@ def test_a_grid_dominated_by_one_large_model_gets_fewer_workers_with_more_thread
     assert cluster.plan_local(["smollm2-135m-instruct"] * 16, workers=3).threads == 5
 
 
+@pytest.mark.slow  # a LocalCluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_file_pages(smollm2_gguf):
     """What lets the workers of one node share a model: its quantized weights are read in place
@@ -374,6 +379,7 @@ def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(s
         assert r["first"] == s.fro[0, 0] and r["others_mean"] == s.fro[0, 1:-1].mean()
 
 
+@pytest.mark.slow  # a scheduler and workers
 def test_a_sweep_on_an_existing_scheduler_splits_the_cores_among_its_workers(serial, tmp_path):
     """--scheduler ADDRESS: the tasks run on a cluster the sweep did not start, each with
     cores // (Dask threads on its host) OpenMP threads, and give the serial run's numbers."""
@@ -396,6 +402,7 @@ def test_the_core_package_imports_no_cluster_dependency():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow  # long-context sweeps on SmolLM2
 def test_sink_location_and_long_context_sweep_analyses(smollm2_gguf, tmp_path):
     """The two analyses the report added for sweeps: where the sink sits and long-context
     statistics, each equal to the direct call (the float64 attention of one window recomputed)."""

@@ -139,6 +139,7 @@ def test_intra_document_mask_changes_what_is_learned():
     assert rel(logits[a:b], alone) <= 1e-5
 
 
+@pytest.mark.slow  # hundreds of training steps, twice
 def test_loss_curve_tracks_torch_and_learns():
     """Two hundred steps on the same batches: the curves agree to float tolerance growth, and
     the loss falls far below the unigram entropy of the data (an order-1 Markov source)."""
@@ -202,6 +203,7 @@ def test_bad_inputs_raise():
         lr_schedule(0, 1e-3, 0.0, 10, 100)
 
 
+@pytest.mark.slow  # hundreds of steps on the real corpus
 def test_real_corpus_curve_tracks_torch_and_beats_unigram_entropy(training_corpus):
     """Three hundred steps on the real corpus (packed as in training, intra-document with a
     fixed ⟨bos⟩), sinklab and PyTorch on the same batches: the curves agree to 1e-4 relative

@@ -101,6 +101,7 @@ def reference(corpus_dir, tmp_path_factory):
     return train(tiny_config(out), corpus=make_corpus(corpus_dir), progress=False)
 
 
+@pytest.mark.slow  # training subprocesses killed and resumed
 def test_killed_mid_run_and_mid_checkpoint_resumes_bitwise(corpus_dir, reference, tmp_path):
     out = str(tmp_path / "run")
     # 1. SIGKILL between checkpoints: steps are slowed so the kill lands after step 4's checkpoint
