@@ -151,6 +151,7 @@ def test_sink_study_batched_equals_loop_tiny(tiny, monkeypatch, capture):
     _assert_same(small.importance, ref, f"sink study ({capture}, batches of 2)")
 
 
+@pytest.mark.slow  # a whole sink study on SmolLM2, twice
 def test_sink_study_batched_equals_loop_smollm2(smol):
     from sinklab.prompts import load_passages
 

@@ -420,6 +420,7 @@ TABLE = {  # condition: (perplexity, sink rate %, mean a_0), measured with the p
     "zero_others": (254.0, 86.7, 0.573), "zero_all": (690.3, 91.4, 0.597)}
 
 
+@pytest.mark.slow  # a subset of the controls protocol on Gemma 3 (minutes)
 @pytest.mark.real
 def test_gemma_reproduces_the_table():
     """A subset of the protocol (8 held-out passages <= 200 tokens, 16 sink prompts of 64 tokens):

@@ -79,6 +79,7 @@ def _atheris():
     return require("atheris")
 
 
+@pytest.mark.slow  # timed atheris runs, one per parser
 @pytest.mark.parametrize("parser", fa.PARSERS)
 def test_short_coverage_guided_run_raises_only_documented_exceptions(parser, tmp_path):
     _atheris()
@@ -93,6 +94,7 @@ def test_short_coverage_guided_run_raises_only_documented_exceptions(parser, tmp
     assert r["corpus"] > n_seeds and r["edges"] > 0
 
 
+@pytest.mark.slow  # a timed atheris run
 def test_short_coverage_guided_run_fails_on_an_undocumented_exception(tmp_path):
     """What the run above relies on: a parser raising a type it does not document stops the run
     with a non-zero status and a reproducer (here the parser raises KeyError once it has parsed

@@ -38,7 +38,9 @@ rm.require("gguf")
 import sinklab as sl  # noqa: E402
 
 CAPTURE = ("attn", "resid", "logits")
-pytestmark = pytest.mark.real   # every test here runs the registered real models
+# every test here runs the registered real models; the full stream of 262k/151k-vocabulary
+# models against their fp32 references takes minutes
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 LOGIT_BLOCK = 128
 LARGE = os.environ.get("SINKLAB_LARGE_TESTS", "").strip() == "1"
 

@@ -121,6 +121,7 @@ def serial(smollm2_gguf, tmp_path_factory):
     return out, res
 
 
+@pytest.mark.slow  # a sweep end to end, and the study again
 def test_serial_sweep_equals_the_sink_study_called_directly(serial, smollm2_gguf):
     out, res = serial
     model = sl.load(str(smollm2_gguf))
@@ -139,6 +140,7 @@ def test_serial_sweep_equals_the_sink_study_called_directly(serial, smollm2_gguf
     assert [os.path.basename(f) for f in res.figures] == ["sink_study.png"]
 
 
+@pytest.mark.slow  # a sweep end to end
 def test_intervention_in_a_sweep_is_the_one_named(smollm2_gguf, tmp_path):
     """mask_first@0-1: the a_0 of the sweep equals first_token_importance of attention captured
     with the mask applied on layers 0-1 by hand (float64 NumPy over the attn capture)."""
@@ -359,6 +361,7 @@ def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_fil
     analyses._MODELS.clear()
 
 
+@pytest.mark.slow  # sweeps end to end
 def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(smollm2_gguf, tmp_path):
     spec = {"analysis": ["perturbation", "sensitivity"], "bos": [True, False], "T": [24],
             "settings": {"perturbation": {"n_prompts": 2, "swaps_per_passage": 2, "min_after": 8},

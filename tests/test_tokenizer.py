@@ -546,6 +546,7 @@ def gemma_hf(gemma3_path):
     return _hf_from_gguf(Path(gemma3_path))
 
 
+@pytest.mark.slow  # transformers' tokenizer from a 262k-token GGUF (tens of seconds)
 @pytest.mark.parametrize("name", list(GEMMA_TEXTS))
 def test_gemma3_ids_match_transformers(name, gemma_tok, gemma_hf):
     text = GEMMA_TEXTS[name]
@@ -639,6 +640,7 @@ def qwen_hf(qwen05_path):
     return _hf_from_gguf(Path(qwen05_path))
 
 
+@pytest.mark.slow  # transformers' tokenizer from a 151k-token GGUF (tens of seconds)
 @pytest.mark.parametrize("name", list(QWEN_TEXTS))
 def test_qwen2_ids_match_transformers(name, qwen_tok, qwen_hf):
     text = QWEN_TEXTS[name]
