@@ -12,8 +12,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
-sys.path.insert(0, str(ROOT / "tests"))
-from test_attention_variants import Shape, ptr  # noqa: E402
+sys.path.insert(0, str(ROOT))   # tests.support: the kernel's ctypes structs, shared with the tests
+from tests.support.attention_ctypes import Shape, ptr  # noqa: E402
 from machine import lscpu_lines  # noqa: E402
 
 DEPS = ("ops.c", "sgemm.c", "quant.c", "cpu.c", "common.c")

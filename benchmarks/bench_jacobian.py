@@ -3,7 +3,7 @@
 
 Everything is about SmolLM2-135M-Instruct, loaded twice from the same GGUF file: by sinklab
 (``sl.load``) and by transformers' own GGUF loader (dequantized to fp32, as in
-tests/reference_models.hf_gguf_reference). resid[l] is the residual stream entering layer l
+tests/support/reference_models.hf_gguf_reference). resid[l] is the residual stream entering layer l
 (resid[0] = the input token embeddings), resid[L] the last layer's output with the final norm
 removed; the target is resid[L] at the last position. Both libraries run in this one process with
 the same thread count (``torch.set_num_threads(n)``, ``sinklab.set_num_threads(n)``).
@@ -184,7 +184,7 @@ def make_ids(T: int, vocab: int, seed: int = 0) -> np.ndarray:
 
 
 def load_hf(path: str):
-    """HF fp32 eager model from the GGUF file (as tests/reference_models.hf_gguf_reference)."""
+    """HF fp32 eager model from the GGUF file (as tests/support/reference_models.hf_gguf_reference)."""
     import torch
     import transformers
     transformers.logging.set_verbosity_error()

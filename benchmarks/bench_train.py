@@ -2,7 +2,7 @@
 """Training throughput: sinklab's C engine vs PyTorch CPU eager (fp32, AdamW), in one process.
 
 Both train the same LLaMA-2-style model (RMSNorm, RoPE, SwiGLU, no biases) from the same initial
-weights on the same batches: sinklab.train.Trainer.step against benchmarks/torch_llama.py
+weights on the same batches: sinklab.train.Trainer.step against tests/support/torch_llama.py
 (forward, mean cross-entropy, backward, clip_grad_norm_ 1.0, torch.optim.AdamW with weight decay
 on the 2-D tensors, foreach=False; attention by F.scaled_dot_product_attention, is_causal=True).
 Both run with the same thread count: torch.set_num_threads(n) and sinklab.set_num_threads(n).
@@ -200,7 +200,7 @@ def make_batch(s: Shape, seed: int) -> tuple:
 def make_pair(cfg: Any, lr: float, torch: Any):
     """A sinklab Trainer and the torch model + AdamW with the same initial weights."""
     from sinklab.train import Trainer
-    from torch_llama import TorchLlama, copy_sinklab_weights, make_adamw
+    from tests.support.torch_llama import TorchLlama, copy_sinklab_weights, make_adamw
 
     tr = Trainer(cfg, seed=0)
     tm = TorchLlama.from_config(cfg)
@@ -218,7 +218,7 @@ def rel(a: float, b: float) -> float:
 
 def check(s: Shape, torch: Any, lr: float = 1e-3, tol: float = 1e-5) -> bool:
     """Two steps of both from the same weights on the same batch: losses, norms, final weights."""
-    from torch_llama import torch_train_step
+    from tests.support.torch_llama import torch_train_step
 
     cfg = llama_cfg(s)
     tr, tm, opt = make_pair(cfg, lr, torch)
@@ -235,7 +235,7 @@ def check(s: Shape, torch: Any, lr: float = 1e-3, tol: float = 1e-5) -> bool:
     # The weights after two updates, per tensor, in units of lr (what one Adam step moves an
     # element at most): the mean catches a misconfigured weight decay (0.1 lr |w| per step), the
     # max a wrong update; single elements whose gradient is near eps move by a few % of lr apart.
-    from torch_llama import TorchLlama, copy_sinklab_weights
+    from tests.support.torch_llama import TorchLlama, copy_sinklab_weights
     after = TorchLlama.from_config(cfg)
     copy_sinklab_weights(after, tr.weights)
     worst_max, worst_mean = (0.0, ""), (0.0, "")
@@ -263,7 +263,7 @@ def timed(f: Callable[[], Any]) -> float:
 
 def bench_config(key: str, s: Shape, threads: List[int], steps: int, warmup: int, peak: Dict[int, Dict[str, float]],
                  torch: Any, sl: Any, lr: float = 3e-4) -> List[Dict[str, Any]]:
-    from torch_llama import torch_train_step
+    from tests.support.torch_llama import torch_train_step
 
     cfg = llama_cfg(s)
     fl = flops_per_token(cfg, s.T)

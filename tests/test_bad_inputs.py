@@ -18,8 +18,8 @@ from sinklab.io import registry
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_gguf):
-    return sl.load(smollm2_gguf, quiet=True)
+def model(smollm2_model):
+    return smollm2_model
 
 
 def _ids(model, T=8):

@@ -15,10 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 import sinklab as sl  # noqa: E402
 from sinklab import _core  # noqa: E402
@@ -48,8 +45,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
-    return sl.load(smollm2_gguf)
+def smol(smollm2_model):
+    return smollm2_model
 
 
 @pytest.fixture

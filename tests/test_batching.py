@@ -13,10 +13,7 @@ import functools
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 rm.require("torch")
 rm.require("transformers")
@@ -37,8 +34,8 @@ def tiny(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
-    return sl.load(str(smollm2_gguf), quiet=True)
+def smol(smollm2_model):
+    return smollm2_model
 
 
 def _seqs(model, lengths=LENGTHS, seed=0, bos=True):
@@ -154,6 +151,7 @@ def test_sink_study_batched_equals_loop_tiny(tiny, monkeypatch, capture):
     _assert_same(small.importance, ref, f"sink study ({capture}, batches of 2)")
 
 
+@pytest.mark.slow  # a whole sink study on SmolLM2, twice
 def test_sink_study_batched_equals_loop_smollm2(smol):
     from sinklab.prompts import load_passages
 

@@ -16,10 +16,7 @@ out in HF's layout for both formats, which the GGUF cases check against the same
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 transformers = rm.require("transformers")

@@ -15,7 +15,7 @@ import pytest
 
 import sinklab as sl
 from sinklab import cli
-from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, save_hf
+from tests.support.reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, save_hf
 
 T = 12
 LONG = ["the cat sat on the mat and the dog ran away",
@@ -233,18 +233,19 @@ def test_reproduce_rejects_bad_input(fake_reproduce, tmp_path, capsys):
 @pytest.fixture
 def cached_load(monkeypatch):
     """sinklab.load through the session's model cache (each real model loaded once)."""
-    from model_cache import real_model
+    from tests.support.model_cache import real_model
 
     monkeypatch.setattr(sl, "load", lambda name, quiet=False: real_model(str(name)))
     return real_model
 
 
 def _registered():
-    from model_cache import registered_names
+    from tests.support.model_cache import registered_names
 
     return registered_names()
 
 
+@pytest.mark.real
 @pytest.mark.parametrize("name", _registered())
 def test_sinks_on_every_registered_model(name, cached_load, tmp_path, capsys):
     """`sinklab sinks NAME` on each registered model: a_0 per (layer, head) and the sink rates

@@ -31,7 +31,7 @@ T_SINK = 16
 # ====================================================================== tiny model
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    from reference_models import SPECS, make_hf_model, save_hf
+    from tests.support.reference_models import SPECS, make_hf_model, save_hf
 
     spec = SPECS["mha"]
     hf = make_hf_model(spec)
@@ -155,7 +155,7 @@ def _hf_nll(hf, torch, seq, off, x):
 
 
 def test_nll_against_transformers(tiny, monkeypatch):
-    from reference_models import require
+    from tests.support.reference_models import require
 
     torch = require("torch")
     modeling_llama = require("transformers.models.llama.modeling_llama")
@@ -420,11 +420,13 @@ TABLE = {  # condition: (perplexity, sink rate %, mean a_0), measured with the p
     "zero_others": (254.0, 86.7, 0.573), "zero_all": (690.3, 91.4, 0.597)}
 
 
+@pytest.mark.slow  # a subset of the controls protocol on Gemma 3 (minutes)
+@pytest.mark.real
 def test_gemma_reproduces_the_table():
     """A subset of the protocol (8 held-out passages <= 200 tokens, 16 sink prompts of 64 tokens):
     each perplexity ratio to the baseline in the table lies inside this run's paired 95% interval
     of exp ΔNLL, and each sink rate / mean a_0 within 3 points / 0.02 (about a minute on 2 cores)."""
-    from model_cache import real_model
+    from tests.support.model_cache import real_model
 
     model = real_model("gemma-3-270m")
     r = C.bos_controls(model, list(TABLE), n_texts=8, max_tokens=200, n_sink=16, task=None, progress=False)

@@ -24,10 +24,7 @@ import textwrap
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 rm.require("torch")
 rm.require("transformers")

@@ -17,8 +17,8 @@ import math
 import numpy as np
 import pytest
 
-import reference_models as rm
-from reference_models import require
+from tests.support import reference_models as rm
+from tests.support.reference_models import require
 
 torch = require("torch")
 transformers = require("transformers")

@@ -18,17 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import fuzz_atheris as fa  # noqa: E402
-import fuzz_parsers as fz  # noqa: E402
+from tests.support import fuzz_atheris as fa  # noqa: E402
+from tests.support import fuzz_parsers as fz  # noqa: E402
 from sinklab.io.gguf_loader import GGUFError, open_gguf  # noqa: E402
 from sinklab.io.gguf_reader import GGUFFile, GGUFFormatError  # noqa: E402
 from sinklab.io.hf_loader import SafetensorsError, read_safetensors  # noqa: E402
 from sinklab.tokenizer import Tokenizer  # noqa: E402
 from sinklab.train import checkpoint as ck  # noqa: E402
 
-from reference_models import require  # noqa: E402
+from tests.support.reference_models import require  # noqa: E402
 
 # inputs per parser in CI: about 8 s in all on 2 cores
 SHORT_RUN = {"gguf": 2000, "safetensors": 2000, "tokenizer": 800, "checkpoint": 800, "hfconfig": 2000, "core": 1000}
@@ -81,6 +79,7 @@ def _atheris():
     return require("atheris")
 
 
+@pytest.mark.slow  # timed atheris runs, one per parser
 @pytest.mark.parametrize("parser", fa.PARSERS)
 def test_short_coverage_guided_run_raises_only_documented_exceptions(parser, tmp_path):
     _atheris()
@@ -95,6 +94,7 @@ def test_short_coverage_guided_run_raises_only_documented_exceptions(parser, tmp
     assert r["corpus"] > n_seeds and r["edges"] > 0
 
 
+@pytest.mark.slow  # a timed atheris run
 def test_short_coverage_guided_run_fails_on_an_undocumented_exception(tmp_path):
     """What the run above relies on: a parser raising a type it does not document stops the run
     with a non-zero status and a reproducer (here the parser raises KeyError once it has parsed

@@ -6,10 +6,7 @@ import struct
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 gguf = rm.require("gguf")
 
@@ -57,6 +54,7 @@ def test_small_file_matches_reference(tmp_path):
     _assert_same_as_reference(_write_small(tmp_path / "s.gguf"))
 
 
+@pytest.mark.real
 def test_smollm2_matches_reference():
     path = registry.fetch("smollm2-135m-instruct", quiet=True)
     _assert_same_as_reference(path)

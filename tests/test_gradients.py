@@ -24,10 +24,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 rm.require("transformers")
@@ -960,10 +957,10 @@ def test_sensitivity_estimate(store):
 # =============================================================================================
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
+def smol(smollm2_reference, smollm2_model):
     """(HF reference, sinklab model, ids (32,) = <bos> + a shipped passage's first 31 tokens)."""
-    ref, tok = rm.hf_gguf_reference(str(smollm2_gguf))
-    model = sl.load(str(smollm2_gguf), quiet=True)
+    ref, tok = smollm2_reference
+    model = smollm2_model
     text = sl.load_passages()[0]
     ids = np.array([tok.bos_token_id] + tok(text, add_special_tokens=False)["input_ids"][:31],
                    dtype=np.int64)

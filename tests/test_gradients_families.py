@@ -20,10 +20,7 @@ from typing import Dict, Sequence
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 rm.require("transformers")

@@ -4,7 +4,7 @@ import pytest
 
 import sinklab as sl
 from sinklab import _core
-from reference_models import SPECS, make_hf_model, save_hf
+from tests.support.reference_models import SPECS, make_hf_model, save_hf
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,8 @@ import textwrap
 
 import pytest
 
+pytestmark = pytest.mark.slow  # subprocesses running T=8192 calls on SmolLM2, interrupted
+
 SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     import numpy as np

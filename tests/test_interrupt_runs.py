@@ -23,9 +23,10 @@ import sinklab as sl
 from sinklab.train import checkpoint as ck
 from sinklab.train.run import TIMING_FIELDS, TrainConfig, read_log, train
 
-from reference_models import require
+from tests.support.reference_models import require
 
-pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals, /proc")
+pytestmark = [pytest.mark.skipif(not sys.platform.startswith("linux"), reason="POSIX signals, /proc"),
+              pytest.mark.slow]  # training runs and sweeps in subprocesses, killed and resumed
 
 BOUND_S = 1.0  # SIGINT -> process exit, the bound (measured: 0.1-0.65 s, RESULTS.md)
 TRAIN = dict(d_model=32, n_layers=2, n_heads=2, context=32, tokens_per_step=128, steps=30, lr=3e-3, min_lr=3e-4,

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-import reference_models as rm
-from reference_models import SPECS, make_hf_model, require, save_hf
+from tests.support import reference_models as rm
+from tests.support.reference_models import SPECS, make_hf_model, require, save_hf
 
 torch = require("torch")
 modeling_llama = require("transformers.models.llama.modeling_llama")
@@ -407,12 +407,12 @@ N_FIRST = 3  # layers 0..N_FIRST-1 intervened; the sink is measured in layers N_
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
+def smol(smollm2_model):
     """SmolLM2-135M, a 128-token passage with ⟨bos⟩ (the first "sinks" passage that long), and
     its un-intervened attention and residual streams."""
     from sinklab.prompts import load_passages
 
-    model = sl.load(str(smollm2_gguf), quiet=True)
+    model = smollm2_model
     ids = next(i for i in (model.tokenize(p, bos=True) for p in load_passages("sinks")) if len(i) >= 128)[:128]
     assert ids[0] == model.config.bos_token_id
     return model, ids, model.run(ids, capture=("attn", "resid", "logits"))

@@ -22,6 +22,8 @@ import gguf
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 
+pytestmark = pytest.mark.cdriver  # compiles csrc/ into a driver (or library) and runs it
+
 ROOT = Path(__file__).resolve().parents[1]
 CSRC = ROOT / "csrc"
 

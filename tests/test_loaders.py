@@ -9,7 +9,7 @@ import pytest
 import sinklab as sl
 from sinklab.io.gguf_loader import GGUFError
 from sinklab.io.hf_loader import SafetensorsError
-from reference_models import SPECS, make_hf_model, require, save_hf, write_gguf
+from tests.support.reference_models import SPECS, make_hf_model, require, save_hf, write_gguf
 
 gguf = require("gguf")
 

@@ -11,7 +11,7 @@ import pytest
 
 import sinklab as sl
 
-from reference_models import TinySpec, make_hf_model, require, save_hf
+from tests.support.reference_models import TinySpec, make_hf_model, require, save_hf
 
 T = 300_000
 SPEC = TinySpec("mem-limits", d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, d_ff=128,

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from reference_models import SPECS, make_hf_model, random_ids, require, save_hf
+from tests.support.reference_models import SPECS, make_hf_model, random_ids, require, save_hf
 
 torch = require("torch")
 

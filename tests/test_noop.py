@@ -13,8 +13,8 @@ import math
 import numpy as np
 import pytest
 
-import reference_models as rm
-from reference_models import BOS_ID, SPECS, make_hf_model, random_ids, require, save_hf
+from tests.support import reference_models as rm
+from tests.support.reference_models import BOS_ID, SPECS, make_hf_model, random_ids, require, save_hf
 
 torch = require("torch")
 transformers = require("transformers")

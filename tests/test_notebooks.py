@@ -15,11 +15,12 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parent.parent / "notebooks").glob("
 # The families study's saved results (`sinklab reproduce --families`), which the notebook reads
 # instead of loading every registered model.
 FAMILIES = Path(__file__).resolve().parent.parent / "notebooks" / "results"
+pytestmark = pytest.mark.slow  # each notebook runs end to end in a Jupyter kernel
 
 
 def jupyter():
     """(nbformat, NotebookClient), or a failure/skip naming what is missing."""
-    from conftest import unavailable
+    from tests.support.required import unavailable
 
     try:
         import nbformat

@@ -32,14 +32,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 
 U = 2.0**-24
+pytestmark = pytest.mark.cdriver  # compiles csrc/ into a driver (or library) and runs it
+
 ROOT = Path(__file__).resolve().parents[1]
 GENERIC, AVX2, AVX512 = 0, 1, 2
 ACTS = {"swiglu": 0, "geglu_tanh": 1, "gelu_tanh": 2, "gelu_erf": 3}

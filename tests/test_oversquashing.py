@@ -1,7 +1,7 @@
 """Thm. 3.2's over-squashing bound (sinklab.analysis.oversquashing) against the exact Jacobian.
 
 Reference: a float64 PyTorch forward of the same tiny LLaMA models (weights from the Hugging
-Face model of tests/reference_models.py), checked against HF's own forward, with the
+Face model of tests/support/reference_models.py), checked against HF's own forward, with the
 interventions applied as sinklab documents them (sinklab/interventions.py); the Jacobian blocks
 d resid[L][target] / d resid[l][j] (d x d) come from torch.func.jacrev at every layer l, and
 their spectral norms are what the bound must dominate:
@@ -18,10 +18,7 @@ import math
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 rm.require("transformers")

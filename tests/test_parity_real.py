@@ -28,10 +28,8 @@ import os
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
+from tests.support.model_cache import model_at
 
 torch = rm.require("torch")
 transformers = rm.require("transformers")
@@ -40,6 +38,9 @@ rm.require("gguf")
 import sinklab as sl  # noqa: E402
 
 CAPTURE = ("attn", "resid", "logits")
+# every test here runs the registered real models; the full stream of 262k/151k-vocabulary
+# models against their fp32 references takes minutes
+pytestmark = [pytest.mark.real, pytest.mark.slow]
 LOGIT_BLOCK = 128
 LARGE = os.environ.get("SINKLAB_LARGE_TESTS", "").strip() == "1"
 
@@ -128,15 +129,6 @@ def _compare_stream(log, case, tr, ref, causal=True):
         log.compare(case, f"attn[{l}]", attn[l], ref["attn"][l])
 
 
-def _load_gguf_reference(path):
-    """transformers' fp32 eager model from the GGUF, dequantized by transformers."""
-    transformers.logging.set_verbosity_error()
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32, attn_implementation="eager")
-    ref.eval()
-    return ref
-
-
 def _check_decoder_config(model, ref, dims):
     c, h = model.config, ref.config
     head_dim = getattr(h, "head_dim", None) or h.hidden_size // h.num_attention_heads
@@ -172,12 +164,12 @@ def _check_lengths(model):
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="class")
-def gemma(request):
-    path = _registered("gemma-3-270m")
-    ref = _load_gguf_reference(path)
+def gemma(request, gemma3_path, gemma3_model, hf_gguf_reference):
+    # the session's model; the reference from the on-disk cache, held for this class only
+    ref = hf_gguf_reference(gemma3_path)
     log = rm.ErrorLog("real/gemma-3-270m")
     rm.report_fixture(request, log, per_case=True)
-    return ref, sl.load(str(path)), log
+    return ref, gemma3_model, log
 
 
 class TestGemma3:
@@ -221,10 +213,10 @@ class TestGemma3:
 
 def _qwen_fixture(request, name):
     path = _registered(name)
-    ref = _load_gguf_reference(path)
+    ref = request.getfixturevalue("hf_gguf_reference")(path)   # on-disk cache, this class only
     log = rm.ErrorLog(f"real/{name}")
     rm.report_fixture(request, log, per_case=True)
-    return ref, sl.load(str(path)), log
+    return ref, model_at(path), log
 
 
 def _check_qwen_config(qwen, dims):
@@ -276,8 +268,8 @@ class TestQwen25Coder15B:
 # --------------------------------------------------------------------------------------------
 
 @pytest.fixture(scope="class")
-def minilm(request):
-    d = _registered("all-minilm-l6-v2")
+def minilm(request, minilm_path, minilm_model):
+    d = minilm_path
     transformers.logging.set_verbosity_error()
     ref = transformers.BertModel.from_pretrained(str(d), dtype=torch.float32, attn_implementation="eager",
                                                  add_pooling_layer=False)
@@ -285,7 +277,7 @@ def minilm(request):
     tok = transformers.AutoTokenizer.from_pretrained(str(d))
     log = rm.ErrorLog("real/all-minilm-l6-v2")
     rm.report_fixture(request, log, per_case=True)
-    return ref, tok, sl.load(str(d)), log
+    return ref, tok, minilm_model, log
 
 
 def _bert_forward(ref, ids):

@@ -18,10 +18,7 @@ a file, stored there as JSON under "smollm2".
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 torch = rm.require("torch")
 transformers = rm.require("transformers")
@@ -61,17 +58,10 @@ PROMPTS = {
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
-    """(HF reference model, HF tokenizer, sinklab model), loaded once per module."""
-    path = smollm2_gguf
-    d, name = str(path.parent), path.name
-    transformers.logging.set_verbosity_error()
-    ref = transformers.AutoModelForCausalLM.from_pretrained(
-        d, gguf_file=name, dtype=torch.float32, attn_implementation="eager")
-    ref.eval()
-    tok = transformers.AutoTokenizer.from_pretrained(d, gguf_file=name)
-    model = sl.load(str(path))
-    return ref, tok, model
+def smol(smollm2_reference, smollm2_model):
+    """(HF reference model, HF tokenizer, sinklab model): the session's (conftest.py)."""
+    ref, tok = smollm2_reference
+    return ref, tok, smollm2_model
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,7 @@ For f16/bf16/Q8_0 files the reference model holds exactly the weights stored in 
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 rm.require("torch")
 rm.require("transformers")

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import pytest
 
-from reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, save_hf
+from tests.support.reference_models import BOS_ID, SPECS, hf_forward, make_hf_model, require, save_hf
 
 torch = require("torch")
 

@@ -7,22 +7,19 @@ import sinklab as sl
 from sinklab import inputs
 from sinklab import prompts as sp
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 BOS = 1
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_gguf):
-    return sl.load(str(smollm2_gguf))
+def model(smollm2_model):
+    return smollm2_model
 
 
 @pytest.fixture(scope="module")
-def hf_tok(smollm2_gguf):
-    return rm.hf_gguf_reference(str(smollm2_gguf))[1]
+def hf_tok(smollm2_reference):
+    return smollm2_reference[1]
 
 
 def test_text_matches_hf_tokenizer_and_bos_rule(model, hf_tok):

@@ -6,10 +6,7 @@ import re
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 import sinklab as sl
 from sinklab import prompts as sp
@@ -20,13 +17,13 @@ NLL_ATOL = 2e-5   # nats; measured max error 1.5e-6 (see test_perplexity_matches
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_gguf):
-    return sl.load(str(smollm2_gguf))
+def model(smollm2_model):
+    return smollm2_model
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf):
-    return rm.hf_gguf_reference(str(smollm2_gguf))
+def reference(smollm2_reference):
+    return smollm2_reference
 
 
 def ref_nll(ref, x, bos):

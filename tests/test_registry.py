@@ -133,7 +133,7 @@ def test_sha256_path_of_a_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def sharded_folder(tmp_path_factory):
-    from reference_models import SPECS, make_hf_model, save_hf
+    from tests.support.reference_models import SPECS, make_hf_model, save_hf
 
     d = save_hf(make_hf_model(SPECS["mha"]), tmp_path_factory.mktemp("hf") / "m", max_shard_size="40KB")
     (d / "README.md").write_text("not part of the model")

@@ -11,11 +11,13 @@ import numpy as np
 import pytest
 
 STUDY, CONTRAST = "gemma-3-270m", "smollm2-135m-instruct"
+# the whole quick report in a subprocess (README: about 11 min on 2 idle cores), on both models
+pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from model_cache import real_model
+    from tests.support.model_cache import real_model
 
     for name in (STUDY, CONTRAST):
         real_model(name)                  # fetched and verified (skip locally / fail in CI if not)
@@ -113,7 +115,7 @@ def test_numbers_agree_with_independent_runs(report):
     """Key numbers recomputed through other paths of the API: Gemma's sink rate with ⟨bos⟩ from the
     full attention matrices in float64 (not the C statistics), and its held-out NLL with and without
     ⟨bos⟩ from float64 log-softmax of the logits."""
-    from model_cache import real_model
+    from tests.support.model_cache import real_model
     from sinklab.prompts import load_passages
     from sinklab.report import Settings
 

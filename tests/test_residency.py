@@ -24,12 +24,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-    from .conftest import unavailable
-except ImportError:
-    import reference_models as rm
-    from conftest import unavailable
+from tests.support import reference_models as rm
+from tests.support.required import unavailable
 
 gguf = rm.require("gguf")
 psutil = rm.require("psutil")
@@ -44,6 +40,7 @@ MODELS = {
     "qwen2.5-coder-0.5b-instruct": {"Q4_K", "Q5_0", "Q6_K", "Q8_0"},
 }
 CAPTURE = ("logits", "resid", "attn", "stats")
+pytestmark = pytest.mark.real   # every test here runs the registered real models
 T = 64
 RAGGED = (64, 41, 17)   # lengths of a padded (3, 64) batch
 # RSS beyond the file: interpreter and imports (~60 MB), the tokenizer (Gemma 3's 262k-token
@@ -182,6 +179,7 @@ def _rss(path, resident):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow  # a subprocess per model measures its RSS
 @pytest.mark.parametrize("name", list(MODELS))
 def test_resident_memory_near_file_size(name):
     path = Path(_fetch(name))
@@ -194,6 +192,7 @@ def test_resident_memory_near_file_size(name):
     assert got["rss_run"] < size + RSS_SLACK
 
 
+@pytest.mark.slow  # a subprocess measures its RSS
 def test_fp32_resident_memory_is_four_bytes_per_weight():
     """The control: the same measurement sees the fp32 path's 4 bytes per weight."""
     path = Path(_fetch("smollm2-135m-instruct"))

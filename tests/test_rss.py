@@ -10,7 +10,6 @@ above 1% of this process's RSS.
 """
 import gc
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +17,7 @@ import pytest
 import sinklab
 from sinklab.train import AdamW, Trainer, llama_config
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from bench_interrupt import interrupted_rss  # noqa: E402  (the long version's runner)
+from tests.support.interrupt_rss import interrupted_rss  # the long version's runner (benchmarks/bench_interrupt.py)
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 

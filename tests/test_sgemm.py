@@ -532,6 +532,7 @@ DRIVER = textwrap.dedent(r"""
 """)
 
 
+@pytest.mark.cdriver
 @pytest.mark.parametrize("defines", [[], ["-DSL_SGEMM_PORTABLE_ONLY"]], ids=["dispatch", "portable-only"])
 def test_c_api(tmp_path, defines):
     """The portable-only build is what aarch64 and other non-x86 machines compile."""

@@ -28,14 +28,9 @@ import sys
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-    from .test_determinism import (_CHILD, SIMD_RTOL, SMOL_SIMD_RTOL, _assert_bitwise,
-                                   threads_restored)
-except ImportError:
-    import reference_models as rm
-    from test_determinism import (_CHILD, SIMD_RTOL, SMOL_SIMD_RTOL, _assert_bitwise,
-                                  threads_restored)
+from tests.support import reference_models as rm
+from test_determinism import (_CHILD, SIMD_RTOL, SMOL_SIMD_RTOL, _assert_bitwise,  # noqa: E402
+                              threads_restored)
 
 rm.require("torch")
 rm.require("transformers")
@@ -66,8 +61,8 @@ def tail_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def smol(smollm2_gguf):
-    return sl.load(str(smollm2_gguf))
+def smol(smollm2_model):
+    return smollm2_model
 
 
 def _at(level, fn):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from reference_models import SPECS, hf_forward, make_hf_model, random_ids
+from tests.support.reference_models import SPECS, hf_forward, make_hf_model, random_ids
 
 
 def importance_loops(A: np.ndarray, k: int) -> float:

@@ -12,10 +12,7 @@ import json
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 import sinklab as sl
 from sinklab import prompts as sp
@@ -28,13 +25,13 @@ ATOL = 1e-4          # |a_0(sinklab) - a_0(reference)|; attention itself agrees 
 
 
 @pytest.fixture(scope="module")
-def model(smollm2_gguf):
-    return sl.load(str(smollm2_gguf))
+def model(smollm2_model):
+    return smollm2_model
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_gguf):
-    return rm.hf_gguf_reference(str(smollm2_gguf))
+def reference(smollm2_reference):
+    return smollm2_reference
 
 
 def ref_importance(ref, tok, texts, bos):
@@ -187,13 +184,14 @@ def test_T_beyond_context(model):
 
 
 # ------------------------------------------------------------------ where the sink sits
+@pytest.mark.real
 @pytest.mark.parametrize("name", ["smollm2-135m-instruct", "gemma-3-270m", "all-minilm-l6-v2"])
 @pytest.mark.parametrize("bos", [True, False], ids=["bos", "nobos"])
 def test_where_the_sink_sits_vs_float64_attention(name, bos):
     """keep_keys: every key's mass m_k = 1/T sum_i A_ik (from the C statistics' per-key a_k), its
     argmax and the location fractions, against float64 NumPy on the captured T x T attention
     (for the encoder every query sees every key; for the decoders only the later ones)."""
-    from model_cache import real_model
+    from tests.support.model_cache import real_model
 
     m = real_model(name)
     Tn, texts = 32, sp.load_passages("sinks")[:3]

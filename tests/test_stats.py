@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from reference_models import SPECS, hf_forward, make_hf_model, save_hf
+from tests.support.reference_models import SPECS, hf_forward, make_hf_model, save_hf
 
 
 def entropy64(attn):

@@ -16,7 +16,7 @@ import sinklab as sl
 from sinklab.sweeps import INFO_COLUMNS, Grid, SpecError, sweep
 from sinklab.sweeps.grid import EXAMPLE_SPEC, address_all, make_intervention, read_prompts, read_spec
 
-from reference_models import require
+from tests.support.reference_models import require
 
 pd = require("pandas")
 
@@ -121,6 +121,7 @@ def serial(smollm2_gguf, tmp_path_factory):
     return out, res
 
 
+@pytest.mark.slow  # a sweep end to end, and the study again
 def test_serial_sweep_equals_the_sink_study_called_directly(serial, smollm2_gguf):
     out, res = serial
     model = sl.load(str(smollm2_gguf))
@@ -139,6 +140,7 @@ def test_serial_sweep_equals_the_sink_study_called_directly(serial, smollm2_gguf
     assert [os.path.basename(f) for f in res.figures] == ["sink_study.png"]
 
 
+@pytest.mark.slow  # a sweep end to end
 def test_intervention_in_a_sweep_is_the_one_named(smollm2_gguf, tmp_path):
     """mask_first@0-1: the a_0 of the sweep equals first_token_importance of attention captured
     with the mask applied on layers 0-1 by hand (float64 NumPy over the attn capture)."""
@@ -158,6 +160,7 @@ def test_intervention_in_a_sweep_is_the_one_named(smollm2_gguf, tmp_path):
 
 
 # ------------------------------------------------------------------ Dask
+@pytest.mark.slow  # a LocalCluster
 def test_two_worker_local_cluster_is_bitwise_the_serial_run(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "cluster")
@@ -170,6 +173,7 @@ def test_two_worker_local_cluster_is_bitwise_the_serial_run(serial, tmp_path):
     assert again.ran == [] and len(again.skipped) == N_TASKS                     # a rerun skips finished tasks
 
 
+@pytest.mark.slow  # a LocalCluster, a worker killed
 def test_a_worker_killed_mid_task_loses_only_that_task(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "killed")
@@ -199,6 +203,7 @@ def test_a_worker_killed_mid_task_loses_only_that_task(serial, tmp_path):
     _assert_same_results(serial[0], out, GRID)
 
 
+@pytest.mark.slow  # a client subprocess killed and resumed
 def test_a_killed_client_resumes_from_the_finished_tasks(serial, tmp_path):
     require("distributed")
     out = str(tmp_path / "crash")
@@ -226,6 +231,7 @@ def test_a_killed_client_resumes_from_the_finished_tasks(serial, tmp_path):
 
 
 # ------------------------------------------------------------------ training runs and the CLI
+@pytest.mark.slow  # a training run, twice
 def test_a_training_run_in_a_sweep_is_the_run_trained_directly(training_corpus, tmp_path):
     from sinklab.train.run import TrainConfig, train
 
@@ -314,6 +320,7 @@ def test_a_grid_dominated_by_one_large_model_gets_fewer_workers_with_more_thread
     assert cluster.plan_local(["smollm2-135m-instruct"] * 16, workers=3).threads == 5
 
 
+@pytest.mark.slow  # a LocalCluster
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="reads Linux's /proc/self/smaps")
 def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_file_pages(smollm2_gguf):
     """What lets the workers of one node share a model: its quantized weights are read in place
@@ -354,6 +361,7 @@ def test_a_worker_model_is_loaded_once_and_reads_its_weights_from_the_shared_fil
     analyses._MODELS.clear()
 
 
+@pytest.mark.slow  # sweeps end to end
 def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(smollm2_gguf, tmp_path):
     spec = {"analysis": ["perturbation", "sensitivity"], "bos": [True, False], "T": [24],
             "settings": {"perturbation": {"n_prompts": 2, "swaps_per_passage": 2, "min_after": 8},
@@ -374,6 +382,7 @@ def test_perturbation_and_sensitivity_tasks_equal_the_analyses_called_directly(s
         assert r["first"] == s.fro[0, 0] and r["others_mean"] == s.fro[0, 1:-1].mean()
 
 
+@pytest.mark.slow  # a scheduler and workers
 def test_a_sweep_on_an_existing_scheduler_splits_the_cores_among_its_workers(serial, tmp_path):
     """--scheduler ADDRESS: the tasks run on a cluster the sweep did not start, each with
     cores // (Dask threads on its host) OpenMP threads, and give the serial run's numbers."""
@@ -396,6 +405,7 @@ def test_the_core_package_imports_no_cluster_dependency():
     assert out.strip() == "[]"
 
 
+@pytest.mark.slow  # long-context sweeps on SmolLM2
 def test_sink_location_and_long_context_sweep_analyses(smollm2_gguf, tmp_path):
     """The two analyses the report added for sweeps: where the sink sits and long-context
     statistics, each equal to the direct call (the float64 attention of one window recomputed)."""

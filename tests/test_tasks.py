@@ -8,10 +8,7 @@ import re
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 import sinklab as sl
 from sinklab.analysis import quality as q

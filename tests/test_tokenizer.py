@@ -22,10 +22,7 @@ from sinklab.tokenizer import Tokenizer, read_metadata
 
 import gguf  # a core dependency: its absence is a failure, not a skip
 
-try:
-    from .reference_models import require
-except ImportError:  # run from tests/ without a package
-    from reference_models import require
+from tests.support.reference_models import require
 
 REQUIRE = os.environ.get("SINKLAB_REQUIRE_REFERENCE") == "1"
 
@@ -298,9 +295,9 @@ def test_bpe_pre_variants_match_transformers(pre, smol_meta, tmp_path):
 
 
 def _tiny_byte_level_vocab():
-    from sinklab.tokenizer.bpe import _bytes_to_unicode
+    from tests.support.reference_models import bytes_to_unicode
 
-    alphabet = list(_bytes_to_unicode().values())
+    alphabet = list(bytes_to_unicode().values())
     merges = ["H e", "He l", "Hel l", "Hell o", "Ġ w", "Ġw o", "Ġwo r", "Ġwor l", "Ġworl d", "1 2", "12 3"]
     tokens = alphabet + [m.replace(" ", "") for m in merges] + ["<|end|>", "<think>"]
     types = [1] * (len(tokens) - 2) + [3, 4]
@@ -513,15 +510,6 @@ def test_sentencepiece_special_tokens_and_space_prefix(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-def _registered(name):
-    from sinklab.io import registry
-
-    try:
-        return registry.fetch(name)
-    except Exception as e:  # offline, no index, checksum mismatch
-        _unavailable(f"{name} could not be fetched: {e}")
-
-
 REAL_TEXTS = {
     k: TEXTS[k]
     for k in ("english", "accents", "cjk", "emoji", "combining", "space_runs", "lead_trail_spaces", "tabs",
@@ -544,8 +532,8 @@ QWEN_TEXTS = {
 
 
 @pytest.fixture(scope="module")
-def gemma_meta():
-    return read_metadata(_registered("gemma-3-270m"))
+def gemma_meta(gemma3_path):
+    return read_metadata(gemma3_path)
 
 
 @pytest.fixture(scope="module")
@@ -554,10 +542,11 @@ def gemma_tok(gemma_meta):
 
 
 @pytest.fixture(scope="module")
-def gemma_hf():
-    return _hf_from_gguf(Path(_registered("gemma-3-270m")))
+def gemma_hf(gemma3_path):
+    return _hf_from_gguf(Path(gemma3_path))
 
 
+@pytest.mark.slow  # transformers' tokenizer from a 262k-token GGUF (tens of seconds)
 @pytest.mark.parametrize("name", list(GEMMA_TEXTS))
 def test_gemma3_ids_match_transformers(name, gemma_tok, gemma_hf):
     text = GEMMA_TEXTS[name]
@@ -642,15 +631,16 @@ def test_gemma3_properties(gemma_tok):
 
 
 @pytest.fixture(scope="module")
-def qwen_tok():
-    return Tokenizer.from_gguf(_registered("qwen2.5-coder-0.5b-instruct"))
+def qwen_tok(qwen05_path):
+    return Tokenizer.from_gguf(qwen05_path)
 
 
 @pytest.fixture(scope="module")
-def qwen_hf():
-    return _hf_from_gguf(Path(_registered("qwen2.5-coder-0.5b-instruct")))
+def qwen_hf(qwen05_path):
+    return _hf_from_gguf(Path(qwen05_path))
 
 
+@pytest.mark.slow  # transformers' tokenizer from a 151k-token GGUF (tens of seconds)
 @pytest.mark.parametrize("name", list(QWEN_TEXTS))
 def test_qwen2_ids_match_transformers(name, qwen_tok, qwen_hf):
     text = QWEN_TEXTS[name]
@@ -672,8 +662,8 @@ def test_qwen2_properties(qwen_tok):
 
 
 @pytest.fixture(scope="module")
-def minilm():
-    d = _registered("all-minilm-l6-v2")
+def minilm(minilm_path):
+    d = minilm_path
     AutoTokenizer = _transformers()
     return Tokenizer.from_hf_dir(d), AutoTokenizer.from_pretrained(str(d))
 

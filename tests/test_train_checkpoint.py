@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from reference_models import require
+from tests.support.reference_models import require
 from sinklab.train import Trainer, llama_config
 from sinklab.train import checkpoint as ck
-from test_train_run import BOS, EOS, V, bits, write_tokenizer
+from tests.support.tiny_train import BOS, EOS, V, bits, write_tokenizer
 
 T = 24
 

@@ -327,6 +327,7 @@ def test_interrupted_preparation_leaves_nothing_that_loads(tmp_path, monkeypatch
     assert not stale.exists()  # its process is gone: removed
 
 
+@pytest.mark.slow  # a corpus preparation subprocess, killed
 def test_sigkill_during_preparation(tmp_path):
     """A preparation killed with SIGKILL after writing its streams leaves only its temporary
     folder; the next preparation ignores and removes it and produces the same corpus."""

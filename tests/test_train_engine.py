@@ -2,23 +2,19 @@
 step (loss, every parameter gradient, the AdamW update) under each of the paper's §5 packing
 strategies, a few hundred steps of loss curve on the same data order, and determinism.
 
-The reference is a plain PyTorch LLaMA (benchmarks/torch_llama.py, written independently of
+The reference is a plain PyTorch LLaMA (tests/support/torch_llama.py, written independently of
 sinklab) in fp32 with torch.optim.AdamW and clip_grad_norm_; intra-document masking there is a
 dense (B, T, T) boolean mask, so the C core's key ranges are checked against what the mask means.
 """
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 import sinklab
 from sinklab.train import AdamW, Trainer, llama_config, lr_schedule
-from tests.reference_models import require
+from tests.support.reference_models import require
 
 torch = require("torch")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import torch_llama  # noqa: E402
+from tests.support import torch_llama  # noqa: E402
 
 RTOL = 1e-4
 
@@ -143,6 +139,7 @@ def test_intra_document_mask_changes_what_is_learned():
     assert rel(logits[a:b], alone) <= 1e-5
 
 
+@pytest.mark.slow  # hundreds of training steps, twice
 def test_loss_curve_tracks_torch_and_learns():
     """Two hundred steps on the same batches: the curves agree to float tolerance growth, and
     the loss falls far below the unigram entropy of the data (an order-1 Markov source)."""
@@ -206,6 +203,7 @@ def test_bad_inputs_raise():
         lr_schedule(0, 1e-3, 0.0, 10, 100)
 
 
+@pytest.mark.slow  # hundreds of steps on the real corpus
 def test_real_corpus_curve_tracks_torch_and_beats_unigram_entropy(training_corpus):
     """Three hundred steps on the real corpus (packed as in training, intra-document with a
     fixed ⟨bos⟩), sinklab and PyTorch on the same batches: the curves agree to 1e-4 relative

@@ -252,6 +252,7 @@ def test_cli_seeds_option(tmp_path, monkeypatch):
 
 
 # ------------------------------------------------------------------------------ runs
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_shared_causal_run_is_trained_once(quick):
     folders = run_folders(quick["root"])
     assert len(folders) == 6 * 3                                # (4 (Table 2) + 3 (Fig. 5) - 1 shared) x 3 seeds
@@ -268,6 +269,7 @@ def test_shared_causal_run_is_trained_once(quick):
     assert {os.path.realpath(f) for f in shared} <= fig5_dirs
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_seeds_are_distinct_runs_with_different_weights(quick):
     st = pytest.importorskip("safetensors.numpy")
     by_cond = {}
@@ -291,6 +293,7 @@ def test_seeds_are_distinct_runs_with_different_weights(quick):
         assert len(set(finals)) == 3
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_second_call_is_a_no_op_resume(quick, monkeypatch):
     before = mtimes(quick["root"])
 
@@ -322,6 +325,7 @@ def table2_logs(quick):
     return runs
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_table2_rows_are_the_papers_rows_with_the_final_log_numbers(quick):
     rows = quick["table2"]["rows"]
     assert quick["table2"]["seeds"] == SEEDS
@@ -360,6 +364,7 @@ def test_table2_rows_are_the_papers_rows_with_the_final_log_numbers(quick):
     assert md[-1].split(" | ")[6] == f"{m:.3f} ± {sd:.3f}"
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_table2_paired_changes_without_bos_match_numpy(quick):
     runs = table2_logs(quick)
     models = {(m["masking"], m["fixed_bos"]): m for m in quick["table2"]["models"]}
@@ -380,6 +385,7 @@ def test_table2_paired_changes_without_bos_match_numpy(quick):
     assert len(quick["table2"]["differences_markdown"].splitlines()) == 2 + 4
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_fig5_runs_see_equal_tokens_per_step_and_in_total(quick):
     p = X.PROFILES["quick"]
     runs = quick["fig5"]["runs"]
@@ -427,6 +433,7 @@ def read_final(folder, key):
     return last_eval(read_log(folder))[field]
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_quick_summaries_carry_verdicts_and_readings(quick):
     for name, crit, reading in (("fig5", K.criterion_fig5, K.fig5_reading), ("table2", K.criterion_table2,
                                                                               K.table2_reading)):
@@ -442,6 +449,7 @@ def test_quick_summaries_carry_verdicts_and_readings(quick):
         assert "No head crossed ε = 0.3 in any seed" in quick["fig5"]["reading"]
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_cli_experiment_table2_prints_the_table(quick):
     before = mtimes(quick["root"])
     out = quick["dir"] / "cli"
@@ -625,6 +633,7 @@ def test_uniform_first_importance():
         report.uniform_first_importance(0)
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_report_reads_cpu_summaries_or_runs_the_quick_profile(quick, monkeypatch, tmp_path):
     def no_training(*a, **kw):
         raise AssertionError("trained again")
@@ -651,6 +660,7 @@ def test_report_reads_cpu_summaries_or_runs_the_quick_profile(quick, monkeypatch
         report.training_results("huge", root=str(tmp_path), out=str(tmp_path / "o"), progress=False)
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_report_section_states_what_the_numbers_show(quick, monkeypatch, tmp_path):
     monkeypatch.setattr(X, "train", lambda *a, **kw: pytest.fail("trained again"))
     out = tmp_path / "rep"

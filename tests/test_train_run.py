@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,60 +26,15 @@ from sinklab.train import Trainer, llama_config
 from sinklab.train import checkpoint as ck
 from sinklab.train.evaluate import evaluate, packed_loss
 from sinklab.train.packing import Packer
-from reference_models import require
+from tests.support.reference_models import require
 from sinklab.train.run import TIMING_FIELDS, ConfigError, TrainConfig, example_config, read_log, train
+from tests.support.tiny_train import BOS, EOS, V, bits, make_corpus, make_docs, write_tokenizer  # noqa: F401
+from tests.support.tiny_train import doc_stream as _stream
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-V, BOS, EOS = 64, 0, 1
 
 
-# ------------------------------------------------------------------ synthetic corpus and packer
-def write_tokenizer(folder: str) -> str:
-    """A word-level tokenizer.json: <bos> 0, <eos> 1, w2..w63."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    vocab = {"<bos>": BOS, "<eos>": EOS, **{f"w{i}": i for i in range(2, V)}}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="w2"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.add_special_tokens(["<bos>", "<eos>"])
-    path = os.path.join(folder, "tokenizer.json")
-    tok.save(path)
-    return path
-
-
-def make_docs(n: int, seed: int = 0):
-    """n documents of 20..160 tokens from a sparse Markov chain over ids 2..63."""
-    rng = np.random.default_rng(seed)
-    trans = rng.dirichlet(np.full(V - 2, 0.1), size=V - 2)
-    cum = trans.cumsum(axis=1)
-    docs = []
-    for _ in range(n):
-        L = int(rng.integers(20, 160))
-        x = [int(rng.integers(0, V - 2))]
-        for u in rng.random(L - 1):
-            x.append(min(int(np.searchsorted(cum[x[-1]], u)), V - 3))
-        docs.append(np.array(x, np.int64) + 2)
-    return docs
-
-
-def _stream(docs):
-    toks = np.concatenate([np.append(d, EOS) for d in docs]).astype(np.int32)
-    offs = np.cumsum([0] + [len(d) + 1 for d in docs]).astype(np.int64)
-    return toks, offs
-
-
-def make_corpus(folder: str, n_train: int = 60, n_held: int = 16) -> SimpleNamespace:
-    """The corpus contract of sinklab.train.corpus.prepare_corpus, synthetic."""
-    docs = make_docs(n_train + n_held)
-    tr, tro = _stream(docs[:n_train])
-    he, heo = _stream(docs[n_train:])
-    p = np.bincount(tr, minlength=V) / len(tr)
-    p = p[p > 0]
-    return SimpleNamespace(tokenizer=None, tokenizer_path=write_tokenizer(folder), bos_id=BOS, eos_id=EOS, vocab_size=V,
-                           train_tokens=tr, train_doc_offsets=tro, heldout_tokens=he, heldout_doc_offsets=heo,
-                           heldout_documents=lambda: list(docs[n_train:]), unigram_entropy=float(-(p * np.log(p)).sum()))
-
-
+# ------------------------------------------------------------------ synthetic corpus (tests/support/tiny_train.py)
 def tiny_config(out_dir: str, **kw) -> TrainConfig:
     base = dict(d_model=32, n_layers=2, n_heads=2, context=32, tokens_per_step=128, steps=12, lr=3e-3,
                 min_lr=3e-4, warmup_steps=2, eval_every=4, checkpoint_every=2, eval_docs=4, eval_windows=2,
@@ -94,17 +48,15 @@ def child_main(corpus_dir: str, out_dir: str) -> None:
     train(tiny_config(out_dir), corpus=make_corpus(corpus_dir), progress=False)
 
 
-def bits(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a).view(np.uint32)
-
-
 def deterministic(log):
     return [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in log]
 
 
 # ------------------------------------------------------------------ crash and resume
 def _spawn(corpus_dir, out_dir, env_extra):
-    code = f"import sys; sys.path.insert(0, {HERE!r}); import test_train_run as t; t.child_main({corpus_dir!r}, {out_dir!r})"
+    # the repository root too: this module imports tests.support
+    code = (f"import sys; sys.path[:0] = [{HERE!r}, {os.path.dirname(HERE)!r}]; import test_train_run as t; "
+            f"t.child_main({corpus_dir!r}, {out_dir!r})")
     env = {**os.environ, **env_extra}
     return subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
@@ -149,6 +101,7 @@ def reference(corpus_dir, tmp_path_factory):
     return train(tiny_config(out), corpus=make_corpus(corpus_dir), progress=False)
 
 
+@pytest.mark.slow  # training subprocesses killed and resumed
 def test_killed_mid_run_and_mid_checkpoint_resumes_bitwise(corpus_dir, reference, tmp_path):
     out = str(tmp_path / "run")
     # 1. SIGKILL between checkpoints: steps are slowed so the kill lands after step 4's checkpoint

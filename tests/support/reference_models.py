@@ -122,8 +122,11 @@ _MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("Ġ", "a"), ("e"
            ("o", "n"), ("Ġ", "s"), ("a", "t"), ("e", "n")]
 
 
-def _bytes_to_unicode() -> Dict[int, str]:
-    """GPT-2's reversible byte -> printable unicode character map."""
+def bytes_to_unicode() -> Dict[int, str]:
+    """GPT-2's reversible byte -> printable unicode character map, in GPT-2's order (printable
+    bytes first, then the rest mapped to 256 + n): the tests' one copy, written from GPT-2's
+    encoder.py and checked against tokenizers' ByteLevel in tests/test_support.py, never
+    imported from sinklab (the code under test)."""
     bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
           + list(range(ord("®"), ord("ÿ") + 1)))
     cs = bs[:]
@@ -138,7 +141,7 @@ def _bytes_to_unicode() -> Dict[int, str]:
 
 def tiny_vocab(vocab_size: int):
     """(tokens, token_types, merges) of length vocab_size; llama.cpp token types."""
-    b2u = _bytes_to_unicode()
+    b2u = bytes_to_unicode()
     tokens = list(SPECIAL_TOKENS) + [b2u[b] for b in range(256)]
     types = [3] * len(SPECIAL_TOKENS) + [1] * 256            # CONTROL, NORMAL
     merges = []
@@ -666,21 +669,134 @@ def report_fixture(request, log: ErrorLog, per_case: bool = False) -> None:
     request.addfinalizer(fin)
 
 
-@functools.lru_cache(maxsize=1)
-def hf_gguf_reference(path: str):
-    """(HF fp32 eager model, HF tokenizer) from a GGUF file through transformers' own GGUF loader
-    (which un-permutes Q/K), loaded once per session: the dequantization takes tens of seconds
-    on 2 cores, and many test modules compare against SmolLM2."""
+# --------------------------------------------------------------------------------------------
+# The HF reference of a real GGUF file, cached on disk across runs
+# --------------------------------------------------------------------------------------------
+#
+# transformers' GGUF loader dequantizes every tensor in NumPy: 20 s for SmolLM2, longer for
+# Gemma 3 and Qwen2.5 on 2 cores, per test session. Its result (the fp32 state dict and the
+# config it derived) is stored once as a plain safetensors folder, keyed by the GGUF file's
+# sha256 and the torch/transformers/gguf versions that made it; loading that folder takes well
+# under a second and gives the same tensors bit for bit (tests/test_support.py checks it).
+
+def reference_cache_root() -> Path:
+    """Where cached references live: ``$SINKLAB_HOME/test-references`` (default
+    ``~/.cache/sinklab/test-references``, next to the fetched models)."""
+    home = os.environ.get("SINKLAB_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "sinklab")
+    return Path(home) / "test-references"
+
+
+def file_sha256(path) -> str:
+    """sha256 hex of a file, remembered on disk by (path, size, mtime, inode) so that a second
+    session does not re-read a 500 MB model to find its cache key."""
+    import hashlib
+
+    p = Path(path).resolve()
+    st = p.stat()
+    stamp = [str(p), st.st_size, st.st_mtime_ns, st.st_ino]
+    memo = reference_cache_root() / "sha256" / (hashlib.sha256(str(p).encode()).hexdigest()[:32] + ".json")
+    try:
+        rec = json.loads(memo.read_text())
+        if rec["stamp"] == stamp:
+            return rec["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    digest = h.hexdigest()
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    tmp = memo.with_suffix(f".tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"stamp": stamp, "sha256": digest}))
+    os.replace(tmp, memo)
+    return digest
+
+
+def _reference_key(path: Path) -> str:
+    """The file's sha256 plus the versions of the stack that dequantized it: a new transformers
+    (or gguf) could dequantize differently, and must not reuse an old reference."""
+    import hashlib
+
+    torch, transformers, gguf = require("torch"), require("transformers"), require("gguf")
+    versions = f"torch={torch.__version__} transformers={transformers.__version__} gguf={getattr(gguf, '__version__', '?')}"
+    return file_sha256(path) + "-" + hashlib.sha256(versions.encode()).hexdigest()[:12]
+
+
+def _load_gguf_fresh(p: Path):
+    """transformers' fp32 eager model from the GGUF through its own loader (un-permutes Q/K)."""
     torch = require("torch")
     transformers = require("transformers")
     require("gguf")
-    p = Path(path)
     transformers.logging.set_verbosity_error()
     ref = transformers.AutoModelForCausalLM.from_pretrained(
         str(p.parent), gguf_file=p.name, dtype=torch.float32, attn_implementation="eager")
     ref.eval()
-    tok = transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
-    return ref, tok
+    return ref
+
+
+def _save_reference(ref, folder: Path) -> None:
+    """The dequantized model as a plain fp32 safetensors folder, written to a temporary folder
+    and renamed into place (a killed session leaves no half-written reference)."""
+    from safetensors.torch import save_model
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.tmp{os.getpid()}"
+    if tmp.exists():
+        import shutil
+
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    cfg = copy.deepcopy(ref.config)
+    if hasattr(cfg, "quantization_config"):   # the weights are fp32 now: no GGUF quantizer
+        del cfg.quantization_config
+    cfg.save_pretrained(str(tmp))
+    save_model(ref, str(tmp / "model.safetensors"))   # tied embeddings stored once
+    try:
+        os.rename(tmp, folder)
+    except OSError:                          # another session stored it first: keep theirs
+        import shutil
+
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def hf_gguf_model(path: str, use_cache: bool = True):
+    """A new HF fp32 eager model of a GGUF file, as transformers' own GGUF loader dequantizes
+    it, read from the on-disk cache (see reference_cache_root; filled on first use). Not kept
+    in memory here: Gemma 3 and Qwen2.5 in fp32 take 1-2 GB each, so their fixtures hold them
+    only as long as their tests run. ``use_cache=False``: dequantize again, store nothing."""
+    torch = require("torch")
+    transformers = require("transformers")
+    p = Path(path)
+    if not use_cache:
+        return _load_gguf_fresh(p)
+    folder = reference_cache_root() / _reference_key(p)
+    if not (folder / "model.safetensors").is_file():
+        _save_reference(_load_gguf_fresh(p), folder)
+    transformers.logging.set_verbosity_error()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=torch.float32, attn_implementation="eager")
+    ref.eval()
+    return ref
+
+
+@functools.lru_cache(maxsize=None)
+def hf_gguf_tokenizer(path: str):
+    """transformers' tokenizer built from the GGUF file itself (a few seconds; not cached on
+    disk, so the tokenizer reference is exactly what transformers reads from the file)."""
+    transformers = require("transformers")
+    require("gguf")
+    p = Path(path)
+    transformers.logging.set_verbosity_error()
+    return transformers.AutoTokenizer.from_pretrained(str(p.parent), gguf_file=p.name)
+
+
+@functools.lru_cache(maxsize=1)
+def hf_gguf_reference(path: str):
+    """(HF fp32 eager model, HF tokenizer) of a GGUF file, loaded once per session (the model
+    from the on-disk cache after the first session): many test modules compare against
+    SmolLM2."""
+    return hf_gguf_model(str(path)), hf_gguf_tokenizer(str(path))
 
 
 class TinyModels:
