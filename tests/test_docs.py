@@ -50,6 +50,7 @@ OTHER_FLAGS: Dict[str, Optional[str]] = {
     "--print-job-script": "examples/cluster/sweep_on_slurm.py",
     "--no-deps": None,  # `pip download --no-deps`, pip's own flag
     "--no-cache-dir": None,  # `pip install --no-cache-dir`, pip's own flag
+    "--durations": None,  # `python -m pytest --durations=25`, pytest's own flag
 }
 
 
@@ -341,6 +342,15 @@ def summary_rows(md: str) -> List[List[str]]:
     return [r for r in rows[2:]]  # header and rule
 
 
+def script_source(path: Path) -> str:
+    """A benchmark script's source, with that of the tests/support module it wraps when it is a
+    command-line wrapper (``from tests.support.X import main``): where its flags are defined."""
+    src = path.read_text()
+    for wrapped in re.findall(r"^from (tests\.support\.\w+) import", src, re.M):
+        src += (ROOT / (wrapped.replace(".", "/") + ".py")).read_text()
+    return src
+
+
 def bad_summary_commands(md: str) -> List[str]:
     """Summary rows without a command, date or CPU, commands naming a benchmark script that does not
     exist, or a flag that script does not define."""
@@ -362,7 +372,7 @@ def bad_summary_commands(md: str) -> List[str]:
             if not path.exists():
                 bad.append(f"row {row[0]}: {script.group(1)} does not exist")
                 continue
-            src = path.read_text()
+            src = script_source(path)
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", cmd.split(script.group(1), 1)[1]):
                 if f'"{flag}"' not in src and f"'{flag}'" not in src:
                     bad.append(f"row {row[0]}: {script.group(1)} has no {flag}")
@@ -378,7 +388,7 @@ def bad_benchmark_commands(md: str) -> List[str]:
         if not path.exists():
             bad.append(f"{m.group(1)} does not exist")
             continue
-        src = path.read_text()
+        src = script_source(path)
         for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]*)", m.group(2)):
             if f'"{flag}"' not in src and f"'{flag}'" not in src:
                 bad.append(f"{m.group(1)} has no {flag} ({m.group(0).strip()!r})")
