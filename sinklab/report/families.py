@@ -18,7 +18,7 @@ from ..prompts import load_passages
 from ..results import save_json, to_jsonable
 from ..analysis import bos_removal as R
 from ..analysis import status as S
-from ..analysis.stats import paired_difference, wilson
+from ..analysis.stats import wilson
 from ..analysis.stats import Interval
 from .core import pct as _pct
 from .core import pct_ci
@@ -154,7 +154,7 @@ def size_trend(rows: Sequence[Dict[str, Any]], eps: Sequence[float]) -> Dict[str
             continue
         verdicts = {}
         for e in eps:
-            d = paired_difference((small["_importance"] > e).astype(float), (big["_importance"] > e).astype(float))
+            d = R.sink_rate_change(small["_importance"], big["_importance"], e)   # larger minus smaller
             verdicts[f"{e:g}"] = S.directional(d, +1, f"sink-rate change {small['name']} → {big['name']} (ε {e:g})"
                                                ).to_dict()
         out[fam] = {"models": [small["name"], big["name"]], "eps": verdicts}
