@@ -95,11 +95,11 @@ def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
 
 
 class VjpNorms(NamedTuple):
-    """What :meth:`Model.vjp_norms` returns (float64, zero at positions that cannot influence
+    """What :meth:`Model.vjp_norms` returns (float64, over the t sources that can influence
     the target)."""
 
-    sq: np.ndarray                   # (n, B, T) squared norms per layer, cotangent and source
-    spectral: Optional[np.ndarray]   # (n, T) spectral norms per layer and source, or None
+    sq: np.ndarray                   # (n, B, t) squared norms per layer, cotangent and source
+    spectral: Optional[np.ndarray]   # (n, t) spectral norms per layer and source, or None
     layers: List[int]                # the resid index of each row
     iters: int                       # the most Lanczos steps any block took (0 without spectral)
 
@@ -608,7 +608,8 @@ class Model:
         products, by Lanczos iteration on its Gram matrix until the Ritz value changes by less
         than ``spectral_rtol`` (relative; at most 300 steps): with the d unit vectors as
         cotangents, the spectral norm of the d x d Jacobian block d resid[layer][p] /
-        d resid[l][j]. In a causal model positions j > p are not computed and are 0.
+        d resid[l][j]. Only sources j < t are returned, t = :meth:`influence_end` (p + 1 in a
+        causal model, whose later positions cannot influence p; T in an encoder).
 
         Args:
             ids: token ids (T,).
@@ -620,7 +621,7 @@ class Model:
             intervene: an :class:`Intervention`, differentiated as applied.
 
         Returns:
-            :class:`VjpNorms`: ``sq`` (n, B, T) float64, ``spectral`` (n, T) float64 or None,
+            :class:`VjpNorms`: ``sq`` (n, B, t) float64, ``spectral`` (n, t) float64 or None,
             ``layers`` (n,), ``iters`` the most Lanczos steps any block took.
         """
         arr = self.check_sequence(ids)
@@ -635,22 +636,19 @@ class Model:
                          f"vjp_norms of {B} cotangents on {t_eff} tokens", "pass fewer cotangents at once")
         full = np.zeros((B, t_eff, d), np.float32)
         full[:, pos] = cot
+        # the core writes each layer's (B, t) block straight into its row of the result
+        sq = np.empty((len(sel), B, t_eff))
+        spec = np.empty((len(sel), t_eff)) if spectral else None
         n_buf = self.config.n_layers + 1                      # the core takes L + 1 entries
         sq_bufs: List[Optional[np.ndarray]] = [None] * n_buf
         spec_bufs: List[Optional[np.ndarray]] = [None] * n_buf
-        for l in sel:
-            sq_bufs[l] = np.empty((B, t_eff))
-            if spectral:
-                spec_bufs[l] = np.empty(t_eff)
+        for k, l in enumerate(sel):
+            sq_bufs[l] = sq[k]
+            if spec is not None:
+                spec_bufs[l] = spec[k]
         ivs = core_arrays(intervene, self.config.n_layers, self.config.n_heads)
         iters = _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, sqnorm=sq_bufs,
                                 spectral=spec_bufs if spectral else None, spectral_rtol=float(spectral_rtol), **ivs)
-        sq = np.zeros((len(sel), B, T))
-        spec = np.zeros((len(sel), T)) if spectral else None
-        for k, l in enumerate(sel):
-            sq[k, :, :t_eff] = sq_bufs[l]
-            if spec is not None:
-                spec[k, :t_eff] = spec_bufs[l]
         return VjpNorms(sq=sq, spectral=spec, layers=sel, iters=int(iters))
 
     def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None) -> np.ndarray:

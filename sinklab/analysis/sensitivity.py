@@ -161,9 +161,9 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
         r = model.vjp_norms(arr, cot, at=(top, target), layers=sel, spectral=want_spec,
                             spectral_rtol=spectral_rtol, intervene=intervene)
         iters = max(iters, r.iters)
-        sq[:, b0:b0 + n] = r.sq[:, :, :t_eff]
+        sq[:, b0:b0 + n] = r.sq
         if want_spec:
-            spec = r.spectral[:, :t_eff]
+            spec = r.spectral
     seconds = time.perf_counter() - t0
     fro = np.zeros((len(sel), T))
     stderr = None
