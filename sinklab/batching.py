@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tupl
 import numpy as np
 
 from .progress import progress_bar
-from .trace import AttentionStats, Trace
+from .trace import CAPTURES, STATS, TOKEN_AXES, AttentionStats, Trace, buffer_axes
 
 #: Default cap, in bytes, on the capture buffers of one batched ``model.run`` call (256 MiB).
 BATCH_BYTES = 256 * 2**20
@@ -84,28 +84,22 @@ def _ragged_plan(lengths: Sequence[int], per_seq: Any, cap: int) -> List[List[in
     return out
 
 
-# The token axes of each capture (per sequence, without the batch axis), to cut a padded row to n.
-_TIME_AXES = {"ids": (0,), "attn": (2, 3), "resid": (1,), "logits": (0,), "q": (2,), "k": (2,),
-              "v": (2,), "z": (2,), "head_out": (2,), "attn_out": (1,), "mlp_out": (1,),
-              "importance": (2,), "to_first": (2,), "entropy": (2,)}
-
-
-def _cut(a: np.ndarray, axes: Tuple[int, ...], n: int) -> np.ndarray:
-    idx = tuple(slice(0, n) if ax in axes else slice(None) for ax in range(a.ndim))
+def _cut(a: np.ndarray, buffer: str, n: int, logits_from: int) -> np.ndarray:
+    """A contiguous copy of one row's ``buffer`` cut to ``n`` tokens along its token axes
+    (:data:`sinklab.trace.BUFFERS`; the logits axis to ``n - logits_from`` rows)."""
+    idx = tuple(slice(0, n - logits_from) if ax == "logit_pos" else slice(0, n) if ax in TOKEN_AXES
+                else slice(None) for ax in buffer_axes(buffer))
     return np.ascontiguousarray(a[idx])
 
 
 def _cut_row(tr: Trace, n: int, logits_from: int) -> Trace:
     """A (T_max,)-padded row trace cut to its real length ``n`` (contiguous copies)."""
-    for name, axes in _TIME_AXES.items():
-        if name in ("importance", "to_first", "entropy"):
-            continue
+    for name in ("ids",) + tuple(c for c in CAPTURES if c != "stats"):
         v = getattr(tr, name)
         if v is not None:
-            setattr(tr, name, _cut(v, axes, n - logits_from if name == "logits" else n))
+            setattr(tr, name, _cut(v, name, n, logits_from))
     if tr.stats is not None:
-        tr.stats = AttentionStats(*(_cut(getattr(tr.stats, k), _TIME_AXES[k], n)
-                                    for k in ("importance", "to_first", "entropy")))
+        tr.stats = AttentionStats(*(_cut(getattr(tr.stats, k), k, n, logits_from) for k in STATS))
     return tr
 
 

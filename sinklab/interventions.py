@@ -95,6 +95,8 @@ class Intervention:
         1 (scope "others"), 2 (scope "all") or 3 (scope "mean"); float32 (L, H) ``head_scale``;
         each None if unused.
         """
+        # the one Python check of every value (head pairs in range, array shapes, finite
+        # factors, the scope); the C core re-checks codes and sizes as its safety net
         shape = (n_layers, n_heads)
         zero = _mask(self.zero_first_value, shape, "zero_first_value")
         if zero is not None:
@@ -102,6 +104,13 @@ class Intervention:
         return {"mask_first": _mask(self.mask_first, shape, "mask_first"),
                 "zero_first_value": zero,
                 "head_scale": _scale(self.head_scale, shape)}
+
+
+def core_arrays(intervene: Optional[Intervention], n_layers: int, n_heads: int) -> Dict[str, Optional[np.ndarray]]:
+    """:meth:`Intervention.arrays` of ``intervene``, or of no intervention when it is None: the
+    keyword arguments (``mask_first``, ``zero_first_value``, ``head_scale``, each (L, H) or
+    None) every C forward and derivative call takes."""
+    return (intervene or Intervention()).arrays(n_layers, n_heads)
 
 
 def _scope_code(scope: str) -> int:
@@ -121,14 +130,18 @@ def _pairs(pairs, shape, name):
         yield l, h
 
 
+def _check_shape(spec: np.ndarray, shape: Tuple[int, int], name: str) -> None:
+    if spec.shape != shape:
+        raise ValueError(f"{name} has shape {spec.shape}, expected (layers, heads) = {shape}")
+
+
 def _mask(spec: Heads, shape, name) -> Optional[np.ndarray]:
     if spec is None or spec is False:
         return None
     if spec is True:
         return np.ones(shape, np.uint8)
     if isinstance(spec, np.ndarray):
-        if spec.shape != shape:
-            raise ValueError(f"{name} has shape {spec.shape}, expected (layers, heads) = {shape}")
+        _check_shape(spec, shape, name)
         return np.ascontiguousarray(spec.astype(bool), dtype=np.uint8)
     out = np.zeros(shape, np.uint8)
     for l, h in _pairs(spec, shape, name):
@@ -140,8 +153,7 @@ def _scale(spec, shape) -> Optional[np.ndarray]:
     if spec is None:
         return None
     if isinstance(spec, np.ndarray):
-        if spec.shape != shape:
-            raise ValueError(f"head_scale has shape {spec.shape}, expected (layers, heads) = {shape}")
+        _check_shape(spec, shape, "head_scale")
         out = np.ascontiguousarray(spec, dtype=np.float32)
     else:
         out = np.ones(shape, np.float32)

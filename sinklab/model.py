@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -11,31 +11,14 @@ from .io import gguf_loader, hf_loader, registry
 from .families.config import ModelConfig
 from .families.rope import layer_inv_freq
 from .families.tensors import QuantizedTensor, to_f32
-from .interventions import Intervention
+from .interventions import Intervention, core_arrays
 from .progress import progress_bar
 from .system import available_memory  # run's size checks call this name (tests patch it here)
-from .trace import AttentionStats, Trace
+from .tokenizer import Tokenizer
+# CAPTURES stays a module attribute of sinklab.model (normalize_capture reads it at call time)
+from .trace import ACTIVATIONS, CAPTURES, STATS, AttentionStats, Trace, buffer_shapes, capture_of
 
 DEFAULT_CAPTURE = ("attn", "resid", "logits")  # run()'s default; models without an LM head drop "logits"
-CAPTURES = ("attn", "resid", "logits", "stats", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
-# Per-layer activations captured inside the C forward (see the table in Model.run), as
-# (attribute of Trace, per-layer shape as a function of the config and T).
-ACTIVATIONS = ("q", "k", "v", "z", "head_out", "attn_out", "mlp_out")
-
-
-def _activation_shape(name: str, c: ModelConfig, T: int) -> Tuple[int, ...]:
-    """Per-layer shape of an activation capture (no batch or layer axis)."""
-    return {"q": (c.n_heads, T, c.head_dim), "k": (c.n_kv_heads, T, c.head_dim),
-            "v": (c.n_kv_heads, T, c.head_dim), "z": (c.n_heads, T, c.head_dim),
-            "head_out": (c.n_heads, T, c.d_model), "attn_out": (T, c.d_model),
-            "mlp_out": (T, c.d_model)}[name]
-# The three arrays of the "stats" capture (AttentionStats' fields).
-STATS = ("importance", "to_first", "entropy")
-
-
-def _capture_of(buffer: str) -> str:
-    """The capture name that fills a buffer of Model.run (the stats arrays belong to "stats")."""
-    return "stats" if buffer in STATS else buffer
 
 
 ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
@@ -83,6 +66,16 @@ def normalize_capture(capture: Union[str, Iterable[str]]) -> Tuple[str, ...]:
     if unknown:
         raise ValueError(f"unknown capture {sorted(unknown)}; choose from {CAPTURES}")
     return names
+
+
+class VjpNorms(NamedTuple):
+    """What :meth:`Model.vjp_norms` returns (float64, over the t sources that can influence
+    the target)."""
+
+    sq: np.ndarray                   # (n, B, t) squared norms per layer, cotangent and source
+    spectral: Optional[np.ndarray]   # (n, t) spectral norms per layer and source, or None
+    layers: List[int]                # the resid index of each row
+    iters: int                       # the most Lanczos steps any block took (0 without spectral)
 
 
 class Model:
@@ -167,7 +160,9 @@ class Model:
             raise ValueError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         return np.ascontiguousarray(arr, dtype=np.int64)
 
-    def _check_layers(self, layers: Optional[Sequence[int]]) -> List[int]:
+    def check_layers(self, layers: Optional[Sequence[int]]) -> List[int]:
+        """The blocks a per-layer capture of :meth:`run` takes: ``layers`` sorted without repeats
+        (default all, 0..L-1); ValueError naming any index outside [0, L)."""
         L = self.config.n_layers
         if layers is None:
             return list(range(L))
@@ -175,6 +170,18 @@ class Model:
         bad = [l for l in out if not 0 <= l < L]
         if bad:
             raise ValueError(f"layers {bad} out of range for a model with {L} layers")
+        return out
+
+    def check_resid_layers(self, layers: Optional[Sequence[int]], top: int, sort: bool = False) -> List[int]:
+        """Residual-stream indices l in [0, ``top``] whose gradients a backward from ``resid[top]``
+        returns: ``layers`` as given (sorted without repeats when ``sort``), default 0..top;
+        ValueError naming any index outside [0, top]."""
+        if layers is None:
+            return list(range(top + 1))
+        out = sorted({int(l) for l in layers}) if sort else [int(l) for l in layers]
+        bad = [l for l in out if not 0 <= l <= top]
+        if bad:
+            raise ValueError(f"layers {bad} outside [0, {top}]: gradients exist for resid[0..{top}]")
         return out
 
     def capture_bytes(self, T: int, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
@@ -190,21 +197,11 @@ class Model:
             capture = ("attn", "resid")
         names = normalize_capture(capture)
         self._check_head(names)
-        shapes = self._buffer_shapes(T, len(self._check_layers(layers)), logits_from % max(T, 1))
-        per = {_capture_of(k): 0 for k in shapes}
+        shapes = buffer_shapes(self.config, T, len(self.check_layers(layers)), logits_from % max(T, 1))
+        per = {capture_of(k): 0 for k in shapes}
         for k, shape in shapes.items():
-            per[_capture_of(k)] += int(np.prod(shape))
+            per[capture_of(k)] += int(np.prod(shape))
         return {k: 4 * B * per[k] for k in CAPTURES if k in names}
-
-    def _buffer_shapes(self, T: int, n_sel: int, logits_from: int) -> Dict[str, Tuple[int, ...]]:
-        """Per-sequence shape of every buffer :meth:`run` can fill (``"stats"`` is three:
-        importance, to_first, entropy), for n_sel captured layers."""
-        c = self.config
-        shapes = {"attn": (n_sel, c.n_heads, T, T), "resid": (c.n_layers + 1, T, c.d_model),
-                  "logits": (T - logits_from, c.vocab_size)}
-        shapes.update({k: (n_sel, c.n_heads, T) for k in STATS})
-        shapes.update({k: (n_sel,) + _activation_shape(k, c, T) for k in ACTIVATIONS})
-        return shapes
 
     def _check_memory(self, need: Dict[str, int], B: int, T: int, n_sel: int) -> None:
         """MemoryError before allocating when the capture buffers exceed the available memory."""
@@ -232,7 +229,8 @@ class Model:
     def run(self, ids: Any, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
-            out: Optional[Trace] = None, max_rows: Optional[int] = None) -> Trace:
+            out: Optional[Trace] = None, max_rows: Optional[int] = None,
+            key_start: Any = None, keep_first: bool = False) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -304,6 +302,12 @@ class Model:
                 lengths and meta updated), so repeated runs reuse memory whose pages are
                 already touched instead of allocating new buffers.
             max_rows: the most B*T token rows per C call (default :attr:`max_rows_per_call`).
+            key_start: None, or (T,) ints: training's packing mask (intra-document attention),
+                query i attends only to keys j >= key_start[i], the start of its document
+                (nondecreasing, key_start[i] <= i; checked by the C core); the same for every
+                sequence of a batch.
+            keep_first: with ``key_start``, key 0 (a fixed ⟨bos⟩ in front of every window)
+                stays visible to every query.
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -317,17 +321,18 @@ class Model:
         capture = normalize_capture(capture)
         self._check_head(capture)
         arr = self.check_ids(ids)
-        sel = self._check_layers(layers)
+        sel = self.check_layers(layers)
         batch = arr.reshape(-1, arr.shape[-1])
         B, T = batch.shape
         if not -T <= logits_from < T:
             raise ValueError(f"logits_from={logits_from} outside [-{T}, {T}) for T={T}")
         logits_from %= T
         lens = self._check_lengths(lengths, B, T, arr.ndim)
+        ks = self._check_key_start(key_start, T)
         c = self.config
-        ivs = (intervene or Intervention()).arrays(c.n_layers, c.n_heads)
-        shapes = self._buffer_shapes(T, len(sel), logits_from)
-        wanted = [k for k in shapes if _capture_of(k) in capture]
+        ivs = core_arrays(intervene, c.n_layers, c.n_heads)
+        shapes = buffer_shapes(c, T, len(sel), logits_from)
+        wanted = [k for k in shapes if capture_of(k) in capture]
         if out is not None:
             bufs = self._out_buffers(out, capture, wanted, shapes, sel, B, arr.ndim)
         else:
@@ -339,8 +344,8 @@ class Model:
         for b0 in bar:
             b1 = min(B, b0 + per_call)
             _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
-                                lengths=None if lens is None else lens[b0:b1],
-                                **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
+                                lengths=None if lens is None else lens[b0:b1], key_start=ks,
+                                keep_first=bool(keep_first), **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
         bos = c.bos_token_id
@@ -378,6 +383,17 @@ class Model:
         return None if np.all(ln == T) else np.ascontiguousarray(ln, dtype=np.int64)
 
     @staticmethod
+    def _check_key_start(key_start: Any, T: int) -> Optional[np.ndarray]:
+        """``key_start`` as a (T,) int64 array, or None; its values are the core's to check."""
+        if key_start is None:
+            return None
+        ks = np.asarray(key_start)
+        if ks.shape != (T,) or not np.issubdtype(ks.dtype, np.integer):
+            raise ValueError(f"key_start must be {T} integers (one document start per position), "
+                             f"got {ks.dtype} {ks.shape}")
+        return np.ascontiguousarray(ks, dtype=np.int64)
+
+    @staticmethod
     def _out_buffers(out: Trace, capture: Tuple[str, ...], wanted: List[str], shapes: Dict[str, tuple],
                      sel: List[int], B: int, ndim: int) -> Dict[str, np.ndarray]:
         """The arrays of ``out`` to refill, each checked against the shape a fresh run would give
@@ -386,7 +402,7 @@ class Model:
             raise ValueError(f"out must be a Trace from an earlier run, got {type(out).__name__}")
         if list(out.layers) != list(sel):
             raise ValueError(f"out.layers {list(out.layers)} differ from the layers of this run {sel}")
-        have = {k for k in ("attn", "resid", "logits") + ACTIVATIONS if getattr(out, k) is not None}
+        have = {k for k in CAPTURES if k != "stats" and getattr(out, k) is not None}
         if out.stats is not None:
             have.add("stats")
         extra = sorted(have - set(capture))
@@ -408,7 +424,9 @@ class Model:
         return bufs
 
     # ------------------------------------------------------------------ derivatives
-    def _sequence(self, ids: Any) -> np.ndarray:
+    def check_sequence(self, ids: Any) -> np.ndarray:
+        """``ids`` as :meth:`check_ids` gives them, and one sequence (T,): what the derivatives
+        take; ValueError for (B, T) ids."""
         arr = self.check_ids(ids)
         if arr.ndim != 1:
             raise ValueError(f"derivatives take one sequence of ids (T,), got shape {arr.shape}")
@@ -437,7 +455,9 @@ class Model:
                              f"values); directions must be finite")
         return out, batched
 
-    def _layer_index(self, layer: Any, name: str, lo: int = 0) -> int:
+    def layer_index(self, layer: Any, name: str, lo: int = 0) -> int:
+        """``layer`` as an int resid index in [``lo``, L]; TypeError for a non-integer,
+        ValueError (naming the argument ``name``) outside the range."""
         L = self.config.n_layers
         if isinstance(layer, (bool, np.bool_)) or not isinstance(layer, (int, np.integer)):
             raise TypeError(f"{name} must be an integer layer index, got {layer!r}")
@@ -446,7 +466,9 @@ class Model:
         return int(layer)
 
     @staticmethod
-    def _positions(positions: Any, T: int) -> np.ndarray:
+    def positions(positions: Any, T: int) -> np.ndarray:
+        """``positions`` (an int, a sequence of distinct ints, or None for all T) as an int array
+        in [0, T), negatives counted from the end; ValueError when out of range or repeated."""
         pos = np.asarray(range(T) if positions is None else positions)
         if pos.ndim > 1 or not np.issubdtype(pos.dtype, np.integer):
             raise ValueError(f"positions must be an integer or a sequence of integers, got {positions!r}")
@@ -459,7 +481,9 @@ class Model:
             raise ValueError(f"positions repeat: {positions!r}")
         return pos
 
-    def _check_bytes(self, nbytes: int, what: str, cheaper: str) -> None:
+    def check_bytes(self, nbytes: int, what: str, cheaper: str) -> None:
+        """MemoryError naming ``what``, its size and the ``cheaper`` way when ``nbytes`` bytes
+        exceed the available memory (no check when that cannot be told)."""
         avail = available_memory()
         if avail is not None and nbytes > avail:
             raise MemoryError(f"{what} needs {_gb(nbytes)} but only {_gb(avail)} is available; {cheaper}")
@@ -512,20 +536,17 @@ class Model:
             float32 (n, T, d), or (B, n, T, d) for batched cotangents, n = len(layers): row k is
             the gradient with respect to ``resid[layers[k]]``.
         """
-        arr = self._sequence(ids)
+        arr = self.check_sequence(ids)
         T, d = arr.shape[0], self.config.d_model
         layer, positions = at if isinstance(at, tuple) else (at, None)
-        layer = self._layer_index(layer, "at layer")
-        pos = self._positions(positions, T)
+        layer = self.layer_index(layer, "at layer")
+        pos = self.positions(positions, T)
         one = positions is not None and np.ndim(positions) == 0
         cot, batched = self._directions(cotangent, (d,) if one else (len(pos), d), "cotangent")
         cot = cot.reshape(cot.shape[0], len(pos), d)
-        out_layers = list(range(layer + 1)) if layers is None else [int(l) for l in layers]
-        bad = [l for l in out_layers if not 0 <= l <= layer]
-        if bad:
-            raise ValueError(f"layers {bad} outside [0, {layer}]: gradients exist for resid[0..{layer}]")
-        B, t_eff = cot.shape[0], self._influence_end(int(pos.max()), T)
-        self._check_bytes(self.grad_bytes(t_eff, B, layer) + 4 * B * len(out_layers) * T * d,
+        out_layers = self.check_resid_layers(layers, layer)
+        B, t_eff = cot.shape[0], self.influence_end(int(pos.max()), T)
+        self.check_bytes(self.grad_bytes(t_eff, B, layer) + 4 * B * len(out_layers) * T * d,
                           f"vjp of {B} cotangents on {T} tokens", "pass fewer cotangents at once or fewer layers=")
         full = np.zeros((B, t_eff, d), np.float32)
         full[:, pos] = cot
@@ -533,11 +554,66 @@ class Model:
         bufs: List[Optional[np.ndarray]] = [None] * (self.config.n_layers + 1)
         for l in out_layers:  # the C core writes (B, t_eff, d) C-contiguous blocks
             bufs[l] = np.empty((B, t_eff, d), np.float32)
-        ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
+        ivs = core_arrays(intervene, self.config.n_layers, self.config.n_heads)
         _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, dresid=bufs, **ivs)
         for k, l in enumerate(out_layers):
             out[:, k, :t_eff] = bufs[l]
         return out if batched else out[0]
+
+    def vjp_norms(self, ids: Any, cotangent: Any, at: Tuple[int, int], layers: Optional[Sequence[int]] = None,
+                  spectral: bool = False, spectral_rtol: float = 1e-9,
+                  intervene: Optional[Intervention] = None) -> "VjpNorms":
+        """Norms of the vector-Jacobian products of :meth:`vjp`, per source position, without
+        the (B, n, T, d) gradients: the C backward reduces each block as it computes it.
+
+        For B cotangents u_b at one position p of ``resid[layer]`` and each returned layer l, the
+        squared norm ||u_b^T d resid[layer][p] / d resid[l][j]||^2 of every source position j;
+        with ``spectral``, the largest singular value of each (B, d) block of those B
+        products, by Lanczos iteration on its Gram matrix until the Ritz value changes by less
+        than ``spectral_rtol`` (relative; at most 300 steps): with the d unit vectors as
+        cotangents, the spectral norm of the d x d Jacobian block d resid[layer][p] /
+        d resid[l][j]. Only sources j < t are returned, t = :meth:`influence_end` (p + 1 in a
+        causal model, whose later positions cannot influence p; T in an encoder).
+
+        Args:
+            ids: token ids (T,).
+            cotangent: (B, d) float (or one (d,)), finite (NaN or inf is a ValueError).
+            at: ``(layer, position)``: ``layer`` in [1, L], ``position`` in [-T, T).
+            layers: resid indices l in [0, layer], sorted without repeats (default 0..layer).
+            spectral: also compute the spectral norms (needs B == d).
+            spectral_rtol: the Lanczos stopping tolerance.
+            intervene: an :class:`Intervention`, differentiated as applied.
+
+        Returns:
+            :class:`VjpNorms`: ``sq`` (n, B, t) float64, ``spectral`` (n, t) float64 or None,
+            ``layers`` (n,), ``iters`` the most Lanczos steps any block took.
+        """
+        arr = self.check_sequence(ids)
+        T, d = arr.shape[0], self.config.d_model
+        layer, position = at
+        layer = self.layer_index(layer, "at layer", lo=1)
+        pos = int(self.positions(position, T)[0])
+        cot, _ = self._directions(cotangent, (d,), "cotangent")   # (B, d), also for one (d,)
+        B, t_eff = cot.shape[0], self.influence_end(pos, T)
+        sel = self.check_resid_layers(layers, layer, sort=True)
+        self.check_bytes(self.grad_bytes(t_eff, B, layer) + 8 * len(sel) * (B + 1) * t_eff,
+                         f"vjp_norms of {B} cotangents on {t_eff} tokens", "pass fewer cotangents at once")
+        full = np.zeros((B, t_eff, d), np.float32)
+        full[:, pos] = cot
+        # the core writes each layer's (B, t) block straight into its row of the result
+        sq = np.empty((len(sel), B, t_eff))
+        spec = np.empty((len(sel), t_eff)) if spectral else None
+        n_buf = self.config.n_layers + 1                      # the core takes L + 1 entries
+        sq_bufs: List[Optional[np.ndarray]] = [None] * n_buf
+        spec_bufs: List[Optional[np.ndarray]] = [None] * n_buf
+        for k, l in enumerate(sel):
+            sq_bufs[l] = sq[k]
+            if spec is not None:
+                spec_bufs[l] = spec[k]
+        ivs = core_arrays(intervene, self.config.n_layers, self.config.n_heads)
+        iters = _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, sqnorm=sq_bufs,
+                                spectral=spec_bufs if spectral else None, spectral_rtol=float(spectral_rtol), **ivs)
+        return VjpNorms(sq=sq, spectral=spec, layers=sel, iters=int(iters))
 
     def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None) -> np.ndarray:
         """Jacobian-vector product: how the residual stream of every later layer moves when
@@ -554,16 +630,16 @@ class Model:
             float32 (L+1-at, T, d), or (B, L+1-at, T, d): row k is the tangent of ``resid[at+k]``
             (row 0 is ``tangent`` itself).
         """
-        arr = self._sequence(ids)
+        arr = self.check_sequence(ids)
         T, d, L = arr.shape[0], self.config.d_model, self.config.n_layers
-        at = self._layer_index(at, "at")
+        at = self.layer_index(at, "at")
         tan, batched = self._directions(tangent, (T, d), "tangent")
         B = tan.shape[0]
-        self._check_bytes(self.grad_bytes(T, B) + 4 * B * (L + 1 - at) * T * d,
+        self.check_bytes(self.grad_bytes(T, B) + 4 * B * (L + 1 - at) * T * d,
                           f"jvp of {B} tangents on {T} tokens", "pass fewer tangents at once")
         out = np.empty((B, L + 1 - at, T, d), np.float32)
         bufs: List[Optional[np.ndarray]] = [None] * at + [np.ascontiguousarray(out[:, k]) for k in range(L + 1 - at)]
-        ivs = (intervene or Intervention()).arrays(L, self.config.n_heads)
+        ivs = core_arrays(intervene, L, self.config.n_heads)
         _core.model_jvp(self._handle, arr, tan, at, tout=bufs, **ivs)
         for k in range(L + 1 - at):
             out[:, k] = bufs[at + k]
@@ -585,15 +661,15 @@ class Model:
         Returns:
             float32 (d, T, d); in a causal model rows j > position are zero.
         """
-        arr = self._sequence(ids)
+        arr = self.check_sequence(ids)
         T, d = arr.shape[0], self.config.d_model
         layer, position = of
-        layer = self._layer_index(layer, "of layer", lo=1)
-        wrt = self._layer_index(wrt, "wrt")
+        layer = self.layer_index(layer, "of layer", lo=1)
+        wrt = self.layer_index(wrt, "wrt")
         if wrt >= layer:
             raise ValueError(f"wrt={wrt} must be below the output layer {layer}")
-        pos = int(self._positions(position, T)[0])
-        chunk = self._cotangent_chunk(self._influence_end(pos, T), d, layer) if chunk is None else max(1, int(chunk))
+        pos = int(self.positions(position, T)[0])
+        chunk = self.cotangent_chunk(self.influence_end(pos, T), d, layer) if chunk is None else max(1, int(chunk))
         J = np.empty((d, T, d), np.float32)
         starts = range(0, d, chunk)
         for a0 in progress_bar(starts, progress and len(starts) > 1, desc=f"jacobian ({d} cotangents)", unit="chunk"):
@@ -603,14 +679,14 @@ class Model:
             J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt])[:, 0]
         return J
 
-    def _influence_end(self, position: int, T: int) -> int:
+    def influence_end(self, position: int, T: int) -> int:
         """One past the last position that can influence ``position``'s output: position + 1 in a
         causal model, T in a bidirectional encoder."""
         return T if self.config.bidirectional else position + 1
 
-    def _cotangent_chunk(self, T: int, B: int, n_tape: int, budget: Optional[int] = None) -> int:
-        """The most cotangents (<= B) whose backward fits in ``budget`` bytes (default: half the
-        available memory, at most 4 GB)."""
+    def cotangent_chunk(self, T: int, B: int, n_tape: int, budget: Optional[int] = None) -> int:
+        """The most cotangents (<= B) whose backward on ``T`` tokens through ``n_tape`` layers
+        fits in ``budget`` bytes (default: half the available memory, at most 4 GB); >= 1."""
         avail = available_memory()
         budget = budget or min(4 << 30, (avail or 8 << 30) // 2)
         per = self.grad_bytes(T, 2, n_tape) - self.grad_bytes(T, 1, n_tape) + 4 * T * self.config.d_model
@@ -635,7 +711,7 @@ class Model:
             the embedding's and the head's gradients). Q/K gradients of a GGUF-loaded model are
             in the file's (llama.cpp-permuted) row layout, like its weights.
         """
-        arr = self._sequence(ids)
+        arr = self.check_sequence(ids)
         T = arr.shape[0]
         if targets is None:
             tg = np.full(T, -1, np.int64)
@@ -654,13 +730,13 @@ class Model:
         shapes = {k: tuple(v.shape) for k, v in self.weights.items()
                   if k != "rope_inv_freq" and not (tied and k == "lm_head")}
         grad_floats = sum(int(np.prod(s, dtype=np.int64)) for s in shapes.values())
-        self._check_bytes(self.grad_bytes(T) + 4 * (grad_floats + T * self.config.vocab_size),
+        self.check_bytes(self.grad_bytes(T) + 4 * (grad_floats + T * self.config.vocab_size),
                           f"loss_and_grad on {T} tokens (every layer's saved activations, one layer's "
                           f"T x T attention, the logits and {grad_floats:,} gradient floats)",
                           "use fewer tokens: the attention part grows as T^2")
         grads = {k: np.zeros(s, np.float32) for k, s in shapes.items()}
         bufs = dict(grads, lm_head=grads["tok_embd"]) if tied else grads
-        ivs = (intervene or Intervention()).arrays(self.config.n_layers, self.config.n_heads)
+        ivs = core_arrays(intervene, self.config.n_layers, self.config.n_heads)
         loss = _core.model_loss_grad(self._handle, arr, tg, bufs, **ivs)
         return float(loss), grads
 
@@ -671,8 +747,6 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
     (:data:`sinklab.families.SUPPORTED_HF_TYPES`, :data:`~sinklab.families.SUPPORTED_GGUF_ARCHS`;
     another architecture raises ValueError naming itself and the supported list). GGUF
     matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width."""
-    from .tokenizer import Tokenizer
-
     src = os.fspath(name_or_path)
     name = None
     if not os.path.exists(src) and registry.is_registered(src):

@@ -3,11 +3,77 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
 from .results import load_npz, save_npz
+
+
+class Buffer(NamedTuple):
+    """One float32 array the C forward fills: its name (a Trace attribute, or an
+    :class:`AttentionStats` field), the capture name of :meth:`sinklab.Model.run` that asks for
+    it, and its per-sequence axes (without the batch axis), named as in :data:`AXES`."""
+
+    name: str
+    capture: str
+    axes: Tuple[str, ...]
+
+
+# The one capture table: every buffer of Model.run, in the order captures are listed. Shapes,
+# byte counts, the token axes batching cuts and the Trace fields all come from it.
+BUFFERS: Tuple[Buffer, ...] = (
+    Buffer("attn", "attn", ("layer", "head", "pos", "key")),
+    Buffer("resid", "resid", ("stream", "pos", "d_model")),
+    Buffer("logits", "logits", ("logit_pos", "vocab")),
+    Buffer("importance", "stats", ("layer", "head", "key")),
+    Buffer("to_first", "stats", ("layer", "head", "pos")),
+    Buffer("entropy", "stats", ("layer", "head", "pos")),
+    Buffer("q", "q", ("layer", "head", "pos", "head_dim")),
+    Buffer("k", "k", ("layer", "kv_head", "pos", "head_dim")),
+    Buffer("v", "v", ("layer", "kv_head", "pos", "head_dim")),
+    Buffer("z", "z", ("layer", "head", "pos", "head_dim")),
+    Buffer("head_out", "head_out", ("layer", "head", "pos", "d_model")),
+    Buffer("attn_out", "attn_out", ("layer", "pos", "d_model")),
+    Buffer("mlp_out", "mlp_out", ("layer", "pos", "d_model")),
+)
+
+#: What each axis name of :data:`BUFFERS` means: ``layer`` the captured layers L' (``layers=``),
+#: ``stream`` the L+1 residual streams, ``pos``/``key`` the T token positions (queries/keys),
+#: ``logit_pos`` the T - logits_from positions with logits, ``head``/``kv_head`` H/G, ``head_dim``
+#: hd, ``d_model`` d, ``vocab`` V.
+AXES = ("layer", "stream", "pos", "key", "logit_pos", "head", "kv_head", "head_dim", "d_model", "vocab")
+#: The axes that count tokens: a padded row is cut to its real length along these.
+TOKEN_AXES = ("pos", "key", "logit_pos")
+
+#: Capture names of :meth:`sinklab.Model.run`, in the order of the table.
+CAPTURES: Tuple[str, ...] = tuple(dict.fromkeys(b.capture for b in BUFFERS))
+#: The three arrays of the "stats" capture (:class:`AttentionStats`' fields).
+STATS: Tuple[str, ...] = tuple(b.name for b in BUFFERS if b.capture == "stats")
+#: Per-layer activations captured inside the C forward (one Trace attribute each).
+ACTIVATIONS: Tuple[str, ...] = CAPTURES[CAPTURES.index("q"):]
+_BY_NAME = {b.name: b for b in BUFFERS}
+
+
+def capture_of(buffer: str) -> str:
+    """The capture name that fills ``buffer`` (the stats arrays belong to ``"stats"``)."""
+    return _BY_NAME[buffer].capture
+
+
+def buffer_shapes(config: Any, T: int, n_sel: int, logits_from: int) -> Dict[str, Tuple[int, ...]]:
+    """Per-sequence shape of every buffer in :data:`BUFFERS` for ``T`` tokens, ``n_sel`` captured
+    layers and logits from position ``logits_from`` (in [0, T)); ``config`` a
+    :class:`sinklab.families.config.ModelConfig`."""
+    c = config
+    size = {"layer": n_sel, "stream": c.n_layers + 1, "pos": T, "key": T, "logit_pos": T - logits_from,
+            "head": c.n_heads, "kv_head": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
+            "vocab": c.vocab_size}
+    return {b.name: tuple(size[a] for a in b.axes) for b in BUFFERS}
+
+
+def buffer_axes(buffer: str) -> Tuple[str, ...]:
+    """The axis names of ``buffer`` (per sequence, no batch axis); ``"ids"`` is ``("pos",)``."""
+    return ("pos",) if buffer == "ids" else _BY_NAME[buffer].axes
 
 
 def _shape(a: Optional[np.ndarray]) -> str:
@@ -25,7 +91,7 @@ def _layer_list(layers: List[int]) -> str:
 
 
 # The array attributes of a Trace besides stats, in the order repr and save list them.
-_ARRAYS = ("ids", "attn", "resid", "logits", "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths")
+_ARRAYS = ("ids",) + tuple(c for c in CAPTURES if c != "stats") + ("lengths",)
 
 
 @dataclass(repr=False)
@@ -124,6 +190,6 @@ class Trace:
         arrays, m = load_npz(path)
         stats = None
         if "stats_importance" in arrays:
-            stats = AttentionStats(*(arrays[f"stats_{k}"] for k in ("importance", "to_first", "entropy")))
+            stats = AttentionStats(*(arrays[f"stats_{k}"] for k in STATS))
         return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"],
                    **{k: arrays.get(k) for k in _ARRAYS})

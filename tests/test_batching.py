@@ -171,7 +171,7 @@ def test_perplexity_batched_equals_loop(tiny, monkeypatch):
         for x in texts:
             ids = sl.inputs.prepare(tiny, x, bos)
             tr = tiny.run(ids, capture=("logits",), logits_from=1 if bos else 0, progress=False)
-            ref.append(float(quality._nll_rows(tr.logits[: len(x) - 1], x[1:]).mean()))
+            ref.append(float(quality.nll_rows(tr.logits[: len(x) - 1], x[1:]).mean()))
         counter = CountRuns(tiny, monkeypatch)
         got = quality.perplexity(tiny, texts, bos=bos, progress=False)
         monkeypatch.undo()

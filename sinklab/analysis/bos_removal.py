@@ -20,7 +20,9 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from . import status as S
-from .stats import Interval, mean_ci, paired_difference, paired_proportion_difference, ratio_of_means
+from .sinks import sink_indicator
+from .stats import (Interval, bootstrap, mean_ci, paired_difference, paired_proportion_difference, ratio_of_means,
+                    weighted_mean_ci)
 
 # Thresholds of the criteria, fixed from the paper's claims before any measurement here.
 SINK_COLLAPSE_RATIO = 0.5      # "the sinks vanish": the text-only sink rate is at most half the ⟨bos⟩ one
@@ -32,21 +34,19 @@ NO_EFFECT_NLL = 0.1            # ... and the mean NLL by at most 0.1 nats (paper
 def sink_rate_ci(importance: np.ndarray, eps: float) -> Interval:
     """Sink rate (fraction of (layer, head) pairs with a_0 > eps) with its bootstrap interval over
     prompts; ``importance`` (P, L, H)."""
-    return mean_ci((np.asarray(importance) > eps).astype(np.float64))
+    return mean_ci(sink_indicator(importance, eps))
 
 
 def sink_rate_change(bos_importance: np.ndarray, nobos_importance: np.ndarray, eps: float) -> Interval:
     """Text-only minus ⟨bos⟩+text sink rate, paired over prompts (the same prompts in both)."""
-    a = (np.asarray(bos_importance) > eps).astype(np.float64)
-    b = (np.asarray(nobos_importance) > eps).astype(np.float64)
-    return paired_difference(a, b)
+    return paired_difference(sink_indicator(bos_importance, eps), sink_indicator(nobos_importance, eps))
 
 
 def sink_rate_ratio(bos_importance: np.ndarray, nobos_importance: np.ndarray, eps: float) -> Interval:
     """Text-only / ⟨bos⟩+text sink rate, paired over prompts."""
     P = np.asarray(bos_importance).shape[0]
-    a = (np.asarray(bos_importance) > eps).reshape(P, -1).mean(axis=1)
-    b = (np.asarray(nobos_importance) > eps).reshape(P, -1).mean(axis=1)
+    a = sink_indicator(bos_importance, eps).reshape(P, -1).mean(axis=1)
+    b = sink_indicator(nobos_importance, eps).reshape(P, -1).mean(axis=1)
     return ratio_of_means(b, a)
 
 
@@ -56,16 +56,12 @@ def nll_change(bos_ppl: Any, nobos_ppl: Any) -> Interval:
     w_b, w_n = np.asarray(bos_ppl.n_predicted, float), np.asarray(nobos_ppl.n_predicted, float)
     if not np.array_equal(w_b, w_n):
         raise ValueError("the two perplexities were not scored on the same predicted tokens")
-    from .stats import bootstrap
-
     a, b = np.asarray(bos_ppl.nll) * w_b, np.asarray(nobos_ppl.nll) * w_n
     return bootstrap(lambda i: (b[i].sum() - a[i].sum()) / w_b[i].sum(), len(w_b))
 
 
 def nll_ci(ppl: Any) -> Interval:
     """Token-weighted mean NLL (nats) of one condition with its interval over texts."""
-    from .stats import weighted_mean_ci
-
     w = np.asarray(ppl.n_predicted, float)
     return weighted_mean_ci(np.asarray(ppl.nll) * w, w)
 
@@ -145,8 +141,6 @@ def quality_numbers(bos_ppl: Any, nobos_ppl: Any) -> Dict[str, Interval]:
 def clustered_change(bos_correct: np.ndarray, nobos_correct: np.ndarray, cluster: np.ndarray) -> Interval:
     """Paired accuracy change (text only minus ⟨bos⟩) with a bootstrap over clusters (e.g. the
     passage each cloze item was cut from: items of one passage are not independent draws)."""
-    from .stats import bootstrap
-
     a, b, g = np.asarray(bos_correct, float), np.asarray(nobos_correct, float), np.asarray(cluster)
     groups = [np.flatnonzero(g == c) for c in np.unique(g)]
     da = np.array([b[i].sum() - a[i].sum() for i in groups])

@@ -53,12 +53,13 @@ Prop. 3.1 as the consistency check it is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..inputs import BOS, BosArg, check_length, condition, conditions, prepare, text_ids
 from ..progress import progress_bar
+from ..prompts import load_passages
 from ..results import load_npz, save_npz, to_jsonable
 from .stats import Interval, mean_ci
 from .status import Verdict, combine, consistency, directional, not_testable
@@ -341,16 +342,19 @@ def passage_units(model: Any, passages: Sequence[str], n_tokens: int, n_units: i
     Raises:
         ValueError: the passages run out before ``n_units`` units are complete.
     """
-    return [ids for ids, _ in _units(model, passages, n_tokens, n_units, sep)]
+    return [ids for ids, _ in units_with_spans(model, passages, n_tokens, n_units, sep)]
 
 
 def passage_unit_spans(model: Any, passages: Sequence[str], n_tokens: int, n_units: int,
                        sep: str = PASSAGE_SEPARATOR) -> List[List[int]]:
     """The passage indices each unit of :func:`passage_units` is made of (same arguments)."""
-    return [span for _, span in _units(model, passages, n_tokens, n_units, sep)]
+    return [span for _, span in units_with_spans(model, passages, n_tokens, n_units, sep)]
 
 
-def _units(model: Any, passages: Sequence[str], n_tokens: int, n_units: int, sep: str):
+def units_with_spans(model: Any, passages: Sequence[Any], n_tokens: int, n_units: int,
+                     sep: str = PASSAGE_SEPARATOR) -> List[Tuple[np.ndarray, List[int]]]:
+    """:func:`passage_units` and :func:`passage_unit_spans` together: one
+    ``((n_tokens,) int64 ids, passage indices)`` pair per unit (same arguments and errors)."""
     n_tokens, n_units = int(n_tokens), int(n_units)
     if n_tokens < 1 or n_units < 1:
         raise ValueError(f"need n_tokens >= 1 and n_units >= 1, got {n_tokens} and {n_units}")
@@ -371,10 +375,10 @@ def _units(model: Any, passages: Sequence[str], n_tokens: int, n_units: int, sep
     return out
 
 
-def _default_passages(passages: Optional[Sequence[str]]) -> List[str]:
+def default_passages(passages: Optional[Sequence[str]]) -> List[str]:
+    """``passages`` as a list (strings or token-id arrays), or the shipped passages, split
+    ``"sinks"``, when None; TypeError for one string."""
     if passages is None:
-        from ..prompts import load_passages
-
         return load_passages("sinks")
     if isinstance(passages, str):
         raise TypeError("passages must be a sequence of strings (or of token-id arrays), not one string")
@@ -570,7 +574,7 @@ def collapse_trend(model: Any, passages: Optional[Sequence[str]] = None,
     Returns:
         :class:`CollapseTrend`. Costs n_passages x len(lengths) x settings forward passes.
     """
-    pas = _default_passages(passages)
+    pas = default_passages(passages)
     Ts = sorted({int(t) for t in lengths})
     if not Ts:
         raise ValueError("lengths is empty")
@@ -579,7 +583,7 @@ def collapse_trend(model: Any, passages: Optional[Sequence[str]] = None,
         bad = [l for l in depth_layers if not 0 <= int(l) <= L]
         if bad or len(set(depth_layers)) < 2:
             raise ValueError(f"depth_layers must hold >= 2 layers in [0, {L}], got {list(depth_layers)}")
-    units = _units(model, pas, max(Ts), n_passages, PASSAGE_SEPARATOR)
+    units = units_with_spans(model, pas, max(Ts), n_passages, PASSAGE_SEPARATOR)
     settings = conditions(bos)
     keys = ("rank", "repr_dist", "last_norm", "dev_frob", "last_two")
     arr = {k: {s: np.empty((len(units), len(Ts), L + 1)) for s in settings} for k in keys}

@@ -80,9 +80,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import numpy as np
 
 from ..batching import run_each
+from ..inputs import text_ids
 from ..interventions import Intervention, ZERO_FIRST_VALUE_SCOPES
+from ..prompts import load_passages
 from ..results import load_tagged_json, save_tagged_json, to_jsonable
 from . import status as S
+from . import tasks
+from .sinkset import key_mass_from_importance
 from .stats import Interval, bootstrap, mean_ci, weighted_mean_ci, wilson
 
 FORMAT = "sinklab.BosControls/1"
@@ -386,8 +390,6 @@ def locate(importance: np.ndarray, text_pos: int, bos_pos: Optional[int] = None,
     the top key is then one of the last 4 in ~90 % of heads. The default 8 keeps a_k a mean over
     at least 8 queries; position 0, the ⟨bos⟩ and the first text token always compete (T >= 8 +
     their position). ``top_counts`` records how often each position is the top key."""
-    from .sinkset import key_mass_from_importance
-
     if mass not in MASSES:
         raise ValueError(f"mass must be one of {MASSES}, got {mass!r}")
     imp = np.asarray(importance, np.float64)
@@ -782,7 +784,7 @@ class BosControls:
 
     def figure(self, **kw: Any):
         """:func:`sinklab.viz.figures_sinks.bos_controls_figure` of this result."""
-        from ..viz.figures_sinks import bos_controls_figure
+        from ..viz.figures_sinks import bos_controls_figure  # needs matplotlib, an optional dependency
 
         return bos_controls_figure(self, **kw)
 
@@ -820,9 +822,6 @@ class BosControls:
 
 # ====================================================================== the analysis
 def _texts(model, texts, n_texts, max_tokens) -> Tuple[List[np.ndarray], List[Any]]:
-    from ..inputs import text_ids
-    from ..prompts import load_passages
-
     raw = list(load_passages("heldout") if texts is None else texts)
     if n_texts is not None:
         raw = raw[: int(n_texts)]
@@ -839,9 +838,6 @@ def _texts(model, texts, n_texts, max_tokens) -> Tuple[List[np.ndarray], List[An
 
 
 def _sink_texts(model, prompts, n_sink, T) -> List[np.ndarray]:
-    from ..inputs import text_ids
-    from ..prompts import load_passages
-
     raw = list(load_passages("sinks") if prompts is None else prompts)
     toks = [text_ids(model, p) for p in raw]
     keep = [t for t in toks if len(t) >= T]
@@ -855,8 +851,6 @@ def _sink_texts(model, prompts, n_sink, T) -> List[np.ndarray]:
 def _cloze_items(model, raw_texts, xs, n_items, seed) -> Tuple[List[_Item], int]:
     """Cloze items (tasks.make_cloze_items) on the perplexity texts whose context is a prefix of
     the text and whose candidates are single tokens: scored from the perplexity forward."""
-    from . import tasks
-
     strs = [t for t in raw_texts if isinstance(t, str)]
     if len(strs) != len(raw_texts):
         raise ValueError("task='cloze' needs the texts as strings")

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..inputs import BOS, NOBOS, prepare
 from ..prompts import load_passages
+from .sinks import sink_rate_of
 
 N_WINDOWS = 3     # independent stretches of text per model and condition (the interval's units)
 
@@ -38,7 +39,7 @@ def long_context_stats(model: Any, texts: List[np.ndarray], eps: float) -> Dict[
         rate, to0, ent = [], [], []
         for x in texts:
             st = model.run(prepare(model, x, bos, T), capture=("stats",), logits_from=-1, progress=False).stats
-            rate.append(float((st.importance[:, :, 0] > eps).mean()))
+            rate.append(sink_rate_of(st.importance[:, :, 0], eps))
             to0.append(float(st.to_first[:, :, 1:].mean()))
             ent.append(float(st.entropy[:, :, 1:].mean()))
         out[key] = {"sink_rate": np.array(rate), "to_first": np.array(to0), "entropy": np.array(ent)}

@@ -53,7 +53,7 @@ import numpy as np
 from ..inputs import BOS, CONDITIONS, NOBOS, check_length
 from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
-from .collapse import PASSAGE_SEPARATOR, _default_passages, _units, ols_slope
+from .collapse import PASSAGE_SEPARATOR, default_passages, ols_slope, units_with_spans
 from .sensitivity import sensitivity
 from .stats import Interval, mean_ci, paired_difference
 from .status import Verdict, combine, directional, not_testable
@@ -261,7 +261,7 @@ def mixing_measure(model: Any, passages: Optional[Sequence[str]] = None,
     check_length(model, Ts[-1] + 1, f"length T={Ts[-1]} (+1 for BOS): a sequence")
     if n_probes < 2:
         raise ValueError("n_probes must be >= 2")
-    units = _units(model, _default_passages(passages), Ts[-1], n_passages, PASSAGE_SEPARATOR)
+    units = units_with_spans(model, default_passages(passages), Ts[-1], n_passages, PASSAGE_SEPARATOR)
     P, nT, nl = len(units), len(Ts), len(sel)
     mass = {c: {g: np.zeros((P, nT, nl)) for g in GROUPS} for c in CONDITIONS}
     secs = {c: np.zeros((P, nT)) for c in CONDITIONS}

@@ -39,6 +39,8 @@ import numpy as np
 from ..inputs import condition, prepare, text_ids
 from ..batching import run_each
 from ..results import load_npz, save_npz, to_jsonable
+from . import status as S
+from .stats import mean_ci
 
 TextLike = Union[str, Sequence[int], np.ndarray]
 KV_RULES = ("majority", "any", "all")
@@ -530,9 +532,6 @@ def criterion_noop(res: NoopResult, eps: float = 0.5) -> Dict[str, Any]:
     residual stream than other heads (``out_norm``), and ⟨bos⟩'s value vector is smaller than
     other tokens' in sink kv heads (``first_value``); each reproduced when the interval over
     prompts of its mean log ratio lies below 0. No sink heads at all: not testable."""
-    from . import status as S
-    from .stats import mean_ci
-
     lr = noop_log_ratios(res, eps)
     out = {}
     for key, what in (("out_norm", "log(sink-head / other-head relative output norm)"),

@@ -136,6 +136,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from ..interventions import Intervention
+from ..progress import progress_bar
+from . import status
+from .sensitivity import sensitivity
+from .stats import bootstrap
 
 CONSTANTS = ("entrywise", "per_head")
 MLP_MODES = ("fast", "exact")
@@ -463,13 +467,8 @@ def _measured_array(model: Any, ids: np.ndarray, target: int, measured: Any,
     if measured is None or measured is False:
         return None
     if measured is True:
-        import sinklab
-        fn = getattr(sinklab, "sensitivity", None)
-        if fn is None:
-            raise ValueError("measured=True needs sinklab.sensitivity (the exact Jacobian map), "
-                             "which this build does not have; pass the measured norms instead")
-        measured = fn(model, ids, target=target, method="exact", intervene=intervene,
-                      spectral=True, progress=False)
+        measured = sensitivity(model, ids, target=target, method="exact", intervene=intervene,
+                               spectral=True, progress=False)
     if isinstance(measured, np.ndarray):
         arr = np.asarray(measured, dtype=np.float64)
         if arr.shape != (L + 1, T):
@@ -640,12 +639,9 @@ def layer_block_norms(model: Any, ids: Any, layers: Optional[List[int]] = None,
     layer's backward of d cotangents over k + 1 tokens: about d T^2 / 2 token-rows of one
     layer per layer (SmolLM2-135M, T = 16: ~10 min on two loaded cores).
     """
-    from ..progress import progress_bar
-    from .sensitivity import sensitivity
-
     ids = model.check_ids(ids)
     T, L = int(ids.shape[0]), model.config.n_layers
-    sel = list(range(L)) if layers is None else sorted({int(l) for l in layers})
+    sel = model.check_layers(layers)
     ks = list(range(T)) if rows is None else sorted({int(k) % T for k in rows})
     out = np.full((L, T, T), np.nan)
     jobs = [(l, k) for l in sel for k in ks]
@@ -1162,7 +1158,6 @@ def thm32_bounds(model: Any, ids: Any, target: int = -1, intervene: Optional[Int
         an = np.zeros((L, T, T))
         jt = np.zeros((L, T, T))
         checks = []
-        from ..progress import progress_bar
         with _one_blas_thread():
             for l in progress_bar(range(L), progress, desc="exact local factors", unit="layer"):
                 ex = _exact_layer(model, tr, l, intervene, target, joint="joint" in want)
@@ -1229,9 +1224,6 @@ def criterion_thm32(result: Any, bound: Optional[str] = None, rtol: float = RTOL
     Returns:
         :class:`sinklab.analysis.status.Verdict`; the rule is ``CRITERION_THM32``.
     """
-    from . import status
-    from .stats import bootstrap
-
     res = list(result) if isinstance(result, (list, tuple)) else [result]
     if not res:
         raise ValueError("criterion_thm32: no results")
@@ -1298,8 +1290,6 @@ def consistency_thm32(result: Any, rtol: float = RTOL):
     """The exact-block path bound >= the measured norm is a theorem (chain rule and
     submultiplicativity), so its holding is a consistency check of the measurement, not a test
     of the paper: ``status.consistency`` over every (layer, source) entry of every bound."""
-    from . import status
-
     res = list(result) if isinstance(result, (list, tuple)) else [result]
     cases = holds = 0
     for r in res:

@@ -47,10 +47,14 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .. import model as model_mod  # read at call time: tests narrow model_mod.CAPTURES
 from ..inputs import CONDITIONS, BosArg, check_length, conditions, prepare, text_ids
 from ..batching import max_batch, run_each
 from ..progress import progress_bar
+from ..prompts import load_passages
 from ..results import load_npz, save_npz, to_jsonable
+from . import status as S
+from .stats import mean_ci
 
 SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "nobos")
 
@@ -86,8 +90,6 @@ def text_key_entropy(attn: np.ndarray, first: int = 1) -> np.ndarray:
 
 
 def _has_stats(model: Any) -> bool:
-    from .. import model as model_mod
-
     return "stats" in getattr(model_mod, "CAPTURES", ())
 
 
@@ -738,8 +740,6 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
         raise ValueError(f"T={T} leaves no position with {min_after} positions after it; use T >= {min_after + 2}")
     check_length(model, T + 1, "BOS + T text tokens")
     if passages is None:
-        from ..prompts import load_passages
-
         passages = load_passages("sinks")
         source = "load_passages('sinks')"
     else:
@@ -831,9 +831,6 @@ def criterion_fig23(study: PerturbationStudy, trained_with_bos: Optional[bool]) 
 
     Returns ``{"spread": Verdict, "entropy": Verdict, "spread_log_ratio": Interval,
     "entropy_change": Interval}``."""
-    from .stats import mean_ci
-    from . import status as S
-
     spread, ent = mean_ci(spread_log_ratio_by_passage(study)), mean_ci(entropy_change_by_passage(study))
     if not trained_with_bos:
         why = ("this model was not trained with a fixed ⟨bos⟩: without it the sink moves to the first text token and "

@@ -48,6 +48,7 @@ import numpy as np
 from ..inputs import BOS, CONDITIONS, NOBOS, ByCondition, by_condition, prepare
 from ..batching import run_each
 from ..progress import progress_bar
+from ..prompts import load_passages
 from ..results import load_tagged_json, save_tagged_json, to_jsonable
 
 QUALITY_FORMAT = "sinklab.QualityReport/1"
@@ -65,8 +66,9 @@ QUICK_TRIALS = 3
 DEFAULT_TRIALS = 10
 
 
-def _nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
-    """-log softmax(logits)[target] per row, float64: logits (N, V), targets (N,) -> (N,)."""
+def nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
+    """Next-token cross-entropy per row in nats: -log softmax(logits)[target], the log-sum-exp
+    in float64; logits (N, V), targets (N,) ints in [0, V) -> (N,) float64."""
     z = np.asarray(logits, dtype=np.float64)
     m = z.max(axis=-1, keepdims=True)
     lse = m[:, 0] + np.log(np.exp(z - m).sum(axis=-1))
@@ -136,8 +138,6 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     Returns:
         :class:`PerplexityResult`; ``mean_nll`` in nats per predicted token.
     """
-    from ..prompts import load_passages
-
     if texts is None:
         texts = load_passages("heldout")
     if isinstance(texts, str):
@@ -162,7 +162,7 @@ def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = Non
     for i, tr in run_each(model, seqs, ("logits",), logits_from=start, intervene=intervene,
                           batch_bytes=batch_bytes, progress=progress, unit="text", ragged=True,
                           desc=desc or f"perplexity ({'BOS' if bos else 'no BOS'})"):
-        v = _nll_rows(tr.logits[: len(xs[i]) - 1], xs[i][1:])    # predict x_1 .. x_{n-1}
+        v = nll_rows(tr.logits[: len(xs[i]) - 1], xs[i][1:])    # predict x_1 .. x_{n-1}
         nll[i], counts[i] = float(v.mean()), len(v)
     nll_a, cnt = np.asarray(nll, np.float64), np.asarray(counts, np.int64)
     mean = float((nll_a * cnt).sum() / cnt.sum())

@@ -27,8 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from .. import _core
-from ..interventions import Intervention
+from ..interventions import Intervention, core_arrays
 from ..progress import progress_bar
 
 METHODS = ("exact", "estimate")
@@ -88,20 +87,9 @@ class Sensitivity:
                 "seconds": self.seconds, "layers": rows}
 
 
-def _layer_list(model, layers: Optional[Sequence[int]], top: Optional[int] = None) -> List[int]:
-    L = model.config.n_layers if top is None else int(top)
-    out = list(range(L + 1)) if layers is None else sorted({int(l) for l in layers})
-    bad = [l for l in out if not 0 <= l <= L]
-    if bad:
-        raise ValueError(f"layers {bad} outside [0, {L}]")
-    return out
-
-
-def _probes(n: int, t_eff: int, d: int, target: int, rng: np.random.Generator) -> np.ndarray:
-    """(n, t_eff, d) cotangents: random signs (+-1) at the target row, zero elsewhere."""
-    cot = np.zeros((n, t_eff, d), np.float32)
-    cot[:, target] = rng.choice(np.array([-1.0, 1.0], np.float32), size=(n, d))
-    return cot
+def _probes(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
+    """(n, d) cotangents at the target row: random signs (+-1)."""
+    return rng.choice(np.array([-1.0, 1.0], np.float32), size=(n, d))
 
 
 def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int]] = None,
@@ -137,32 +125,28 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
     """
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-    arr = model._sequence(ids)
+    arr = model.check_sequence(ids)
     T, d, L = arr.shape[0], model.config.d_model, model.config.n_layers
     if not -T <= int(target) < T:
         raise ValueError(f"target={target} outside [-{T}, {T}) for T={T}")
     target = int(target) % T
-    top = L if of_layer is None else int(of_layer)
-    if not 1 <= top <= L:
-        raise ValueError(f"of_layer={of_layer} outside [1, {L}]")
-    sel = _layer_list(model, layers, top)
-    t_eff = model._influence_end(target, T)
-    ids_eff = np.ascontiguousarray(arr[:t_eff])
-    ivs = (intervene or Intervention()).arrays(L, model.config.n_heads)
+    top = L if of_layer is None else model.layer_index(of_layer, "of_layer", lo=1)
+    sel = model.check_resid_layers(layers, top, sort=True)
+    t_eff = model.influence_end(target, T)
     B = d if method == "exact" else int(n_probes)
     if B < 2 and method == "estimate":
         raise ValueError("the estimate needs n_probes >= 2 (its standard error comes from their spread)")
     want_spec = spectral and method == "exact"
     if want_spec:
-        model._check_bytes(model.grad_bytes(t_eff, B, top), f"the exact map with spectral norms ({d} cotangents at "
-                           f"once, {t_eff} tokens)",
-                           "pass spectral=False (Frobenius only, chunked) or method='estimate'")
+        model.check_bytes(model.grad_bytes(t_eff, B, top), f"the exact map with spectral norms ({d} cotangents at "
+                          f"once, {t_eff} tokens)",
+                          "pass spectral=False (Frobenius only, chunked) or method='estimate'")
         step = B
     else:
-        step = model._cotangent_chunk(t_eff, B, top) if chunk is None else max(1, int(chunk))
+        step = model.cotangent_chunk(t_eff, B, top) if chunk is None else max(1, int(chunk))
     rng = np.random.default_rng(seed)
     sq = np.zeros((len(sel), B, t_eff))
-    spec = np.zeros((len(sel), t_eff)) if want_spec else None
+    spec = None
     iters = 0
     t0 = time.perf_counter()
     starts = range(0, B, step)
@@ -170,23 +154,16 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
                            unit="chunk"):
         n = min(step, B - b0)
         if method == "exact":
-            cot = np.zeros((n, t_eff, d), np.float32)
-            cot[np.arange(n), target, b0 + np.arange(n)] = 1.0
+            cot = np.zeros((n, d), np.float32)
+            cot[np.arange(n), b0 + np.arange(n)] = 1.0
         else:
-            cot = _probes(n, t_eff, d, target, rng)
-        sq_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)   # the core takes L + 1 entries
-        spec_bufs: List[Optional[np.ndarray]] = [None] * (L + 1)
-        for k, l in enumerate(sel):
-            sq_bufs[l] = np.empty((n, t_eff))
-            if want_spec:
-                spec_bufs[l] = np.empty(t_eff)
-        it = _core.model_vjp(model._handle, ids_eff, cot, top, sqnorm=sq_bufs,
-                             spectral=spec_bufs if want_spec else None, spectral_rtol=float(spectral_rtol), **ivs)
-        iters = max(iters, int(it))
-        for k, l in enumerate(sel):
-            sq[k, b0:b0 + n] = sq_bufs[l]
-            if want_spec:
-                spec[k] = spec_bufs[l]
+            cot = _probes(n, d, rng)
+        r = model.vjp_norms(arr, cot, at=(top, target), layers=sel, spectral=want_spec,
+                            spectral_rtol=spectral_rtol, intervene=intervene)
+        iters = max(iters, r.iters)
+        sq[:, b0:b0 + n] = r.sq
+        if want_spec:
+            spec = r.spectral
     seconds = time.perf_counter() - t0
     fro = np.zeros((len(sel), T))
     stderr = None
@@ -203,6 +180,7 @@ def sensitivity(model, ids: Any, target: int = -1, layers: Optional[Sequence[int
     if spec is not None:
         spectral_full = np.zeros((len(sel), T))
         spectral_full[:, :t_eff] = spec
+    ivs = core_arrays(intervene, L, model.config.n_heads)
     meta = {"model": model.name, "T": T, "intervention": {k: v is not None for k, v in ivs.items()},
             "seed": seed if method == "estimate" else None, "spectral_rtol": spectral_rtol if want_spec else None,
             "of_layer": top}

@@ -19,10 +19,24 @@ def _check_attn(attn: np.ndarray) -> np.ndarray:
     return a
 
 
-def _check_eps(eps: float) -> float:
+def check_eps(eps: float) -> float:
+    """``eps`` as a float sink threshold, or a ValueError unless it lies in (0, 1): the one check
+    of a threshold, wherever a user passes one."""
     if not 0.0 < float(eps) < 1.0:
         raise ValueError(f"eps must lie in (0, 1), got {eps}")
     return float(eps)
+
+
+def sink_indicator(importance: np.ndarray, eps: float = 0.3) -> np.ndarray:
+    """float64 1.0 where ``importance`` (any shape, e.g. (P, L, H) a_0 per prompt, layer and
+    head) exceeds ``eps`` (checked), else 0.0: the per-head sinks whose mean is the sink rate."""
+    return (np.asarray(importance) > check_eps(eps)).astype(np.float64)
+
+
+def sink_rate_of(importance: np.ndarray, eps: float = 0.3) -> float:
+    """The sink rate from importances: the fraction in [0, 1] of the entries of ``importance``
+    (any shape) that exceed ``eps`` (checked), the mean of :func:`sink_indicator`."""
+    return float(np.mean(np.asarray(importance) > check_eps(eps)))
 
 
 def key_importance(attn: np.ndarray) -> np.ndarray:
@@ -53,5 +67,4 @@ def sink_rate(attn: np.ndarray, eps: float = 0.3, k: int = 0) -> float:
     ``attn``: (L, H, T, T) or (B, L, H, T, T) attention probabilities. Multiply by 100 for the
     paper's percentages. Gu et al. use eps=0.3; the paper's Table 1 uses 0.8.
     """
-    eps = _check_eps(eps)
-    return float(np.mean(first_token_importance(attn, k) > eps))
+    return sink_rate_of(first_token_importance(attn, k), eps)

@@ -40,8 +40,9 @@ import numpy as np
 
 from ..inputs import BOS, LABELS, NOBOS, by_condition, prepare, text_budget, text_ids
 from ..batching import run_each
+from ..prompts import load_passages
 from ..results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
-from .sinks import _check_eps, first_token_importance
+from .sinks import check_eps, first_token_importance, sink_rate_of
 
 Prompt = Union[str, Sequence[int], np.ndarray]
 FORMAT = "sinklab.SinkStudy/1"
@@ -101,11 +102,11 @@ class SinkStudy:
 
     def sink_rate(self, eps: float = 0.3) -> float:
         """Fraction in [0, 1] of (prompt, layer, head) triples with a_0 > eps (x100 for %)."""
-        return float(np.mean(self.importance > _check_eps(eps)))
+        return sink_rate_of(self.importance, eps)
 
     def layer_sink_rate(self, eps: float = 0.3) -> np.ndarray:
         """(L,) float64: per layer, the fraction of (prompt, head) pairs with a_0 > eps."""
-        return (self.importance > _check_eps(eps)).mean(axis=(0, 2))
+        return (self.importance > check_eps(eps)).mean(axis=(0, 2))
 
     @property
     def sink_rates(self) -> Dict[float, float]:
@@ -274,7 +275,7 @@ def _check_eps_tuple(eps: Union[float, Sequence[float]]) -> Tuple[float, ...]:
     seq = (eps,) if np.isscalar(eps) else tuple(eps)
     if not seq:
         raise ValueError("eps: give at least one threshold")
-    return tuple(_check_eps(e) for e in seq)
+    return tuple(check_eps(e) for e in seq)
 
 
 def _describe(p: Prompt) -> str:
@@ -315,7 +316,6 @@ def _select(prompts: Sequence[Prompt], tokens: List[np.ndarray], need: int, T: i
 
 def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prompt], str]:
     if prompts is None:
-        from ..prompts import load_passages
         return load_passages("sinks"), "sinklab passages, split 'sinks'"
     if isinstance(prompts, (str, bytes)):
         raise TypeError("prompts must be a list of prompts, not a single string")
@@ -335,12 +335,20 @@ def key_mass_from_importance(importance: np.ndarray, bidirectional: bool) -> np.
     return imp * (T - np.arange(T)) / T
 
 
-def _measure(model, seqs: np.ndarray, capture: str, progress: bool, desc: str,
-             batch_bytes: Optional[int] = None, keep_keys: bool = False,
-             intervene: Any = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-    """(P, L, H) float64 a_0 for each row of ``seqs`` (P, T), run in batches
-    (:func:`sinklab.batching.run_each`; the same bits as one run per row), and with
-    ``keep_keys`` the (P, L, H, T) key masses m_k; ``intervene`` applies to every run."""
+def measure_first_importance(model, seqs: np.ndarray, capture: str = "stats", progress: bool = False,
+                             desc: str = "first-token importance", batch_bytes: Optional[int] = None,
+                             keep_keys: bool = False,
+                             intervene: Any = None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    """Gu et al.'s a_0 of every row of ``seqs`` (P, T) token ids, as the sink study measures it.
+
+    The rows run in batches under ``batch_bytes`` (:func:`sinklab.batching.run_each`; the same
+    bits as one run per row), with ``capture`` ``"stats"`` (streaming C statistics) or
+    ``"attn"`` (full attention); ``intervene`` applies to every run; ``progress``/``desc`` the bar.
+
+    Returns:
+        ((P, L, H) float64 a_0, and with ``keep_keys`` the (P, L, H, T) float64 key masses m_k,
+        else None).
+    """
     c = model.config
     P, T = len(seqs), seqs.shape[1]
     out = np.empty((P, c.n_layers, c.n_heads), np.float64)
@@ -404,7 +412,7 @@ def sink_study(model, prompts: Optional[Sequence[Prompt]] = None, T: int = 64,
     need = text_budget(n_seq, bos)
     keep, skipped = _select(prompts, tokens, need, T, skip_short)
     seqs = np.stack([prepare(model, tokens[i], bos, n_seq) for i in keep])
-    imp, keys = _measure(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
+    imp, keys = measure_first_importance(model, seqs, capture, progress, f"sink study ({'BOS' if bos else 'no BOS'}, T={T})",
                          batch_bytes, keep_keys, intervene)
     return SinkStudy(importance=imp, T=T, bos=bool(bos), bos_token_id=bos_id,
                      bos_token=None if bos_id is None else model.detokenize([bos_id]),

@@ -59,6 +59,7 @@ import numpy as np
 from ..batching import run_each
 from ..inputs import check_length
 from ..progress import progress_bar
+from ..prompts import load_passages
 from ..results import to_jsonable
 from .quality import FILLER
 from .stats import Interval, bootstrap, paired_difference, wilson
@@ -187,8 +188,6 @@ def _values(rng: np.random.Generator, n_keys: int) -> List[str]:
 def _filler_sentences(filler: str, rng: np.random.Generator, n: int) -> List[str]:
     if filler == "repeat":
         return [FILLER[j % len(FILLER)] for j in range(n)]
-    from ..prompts import load_passages
-
     sents = []
     for p in load_passages("sinks"):
         sents.extend(s.strip() for s in re.split(r"(?<=[.!?])\s+", p) if s.strip())
@@ -594,8 +593,6 @@ def make_cloze_items(model, n_items: int = DEFAULT_ITEMS, n_candidates: int = DE
     Raises:
         ValueError: bad sizes, or fewer eligible positions in the texts than ``n_items``.
     """
-    from ..prompts import load_passages
-
     if isinstance(n_items, bool) or int(n_items) < 1:
         raise ValueError(f"n_items must be >= 1, got {n_items}")
     if isinstance(n_candidates, bool) or int(n_candidates) < 2:

@@ -168,8 +168,10 @@ def hf_need(c: Mapping[str, Any], path: str) -> Callable[[str], Any]:
     return need
 
 
-def _scaling(params: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
-    """A RoPE scaling dict without its base, None for the default (no scaling)."""
+def rope_scaling_dict(params: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
+    """A Hugging Face RoPE scaling dict (``rope_scaling`` or ``rope_parameters``) as
+    :class:`~sinklab.families.config.ModelConfig` takes it: ``rope_type`` set (from ``type``
+    if absent), without its base ``rope_theta``; None for the default (no scaling)."""
     if not params:
         return None
     s = dict(params)
@@ -182,7 +184,7 @@ def hf_rope(c: Mapping[str, Any], default_theta: float = 10000.0) -> Tuple[float
     """RoPE base and scaling from transformers 4 (rope_theta, rope_scaling) or 5 (rope_parameters)."""
     params = c.get("rope_parameters") or {}
     theta = c.get("rope_theta", params.get("rope_theta", default_theta))
-    return float(theta if theta is not None else default_theta), _scaling(c.get("rope_scaling") or params)
+    return float(theta if theta is not None else default_theta), rope_scaling_dict(c.get("rope_scaling") or params)
 
 
 def hf_common(c: Mapping[str, Any], path: str, family: str) -> Dict[str, Any]:

@@ -82,9 +82,9 @@ def config_from_hf(c: Dict[str, Any], path: str) -> ModelConfig:
         if "full_attention" in params or "sliding_attention" in params:  # transformers 5
             full, local = params.get("full_attention") or {}, params.get("sliding_attention") or {}
             kw["rope_theta"] = float(full.get("rope_theta", GLOBAL_ROPE_THETA))
-            kw["rope_scaling"] = base._scaling(full)
+            kw["rope_scaling"] = base.rope_scaling_dict(full)
             extra["rope_local_theta"] = float(local.get("rope_theta", LOCAL_ROPE_THETA))
-            extra["rope_local_scaling"] = base._scaling(local)
+            extra["rope_local_scaling"] = base.rope_scaling_dict(local)
         else:  # transformers 4: rope_theta / rope_scaling are the full layers', rope_local_base_freq the sliding ones'
             kw["rope_theta"] = float(c.get("rope_theta") or GLOBAL_ROPE_THETA)
             extra["rope_local_theta"] = float(c.get("rope_local_base_freq") or LOCAL_ROPE_THETA)

@@ -8,8 +8,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ..analysis.sinks import check_eps
 from ..analysis.stats import Interval
-from ..analysis.status import Verdict
+from ..analysis.status import Verdict, not_testable
 
 # The study model is the one trained with a fixed ⟨bos⟩ (where the paper's ⟨bos⟩ claims can be
 # tested); the others are the contrast (trained without one: the paper predicts no ⟨bos⟩ effect).
@@ -48,8 +49,8 @@ class Settings:
 
     @classmethod
     def for_run(cls, quick: bool, eps: Sequence[float] = (0.3, 0.8), bos: bool = True) -> "Settings":
-        eps = tuple(float(e) for e in eps)
-        if not eps or not all(0 < e < 1 for e in eps):
+        eps = tuple(check_eps(e) for e in eps)
+        if not eps:
             raise ValueError(f"eps must be one or more thresholds in (0, 1), got {eps}")
         if quick:
             return cls(sink_prompts=32, sink_T=64, long_T=1024, noop_prompts=8, collapse_passages=10,
@@ -105,8 +106,6 @@ def as_contrast(m: "ModelRole", v: Verdict) -> Verdict:
     here" and the measurement stays in the reason (the study model carries the test)."""
     if m.trained_with_bos:
         return v
-    from ..analysis.status import not_testable
-
     return not_testable(f"{m.name} was not trained with a fixed ⟨bos⟩, where the paper predicts no ⟨bos⟩ effect; "
                         f"measured: {v.reason}", numbers={"criterion_gave": v.status})
 

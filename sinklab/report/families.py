@@ -18,12 +18,13 @@ from ..prompts import load_passages
 from ..results import save_json, to_jsonable
 from ..analysis import bos_removal as R
 from ..analysis import status as S
-from ..analysis.stats import paired_difference, wilson
+from ..analysis.stats import wilson
 from ..analysis.stats import Interval
-from .core import pct as _pct
-from .core import pct_ci
-from .run import _versions
+from ..families.tensors import TYPE_NAMES
+from .core import pct, pct_ci
+from .run import versions
 from .sinks import TABLE1
+from ..viz.figure import subplots
 
 # ====================================================================== across families
 # `sinklab reproduce --families`: Table 1 across the registered models and the paper's
@@ -64,8 +65,6 @@ class FamilySettings:
 
 def _weight_types(model) -> Dict[str, int]:
     """{storage type: parameters} over the model's weight matrices and vectors (tied once)."""
-    from ..families.tensors import TYPE_NAMES
-
     out: Dict[str, int] = {}
     seen = set()
     for name, w in model.weights.items():
@@ -154,7 +153,7 @@ def size_trend(rows: Sequence[Dict[str, Any]], eps: Sequence[float]) -> Dict[str
             continue
         verdicts = {}
         for e in eps:
-            d = paired_difference((small["_importance"] > e).astype(float), (big["_importance"] > e).astype(float))
+            d = R.sink_rate_change(small["_importance"], big["_importance"], e)   # larger minus smaller
             verdicts[f"{e:g}"] = S.directional(d, +1, f"sink-rate change {small['name']} → {big['name']} (ε {e:g})"
                                                ).to_dict()
         out[fam] = {"models": [small["name"], big["name"]], "eps": verdicts}
@@ -218,7 +217,7 @@ def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Se
     """Table 1 across ``models`` (+ ``encoders`` as extra rows) and :func:`bos_removal` on
     ``bos_models``; each model is loaded once (``loader``, default :func:`sinklab.load`).
     Returns the JSON-able results (what ``families.json`` holds)."""
-    from .. import load
+    from .. import load  # sinklab.load looked up at call time: a replaced one (tests) is used
 
     s = settings or FamilySettings.for_run(quick)
     models = TABLE1_MODELS if models is None else tuple(models)
@@ -245,7 +244,7 @@ def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Se
         r.pop("_importance")
     res["meta"] = {"settings": vars(s), "quick": quick,
                    "preset": "custom" if settings is not None else "quick" if quick else "full",
-                   "versions": _versions(),
+                   "versions": versions(),
                    "seconds_total": time.perf_counter() - t_all, "format": FAMILIES_FORMAT,
                    "started": time.strftime("%Y-%m-%d %H:%M:%S %z")}
     return to_jsonable(res)
@@ -272,19 +271,19 @@ def table1_markdown(res: Dict[str, Any]) -> str:
     def other(r):  # the other format, measured in the ⟨bos⟩-removal study only
         b = res["bos_removal"].get(r["name"])
         k = NOBOS if r.get("format") == LABELS_FORMAT[BOS] else BOS
-        return "—" if b is None else " / ".join(_pct(b["sinks"][k]["sink_rate"][f"{e:g}"]) for e in eps)
+        return "—" if b is None else " / ".join(pct(b["sinks"][k]["sink_rate"][f"{e:g}"]) for e in eps)
 
     def rate(r, e):
         ci = r.get("sink_rate_ci", {}).get(f"{e:g}")
-        return _pct(r["sink_rate"][f"{e:g}"]) if ci is None else pct_ci(Interval.from_dict(ci))
+        return pct(r["sink_rate"][f"{e:g}"]) if ci is None else pct_ci(Interval.from_dict(ci))
 
     line = lambda r: (f"| {r['name']} ({r['family']}) | {r['n_layers']} × {r['n_heads']} ({r['n_kv_heads']}) | "  # noqa: E731
                       f"{_size(r['params'])} | {r['kind']} | {_storage(r)} | {r.get('format', '⟨bos⟩+text')} "
                       f"({r['bos_token']!r} {'prepended' if r['tokenizer_adds_bos'] else 'not prepended'} by its "
                       f"tokenizer) | " + " | ".join(rate(r, e) for e in eps) + f" | {other(r)} |\n")
     paper = "".join(f"| {name} (the paper's Table 1) | {layout} | {name.split()[-1]} | base | bf16 | ⟨bos⟩ | "
-                    + " | ".join("—" if e != 0.8 else f"{pct:.2f}%" for e in eps) + " | — |\n"
-                    for name, (pct, layout) in TABLE1.items())
+                    + " | ".join("—" if e != 0.8 else f"{value:.2f}%" for e in eps) + " | — |\n"
+                    for name, (value, layout) in TABLE1.items())
     body = head + "".join(line(r) for r in rows) + paper
     n_p = rows[0]["n_prompts"] if rows else 0
     fams = ", ".join(dict.fromkeys(f"{r['family']} ({r['name']})" for r in rows))
@@ -344,14 +343,14 @@ def bos_removal_markdown(res: Dict[str, Any]) -> str:
     def row(label, f):
         return f"| {label} | " + " | ".join(f(bm[n], k) for n in names for k in (BOS, NOBOS)) + " |\n"
 
-    lines = [row(f"sink rate on position 0, eps={e:g}", lambda r, k, e=e: _pct(r["sinks"][k]["sink_rate"][f"{e:g}"]))
+    lines = [row(f"sink rate on position 0, eps={e:g}", lambda r, k, e=e: pct(r["sinks"][k]["sink_rate"][f"{e:g}"]))
              for e in eps]
-    lines += [row("heads whose largest-mass key is position 0", lambda r, k: _pct(r["sinks"][k]["location"]["at_0"])),
-              row("… is position 1", lambda r, k: _pct(r["sinks"][k]["location"]["at_1"])),
-              row("… is a later position", lambda r, k: _pct(r["sinks"][k]["location"]["elsewhere"])),
+    lines += [row("heads whose largest-mass key is position 0", lambda r, k: pct(r["sinks"][k]["location"]["at_0"])),
+              row("… is position 1", lambda r, k: pct(r["sinks"][k]["location"]["at_1"])),
+              row("… is a later position", lambda r, k: pct(r["sinks"][k]["location"]["elsewhere"])),
               row("mean of the largest key mass", lambda r, k: f"{r['sinks'][k]['location']['mean_max_mass']:.3f}")]
     lines += [row(f"a sink on any key (largest mass > {e:g})",
-                  lambda r, k, e=e: _pct(r["sinks"][k]["location"]["sink_anywhere"][f"{e:g}"])) for e in eps]
+                  lambda r, k, e=e: pct(r["sinks"][k]["location"]["sink_anywhere"][f"{e:g}"])) for e in eps]
     lines += [row("held-out perplexity", lambda r, k: f"{r['perplexity'][k]['perplexity']:.2f}"),
               row("mean NLL (nats/token)", lambda r, k: f"{r['perplexity'][k]['mean_nll']:.3f}")]
     lengths = sorted({int(n) for r in bm.values() for n in r["passkey"][BOS]["accuracy"]})
@@ -383,8 +382,8 @@ def bos_removal_lines(res: Dict[str, Any]) -> List[str]:
         key = "yes" if f["tokenizer_adds_bos"] else "no"
         pw, pwo = TABLE2_CAUSAL[(key, "⟨bos⟩+text")], TABLE2_CAUSAL[(key, "text only")]
         loc = r["sinks"][NOBOS]["location"]
-        where = (f"without ⟨bos⟩ {_pct(loc['at_0'])} of heads put their largest mass on position 0 (now the first "
-                 f"text token), {_pct(loc['at_1'])} on position 1 and {_pct(loc['elsewhere'])} later")
+        where = (f"without ⟨bos⟩ {pct(loc['at_0'])} of heads put their largest mass on position 0 (now the first "
+                 f"text token), {pct(loc['at_1'])} on position 1 and {pct(loc['elsewhere'])} later")
         out.append(f"**{name}**, {trained}. Paper (Table 2, the matching rows): sink rate {pw[0]:.2f}% → {pwo[0]:.2f}%, "
                    f"loss {pw[1]:.2f} → {pwo[1]:.2f} nats. Here: sinks **{v['sinks']['status']}** "
                    f"({v['sinks']['reason']}); perplexity **{v['quality']['status']}** ({v['quality']['reason']}); "
@@ -408,8 +407,6 @@ def _wrap(name: str, width: int = 13) -> str:
 def families_figures(res: Dict[str, Any]) -> Dict[str, Any]:
     """{file name: Figure}: Table 1 here as bars beside the paper's LLaMA 3.1 rows, and ⟨bos⟩
     removal (sink rate per layer, where the sink sits, passkey accuracy per length)."""
-    from ..viz.figure import subplots
-
     figs: Dict[str, Any] = {}
     rows = res["table1"] + res["encoders"]
     if rows:

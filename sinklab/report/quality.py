@@ -7,6 +7,7 @@ from typing import Any, Dict
 import numpy as np
 
 from ..analysis import bos_removal as R
+from ..analysis import tasks as T
 from ..analysis.quality import passkey, perplexity
 from ..analysis.stats import wilson
 from ..inputs import BOS, NOBOS
@@ -39,8 +40,6 @@ def _correct(res) -> np.ndarray:
 def _task_rows(c: Context, m, rows, verdicts, nums) -> None:
     """Rows and verdicts of the tasks beyond passkey: multi-key retrieval with distractors
     (Newcombe's paired interval over trials) and cloze (paired bootstrap over passages)."""
-    from ..analysis import tasks as T
-
     s = c.s
     runs = c.cached("tasks", m, lambda: {
         "retrieval": {k: T.multikey_retrieval(m.model, lengths=s.retrieval_lengths, trials=s.retrieval_trials,

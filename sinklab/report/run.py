@@ -9,32 +9,33 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from .. import __version__, get_num_threads, simd
+from ..io.registry import sha256_path
 from ..results import save_json, to_jsonable
+from .collapse import section_collapse
+from .controls import section_controls
 from .core import DEFAULT_MODELS, Context, ModelRole, Section, Settings, table, trained_with_bos
 from .elements import ELEMENTS, element_rows
+from .long_context import section_long_context
+from .noop import section_noop
+from .oversquashing import section_oversquashing
+from .perturbation import section_perturbation
+from .quality import section_quality
+from .sinks import section_sinks
+from .training import TRAINING_PROFILES, section_training
 
 
 def _sections() -> List[Tuple[str, Callable[[Context], Section]]]:
-    from .collapse import section_collapse
-    from .controls import section_controls
-    from .long_context import section_long_context
-    from .noop import section_noop
-    from .oversquashing import section_oversquashing
-    from .perturbation import section_perturbation
-    from .quality import section_quality
-    from .sinks import section_sinks
-    from .training import section_training
-
     return [("sinks", section_sinks), ("quality", section_quality), ("controls", section_controls),
             ("perturbation", section_perturbation), ("noop", section_noop), ("collapse", section_collapse),
             ("oversquashing", section_oversquashing), ("long_context", section_long_context),
             ("training", section_training)]
 
 
-def _versions() -> Dict[str, str]:
+def versions() -> Dict[str, str]:
+    """The versions a result records: sinklab, NumPy, matplotlib, Python, the platform, the SIMD
+    kernel in use and the thread count, as strings."""
     import matplotlib
-
-    from .. import __version__, get_num_threads, simd
 
     return {"sinklab": __version__, "numpy": np.__version__, "matplotlib": matplotlib.__version__,
             "python": platform.python_version(), "platform": platform.platform(), "simd": simd(),
@@ -42,8 +43,6 @@ def _versions() -> Dict[str, str]:
 
 
 def _model_meta(m: ModelRole) -> Dict[str, Any]:
-    from ..io.registry import sha256_path
-
     model, cfg = m.model, m.model.config
     bid = cfg.bos_token_id
     return {"name": m.name, "source": model.source, "sha256": sha256_path(model.source), "config": cfg.to_dict(),
@@ -79,9 +78,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
     Returns:
         The JSON written to ``results.json``.
     """
-    from .. import load
-    from .training import TRAINING_PROFILES
-
+    from .. import load  # sinklab.load looked up at call time: a replaced one (tests) is used
     names = (models,) if isinstance(models, str) else tuple(models)
     if not names:
         raise ValueError("reproduce needs at least one model")
@@ -117,7 +114,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
     rows = element_rows(ctx.done, study.name if study else None, contrasts)
     meta = {"models": [_model_meta(m) for m in roles], "study_model": study.name if study else None,
             "contrast_models": contrasts, "eps": list(s.eps), "quick": quick, "settings": vars(s),
-            "versions": _versions(), "training_profile": ctx.training_profile,
+            "versions": versions(), "training_profile": ctx.training_profile,
             "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "seconds_total": time.perf_counter() - t_all}
     results = to_jsonable({
         "meta": meta, "paper_elements": rows,

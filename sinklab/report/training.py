@@ -10,6 +10,9 @@ from ..results import save_json
 from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
 from ..analysis import status as S
 from ..train.criteria import fig5_reading, learned_nothing, table2_claims, table2_reading
+from ..train import experiments as X
+from ..train.engine import llama_config, param_layout
+from ..train.run import TrainConfig
 from .core import Context, Section, and_list, num
 from .elements import MINIATURE
 
@@ -28,9 +31,6 @@ PAPER_TRAIN_PARAMS = "~120M"                # the paper's LLaMA-2-style models
 def training_model_size(profile: Dict[str, Any], vocab_size: Optional[int] = None) -> Dict[str, int]:
     """Parameters of a profile's model (``profile["model"]``: d_model, n_layers, n_heads, d_ff):
     ``{"params", "non_embedding", "vocab_size"}`` (counts; the embedding and LM head are untied)."""
-    from ..train.engine import llama_config, param_layout
-    from ..train.run import TrainConfig
-
     V = int(vocab_size or TrainConfig.vocab_size)
     slots = param_layout(llama_config(V, **profile["model"], context_length=max(profile["contexts"])))
     total = sum(s.size for s in slots)
@@ -83,8 +83,6 @@ def run_training_profile(profile: str, root: str, out: str, progress: bool = Tru
     ``out/table2-P.json``, the figure ``out/fig5-P.png``; pyplot-free, so a notebook's backend is
     left alone). Table 2 runs first, so the causal run Fig. 5 shares with it is trained once.
     Returns (fig5, table2)."""
-    from ..train import experiments as X
-
     p = X.profile(profile)
     os.makedirs(out, exist_ok=True)
     t_cfgs = X.table2_configs(profile, root=root, threads=threads)

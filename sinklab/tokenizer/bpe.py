@@ -93,8 +93,9 @@ def _bytes_to_unicode() -> Dict[int, str]:
     return {b: chr(c) for b, c in zip(bs, cs)}
 
 
-def _split_merges(merges: Iterable[str]) -> List[Tuple[str, str]]:
-    """``"a b"`` -> ``("a", "b")``, splitting at the first space after position 0 as llama.cpp does."""
+def split_merges(merges: Iterable[str]) -> List[Tuple[str, str]]:
+    """GGUF merge strings as pairs: ``"a b"`` -> ``("a", "b")``, split at the first space after
+    position 0 as llama.cpp does (a string without one is dropped)."""
     out = []
     for m in merges:
         i = m.find(" ", 1)
@@ -103,7 +104,7 @@ def _split_merges(merges: Iterable[str]) -> List[Tuple[str, str]]:
     return out
 
 
-def _valid_merges(merges: List[Tuple[str, str]], vocab: Dict[str, int]) -> List[Tuple[str, str]]:
+def valid_merges(merges: List[Tuple[str, str]], vocab: Dict[str, int]) -> List[Tuple[str, str]]:
     """Drop merges whose parts or result are not tokens (``tokenizers`` refuses them; llama.cpp
     can never produce a token from them)."""
     return [(a, b) for a, b in merges if a in vocab and b in vocab and (a + b) in vocab]
@@ -138,7 +139,7 @@ def build_gpt2(meta: Dict[str, Any], tokens: List[str], types: np.ndarray):
     merges_raw = meta.get("tokenizer.ggml.merges")
     if merges_raw is None:
         raise ValueError("GGUF tokenizer model 'gpt2' has no tokenizer.ggml.merges")
-    merges = _valid_merges(_split_merges(merges_raw), vocab)
+    merges = valid_merges(split_merges(merges_raw), vocab)
 
     backend = _Backend(models.BPE(vocab=vocab, merges=merges, ignore_merges=ignore_merges))
     if splits == (_GPT2,):

@@ -8,6 +8,9 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from ..io.gguf_loader import open_gguf
+from ..io.gguf_reader import GGUFFile
+
 SUPPORTED_MODELS = ("gpt2", "llama")
 
 # llama.cpp token types (tokenizer.ggml.token_type)
@@ -111,11 +114,7 @@ def read_metadata(reader_or_path: Any) -> Dict[str, Any]:
         FileNotFoundError: ``reader_or_path`` is a path that does not exist.
     """
     if not hasattr(reader_or_path, "fields"):
-        from ..io.gguf_loader import open_gguf
-
         reader_or_path = open_gguf(os.fspath(reader_or_path))
-    from ..io.gguf_reader import GGUFFile
-
     source = str(getattr(reader_or_path, "path", "GGUF"))
     if isinstance(reader_or_path, GGUFFile):  # values already plain: str, numbers, lists, arrays
         meta = {key: value for key, value in reader_or_path.fields.items() if _wanted_key(key)}

@@ -7,7 +7,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .bpe import _split_merges, _valid_merges
+from .bpe import split_merges, valid_merges
 
 
 def _merges_from_scores(tokens: Sequence[str], scores: np.ndarray, vocab: Dict[str, int]) -> List[Tuple[str, str]]:
@@ -44,7 +44,7 @@ def build_llama(meta: Dict[str, Any], tokens: List[str], types: np.ndarray):
 
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if meta.get("tokenizer.ggml.merges"):
-        merges = _valid_merges(_split_merges(meta["tokenizer.ggml.merges"]), vocab)
+        merges = valid_merges(split_merges(meta["tokenizer.ggml.merges"]), vocab)
     else:
         scores = meta.get("tokenizer.ggml.scores")
         if scores is None:

@@ -33,10 +33,9 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _core
-from ..analysis.quality import _nll_rows as nll_rows
-from ..analysis.quality import perplexity
-from ..analysis.sinkset import _measure as measure_first_importance
+from ..analysis.quality import nll_rows, perplexity
+from ..analysis.sinks import check_eps, sink_rate_of
+from ..analysis.sinkset import measure_first_importance
 
 EPS = (0.3, 0.8)       # Gu et al.'s threshold and the paper's Table 1 one
 SINK_TOKENS = 64       # T of the sink metric (Gu et al.)
@@ -106,15 +105,15 @@ def packed_loss(model: Any, packer: Any, n_windows: int, seed: int, keep_first: 
     ids, targets, key_start = packer.batch(0, n_windows, seed)
     ids = np.ascontiguousarray(ids, np.int64)
     targets = np.asarray(targets, np.int64)
-    B, C = ids.shape
-    logits = np.empty((C, model.config.vocab_size), np.float32)
+    B = ids.shape[0]
+    tr = None  # one logits buffer, refilled window after window (run's out=)
     total, count = 0.0, 0
     for b in range(B):
-        ks = None if key_start is None else np.ascontiguousarray(key_start[b], np.int64)
-        _core.model_forward(model._handle, ids[b], logits=logits, key_start=ks, keep_first=bool(keep_first))
+        ks = None if key_start is None else key_start[b]
+        tr = model.run(ids[b], capture=("logits",), progress=False, out=tr, key_start=ks, keep_first=keep_first)
         keep = targets[b] >= 0
         if keep.any():
-            total += float(nll_rows(logits[keep], targets[b][keep]).sum())
+            total += float(nll_rows(tr.logits[keep], targets[b][keep]).sum())
             count += int(keep.sum())
     return total, count
 
@@ -147,9 +146,7 @@ def evaluate(model: Any, documents: Iterable[Any], context: int, bos_id: Optiona
         without a packer), "n_train_targets"}``.
     """
     docs = eval_documents(documents, n_docs)
-    for e in eps:
-        if not 0.0 < float(e) < 1.0:
-            raise ValueError(f"eps must lie in (0, 1), got {e}")
+    eps = [check_eps(e) for e in eps]
     T = min(int(sink_tokens), int(context))
     out: Dict[str, Any] = {"n_docs": len(docs), "sink_tokens": T, "eps": [float(e) for e in eps],
                            "val_loss": {}, "sink_rate": {}, "importance": {}}
@@ -159,7 +156,7 @@ def evaluate(model: Any, documents: Iterable[Any], context: int, bos_id: Optiona
         out["n_targets"] = count
         imp = sink_importance(model, docs, T, bos_id, mode, batch_bytes, progress)
         out["importance"][mode] = imp
-        out["sink_rate"][mode] = {f"{float(e):g}": float(np.mean(imp > float(e))) for e in eps}
+        out["sink_rate"][mode] = {f"{e:g}": sink_rate_of(imp, e) for e in eps}
     out["val_loss_train"], out["n_train_targets"] = None, 0
     if packer is not None:
         total, count = packed_loss(model, packer, n_windows, window_seed, keep_first)
