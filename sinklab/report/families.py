@@ -11,6 +11,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+import sinklab
 from ..analysis.quality import compare_bos_quality, perplexity
 from ..analysis.sinkset import compare_bos, sink_study
 from ..inputs import BOS, LABELS, NOBOS
@@ -217,13 +218,12 @@ def families_study(models: Optional[Sequence[str]] = None, encoders: Optional[Se
     """Table 1 across ``models`` (+ ``encoders`` as extra rows) and :func:`bos_removal` on
     ``bos_models``; each model is loaded once (``loader``, default :func:`sinklab.load`).
     Returns the JSON-able results (what ``families.json`` holds)."""
-    from .. import load  # sinklab.load looked up at call time: a replaced one (tests) is used
 
     s = settings or FamilySettings.for_run(quick)
     models = TABLE1_MODELS if models is None else tuple(models)
     encoders = ENCODER_MODELS if encoders is None else tuple(encoders)
     bos_models = BOS_REMOVAL_MODELS if bos_models is None else tuple(bos_models)
-    loader = loader or (lambda n: load(n, quiet=not progress))
+    loader = loader or (lambda n: sinklab.load(n, quiet=not progress))  # looked up at call time: a replaced one (tests) is used
     t_all = time.perf_counter()
     res: Dict[str, Any] = {"table1": [], "encoders": [], "bos_removal": {}, "load_seconds": {}}
     for name in dict.fromkeys(models + encoders + bos_models):   # each once, in order

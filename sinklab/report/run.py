@@ -9,6 +9,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+import sinklab
 from .. import __version__, get_num_threads, simd
 from ..io.registry import sha256_path
 from ..results import save_json, to_jsonable
@@ -78,7 +79,6 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
     Returns:
         The JSON written to ``results.json``.
     """
-    from .. import load  # sinklab.load looked up at call time: a replaced one (tests) is used
     names = (models,) if isinstance(models, str) else tuple(models)
     if not names:
         raise ValueError("reproduce needs at least one model")
@@ -93,7 +93,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
             raise ValueError(f"unknown section(s) {bad}; choose from {keys}")
     os.makedirs(out, exist_ok=True)
     t_all = time.perf_counter()
-    loader = loader or (lambda n: load(n, quiet=not progress))
+    loader = loader or (lambda n: sinklab.load(n, quiet=not progress))  # looked up at call time: a replaced one (tests) is used
     roles = []
     for n in dict.fromkeys(names):
         model = loader(n)

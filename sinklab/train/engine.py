@@ -20,6 +20,7 @@ from .. import _core
 from ..families import base
 from ..families.config import ModelConfig
 from ..model import Model
+from ..system import available_memory
 
 ROPE_HALF_SPLIT = 0  # Hugging Face's rotate-half layout: checkpoints are plain HF LLaMA folders
 
@@ -95,8 +96,6 @@ def _check_train_memory(n: int, grad_groups: int) -> None:
     """MemoryError before allocating when the flat buffers (parameters, gradients, two Adam
     moments, one gradient buffer per extra group: (3 + grad_groups) n float32) exceed the
     available memory."""
-    from ..model import available_memory
-
     need = 4 * n * (3 + grad_groups)
     avail = available_memory()
     if avail is not None and need > avail:
