@@ -5,10 +5,7 @@ Model), and the single checks of eps and layers."""
 import numpy as np
 import pytest
 
-try:
-    from . import reference_models as rm
-except ImportError:
-    import reference_models as rm
+from tests.support import reference_models as rm
 
 rm.require("torch")
 rm.require("transformers")
