@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import sinklab as sl
-from sinklab import results
+from sinklab import results, system
 from sinklab.io import registry
 
 # ------------------------------------------------------------------ shared inputs
@@ -119,12 +119,12 @@ def _listing(folder: Path):
 # each: (kind, fn(model, tmp_path, monkeypatch) -> None that raises, exception, substrings, needs_model)
 
 def _save_json(m, tmp, mp):
-    mp.setattr(results, "open", _DiskFull(), raising=False)
+    mp.setattr(system, "open", _DiskFull(), raising=False)  # results writes through system.write_atomic
     results.save_json(tmp / "out.json", {"x": list(range(1000))})
 
 
 def _save_npz(m, tmp, mp):
-    mp.setattr(results, "open", _DiskFull(), raising=False)
+    mp.setattr(system, "open", _DiskFull(), raising=False)  # results writes through system.write_atomic
     results.save_npz(tmp / "out.npz", {"a": np.zeros(10000)}, {"k": 1})
 
 
@@ -132,7 +132,7 @@ def _sinkstudy_save(m, tmp, mp):
     from sinklab.analysis.sinkset import SinkStudy
     st = SinkStudy(importance=np.zeros((2, 3, 4)), T=8, bos=True, bos_token_id=1, bos_token="<s>",
                    eps=(0.3,), model="m", first_token_ids=np.zeros(2, np.int64), bos_in_T=True, n_skipped=0)
-    mp.setattr(results, "open", _DiskFull(), raising=False)
+    mp.setattr(system, "open", _DiskFull(), raising=False)  # results writes through system.write_atomic
     st.save(tmp / "study.npz")
 
 
@@ -140,7 +140,7 @@ def _sinkstudy_save_json(m, tmp, mp):
     from sinklab.analysis.sinkset import SinkStudy
     st = SinkStudy(importance=np.zeros((2, 3, 4)), T=8, bos=True, bos_token_id=1, bos_token="<s>",
                    eps=(0.3,), model="m", first_token_ids=np.zeros(2, np.int64), bos_in_T=True, n_skipped=0)
-    mp.setattr(results, "open", _DiskFull(), raising=False)
+    mp.setattr(system, "open", _DiskFull(), raising=False)  # results writes through system.write_atomic
     st.save(tmp / "study.json")
 
 
