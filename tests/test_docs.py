@@ -86,12 +86,17 @@ def python_names(text: str) -> List[str]:
 
 def missing_python_names(text: str) -> List[str]:
     """The names of :func:`python_names` that do not exist, each with the reason."""
+    return [f"{name} ({type(e).__name__}: {e})" for name, e in unresolved(python_names(text))]
+
+
+def unresolved(names: Iterable[str]) -> List[Tuple[str, Exception]]:
+    """(name, the ImportError or AttributeError) for each of ``names`` that :func:`resolve` cannot find."""
     bad = []
-    for name in python_names(text):
+    for name in names:
         try:
             resolve(name)
         except (ImportError, AttributeError) as e:
-            bad.append(f"{name} ({type(e).__name__}: {e})")
+            bad.append((name, e))
     return bad
 
 
@@ -306,11 +311,8 @@ def missing_names_in_package_docs() -> List[str]:
     bad = []
     for p in sorted((ROOT / "sinklab").rglob("*.py")):
         text = docs_and_comments(p)
-        for name in sorted(set(re.findall(r"(?<![\w/])(sinklab(?:\.[A-Za-z_]\w*)+)", text))):
-            try:
-                resolve(name)
-            except (ImportError, AttributeError) as e:
-                bad.append(f"{p.relative_to(ROOT)}: {name} ({e})")
+        names = sorted(set(re.findall(r"(?<![\w/])(sinklab(?:\.[A-Za-z_]\w*)+)", text)))
+        bad += [f"{p.relative_to(ROOT)}: {name} ({e})" for name, e in unresolved(names)]
     return bad
 
 
