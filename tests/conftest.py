@@ -9,8 +9,9 @@ modules changes nothing a test sees.
 
 Tiers (markers registered in pyproject.toml): ``slow`` (end-to-end subprocesses, notebooks, full
 reports), ``real`` (needs a registered real model), ``cdriver`` (compiles and runs a C driver
-from csrc/), ``large`` (a download over 1 GB). ``python -m pytest -m "not slow"`` is the quick
-run for contributors; plain ``python -m pytest`` runs everything.
+from csrc/), ``large`` (a download over 1 GB), ``timing`` (asserts a wall-clock bound: run alone
+after the rest). ``python -m pytest -n 2 --dist loadfile -m "not slow and not timing"`` is the
+quick run for contributors; plain ``python -m pytest`` runs everything in one process.
 """
 from pathlib import Path
 from typing import Callable
@@ -126,9 +127,25 @@ REAL_FIXTURES = frozenset({
 })
 
 
+# the longest files (the quick report alone takes about 5 min): started first, so that under
+# ``-n 2 --dist loadfile`` no worker is left with one of them at the end while the other idles
+LONGEST_FIRST = ("test_reproduce.py", "test_notebooks.py", "test_parity_real.py", "test_sweep.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks ``real`` every test whose fixtures reach a real model (tests that fetch one by name
-    in their body carry the mark themselves)."""
+    in their body carry the mark themselves), and orders the files longest first: the files of
+    LONGEST_FIRST, then those holding a ``slow`` test, then the rest, each file's tests kept
+    together and in their order (module fixtures are set up once)."""
     for item in items:
         if REAL_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.real)
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item):
+        name = item.path.name
+        if name in LONGEST_FIRST:
+            return LONGEST_FIRST.index(name)
+        return len(LONGEST_FIRST) + (0 if item.path in slow_files else 1)
+
+    items.sort(key=rank)  # stable: within a file, the collection order

@@ -51,6 +51,7 @@ OTHER_FLAGS: Dict[str, Optional[str]] = {
     "--no-deps": None,  # `pip download --no-deps`, pip's own flag
     "--no-cache-dir": None,  # `pip install --no-cache-dir`, pip's own flag
     "--durations": None,  # `python -m pytest --durations=25`, pytest's own flag
+    "--dist": None,  # `python -m pytest -n 2 --dist loadfile`, pytest-xdist's flag
 }
 
 

@@ -16,7 +16,7 @@ import textwrap
 
 import pytest
 
-pytestmark = pytest.mark.slow  # subprocesses running T=8192 calls on SmolLM2, interrupted
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # subprocesses running T=8192 calls on SmolLM2, interrupted
 
 SCRIPT = textwrap.dedent("""
     import json, os, signal, sys, threading, time

@@ -184,6 +184,7 @@ def test_smollm2_from_reader_equals_from_path(smollm2_gguf, smol_tok):
         assert tok.encode(text).tolist() == smol_tok.encode(text).tolist()
 
 
+@pytest.mark.timing
 def test_smollm2_build_is_fast(smollm2_gguf):
     # sinklab.load builds the tokenizer from the GGUFReader it already holds for the weights (the
     # one GGUF read path); that build is what must stay fast. A bare path adds GGUFReader's own

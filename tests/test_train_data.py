@@ -293,6 +293,7 @@ def test_preparation_is_deterministic(tmp_path):
         assert (a.root / name).read_bytes() == (b.root / name).read_bytes(), name
 
 
+@pytest.mark.timing
 def test_second_call_loads_from_cache(tmp_path):
     docs = passage_docs()
     a = C.build_corpus(docs, tmp_path / "c", vocab_size=300, quiet=True)
@@ -519,6 +520,7 @@ class TestRealCorpus:
         assert len(text) / len(ids) > 3.5   # a BPE fitted to English prose: several chars per token
         assert json.loads(c.tokenizer_path.read_text())["model"]["type"] == "BPE"
 
+    @pytest.mark.timing
     def test_cached_load_is_fast(self, real_corpus):
         t0 = time.perf_counter()
         again = C.prepare_corpus(quiet=True)
