@@ -1087,7 +1087,10 @@ static PyMethodDef methods[] = {
     {"_int8_weight_unpack", sl_py_int8_weight_unpack, METH_O,
      "_int8_weight_unpack(capsule) -> dict(u, dw, mw, zp, exact, type): the packed weight read back. Test-only."},
     {"_int8_info", sl_py_int8_info, METH_NOARGS,
-     "_int8_info() -> dict(vnni, cpu_avx512_vnni, cpu_avx_vnni). Test-only."},
+     "_int8_info() -> dict(kernel, cpu_avx512_vnni, cpu_avx_vnni). Test-only."},
+    {"_int8_force_kernel", sl_py_int8_force_kernel, METH_O,
+     "_int8_force_kernel('generic' | 'avx2' | 'avx_vnni' | 'avx512_vnni' | 'auto') -> the int8 kernel now in use\n"
+     "(the best one at or below the cap that the CPU and simd() allow). Test-only."},
     {"_int8_peak", sl_py_int8_peak, METH_O,
      "_int8_peak(iters) -> (int ops, seconds): register-only vpdpbusd loop on every thread. Benchmark-only."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},

@@ -235,12 +235,26 @@ PyObject *sl_py_int8_weight_unpack(PyObject *self, PyObject *capsule) {
                          "type", pw->type);
 }
 
-/* _int8_info() -> dict: vnni (the VNNI kernel is in use now), cpu_avx512_vnni, cpu_avx_vnni. */
+/* _int8_info() -> dict: kernel (the int8 kernel in use now), cpu_avx512_vnni, cpu_avx_vnni. */
 PyObject *sl_py_int8_info(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
-    return Py_BuildValue("{s:O,s:O,s:O}", "vnni", sl_int8_uses_vnni() ? Py_True : Py_False, "cpu_avx512_vnni",
+    return Py_BuildValue("{s:s,s:O,s:O}", "kernel", sl_int8_kernel_name(sl_int8_kernel()), "cpu_avx512_vnni",
                          sl_cpu_has_avx512_vnni() ? Py_True : Py_False, "cpu_avx_vnni",
                          sl_cpu_has_avx_vnni() ? Py_True : Py_False);
+}
+
+/* _int8_force_kernel(name) -> the kernel now in use: caps the int8 kernel at "generic", "avx2",
+ * "avx_vnni" or "avx512_vnni" (= no cap; also "auto"). */
+PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int k = -1;
+    for (int i = SL_INT8_GENERIC; i <= SL_INT8_VNNI512; i++)
+        if (!strcmp(name, sl_int8_kernel_name(i))) k = i;
+    if (!strcmp(name, "auto")) k = SL_INT8_VNNI512;
+    if (k < 0) return PyErr_Format(PyExc_ValueError, "unknown int8 kernel %R", arg);
+    return PyUnicode_FromString(sl_int8_kernel_name(sl_int8_force_kernel(k)));
 }
 
 typedef struct {

@@ -16,7 +16,7 @@
  * trick llama.cpp plays on the activation side instead (it adds 128 to the activations and
  * subtracts 128·Σw; here Σq of the activations is already needed for the Q4_1 offsets).
  *
- * Threads. Tasks are (chunk of up to 96 rows, panel of 32 outputs), each output computed by one
+ * Threads. Tasks are (chunk of up to 96 rows, chunks of equal size, panel of 32 outputs), each output computed by one
  * task over all of K, so the thread count cannot change a result. The activation quantization is
  * per row, also thread-independent. */
 #include "gemm_int8.h"
@@ -41,6 +41,13 @@
 #include <immintrin.h>
 #define SL_I8_X86 1
 #define SL_VNNI512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,fma,avx2")))
+#define SL_I8_AVX2 __attribute__((target("avx2,fma")))
+#if defined(__clang__) || __GNUC__ >= 11
+#define SL_I8_HAVE_AVXVNNI 1
+#define SL_I8_AVXVNNI __attribute__((target("avx2,fma,avxvnni")))
+#else
+#define SL_I8_HAVE_AVXVNNI 0
+#endif
 #else
 #define SL_I8_X86 0
 #endif
@@ -49,7 +56,13 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-enum { QB = SL_INT8_BLOCK, NP = SL_INT8_PANEL, PANEL_BLOCK_BYTES = QB * NP, MR8 = 6, MC8 = 96 };
+#ifndef SL_MR8
+#define SL_MR8 6
+#endif
+#ifndef SL_MC8
+#define SL_MC8 96
+#endif
+enum { QB = SL_INT8_BLOCK, NP = SL_INT8_PANEL, PANEL_BLOCK_BYTES = QB * NP, MR8 = SL_MR8, MC8 = SL_MC8 };
 _Static_assert(MC8 % MR8 == 0, "row chunks hold whole tiles");
 
 static const float TINY = 0x1p-100f; /* blocks with amax below this quantize to zero */
@@ -169,15 +182,45 @@ SL_VNNI512 static void quantize_block_avx512(const float *x, int8_t *q, float *d
 
 typedef void (*quantize_block_fn)(const float *x, int8_t *q, float *d, int32_t *s);
 
-static int has_vnni512(void) { return sl_simd() >= SL_SIMD_AVX512 && sl_cpu_has_avx512_vnni(); }
-
-int sl_int8_uses_vnni(void) {
+/* The kernels, best first: one is usable when this build has it, the CPU has its instructions
+ * and sl_simd() allows its level. sl_int8_force_kernel (tests) caps the choice at a kernel. */
+static int kernel_usable(int k) {
+    switch (k) {
 #if SL_I8_X86
-    return has_vnni512();
-#else
-    return 0;
+    case SL_INT8_VNNI512: return sl_simd() >= SL_SIMD_AVX512 && sl_cpu_has_avx512_vnni();
+#if SL_I8_HAVE_AVXVNNI
+    case SL_INT8_AVXVNNI: return sl_simd() >= SL_SIMD_AVX2 && sl_cpu_has_avx_vnni();
 #endif
+    case SL_INT8_AVX2: return sl_simd() >= SL_SIMD_AVX2 && sl_cpu_has_avx2_fma();
+#endif
+    case SL_INT8_GENERIC: return 1;
+    default: return 0;
+    }
 }
+
+static int kernel_cap = SL_INT8_VNNI512; /* written by the test hook only */
+
+int sl_int8_kernel(void) {
+    for (int k = kernel_cap; k > SL_INT8_GENERIC; k--)
+        if (kernel_usable(k)) return k;
+    return SL_INT8_GENERIC;
+}
+
+int sl_int8_force_kernel(int k) {
+    kernel_cap = k < SL_INT8_GENERIC || k > SL_INT8_VNNI512 ? SL_INT8_VNNI512 : k;
+    return sl_int8_kernel();
+}
+
+const char *sl_int8_kernel_name(int k) {
+    switch (k) {
+    case SL_INT8_VNNI512: return "avx512_vnni";
+    case SL_INT8_AVXVNNI: return "avx_vnni";
+    case SL_INT8_AVX2: return "avx2";
+    default: return "generic";
+    }
+}
+
+static int has_vnni512(void) { return sl_int8_kernel() == SL_INT8_VNNI512; }
 
 static quantize_block_fn pick_quantizer(void) {
 #if SL_I8_X86
@@ -195,6 +238,7 @@ int sl_int8_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int
     if (!A || !q || !d || !s) return sl_fail(SL_ERR_VALUE, "int8 quantize: NULL buffer");
     const quantize_block_fn fn = pick_quantizer();
     const int64_t nb = K / QB;
+    (void)parallel; /* unused without OpenMP */
 #pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && M > 1)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) fn(A + m * lda + b * QB, q + m * K + b * QB, d + m * nb + b, s + m * nb + b);
@@ -345,6 +389,7 @@ int sl_int8_weight_init(sl_int8_weight *pw, const sl_weight *W, int parallel) {
     pw->rows = N, pw->cols = K, pw->nb = nb, pw->npanels = npanels;
     const sl_dequant_fn f16 = sl_dequant_kernel(SL_GGML_F16), dec = sl_dequant_kernel(W->type);
     int failed = 0;
+    (void)parallel;
 #pragma omp parallel num_threads(sl_num_threads()) if (parallel && npanels > 1)
     {
         /* one panel's rows unpacked: 32 × (K bytes + 2 nb floats), plus one row of floats */
@@ -497,6 +542,104 @@ SL_VNNI512 static void tile_vnni_any(const qacts *a, const sl_int8_weight *pw, i
 }
 #endif
 
+#if SL_I8_X86
+enum { RA = 3 }; /* rows per AVX2 tile: 6 int32 accumulators, 6 float ones (16 ymm registers) */
+/* The AVX2 tiles: rows in groups of 3, each half (16 outputs) of the panel in 2 ymm per row. The same
+ * integer sums as the VNNI tile, by one of two exact routes:
+ *   AVX-VNNI  vpdpbusd on ymm, from -zp*s, as the AVX-512 kernel;
+ *   AVX2      vpmaddubsw (u8 x s8 pairs to s16, saturating) then vpmaddwd by ones (to s32). Pairs
+ *             cannot saturate: for zp <= 16 (u <= 31) |pair| <= 2*31*127 = 7874; for zp = 128 the
+ *             weight is used signed, w = u - 128, as |w| x sign(q, w) (llama.cpp's trick), |pair|
+ *             <= 2*128*127 = 32512 < 32767, and sum w*q = sum u*q - 128*s, so the accumulator
+ *             starts at 0 instead of -128*s.
+ * The float part is the same operations in the same order as every other path. */
+#define SL_I8_TILE_AVX2(NAME, ATTR, DOT_INIT, DOT_STEP)                                                        \
+    ATTR static inline __attribute__((always_inline)) void NAME##_rows(                                        \
+        const qacts *a, const sl_int8_weight *pw, int64_t K, int64_t m0, const int rr, int64_t p, float *C,   \
+        int64_t ldc, int accumulate) {                                                                         \
+        const int64_t nb = pw->nb, n0 = p * NP, nc = min64(NP, pw->rows - n0);                                 \
+        const int signed_w = pw->zp == 128;                                                                    \
+        (void)signed_w;                                                                                        \
+        for (int h = 0; h < 2; h++) {                                                                          \
+            __m256 f[RA][2];                                                                                   \
+            for (int r = 0; r < rr; r++) f[r][0] = f[r][1] = _mm256_setzero_ps();                              \
+            for (int64_t b = 0; b < nb; b++) {                                                                 \
+                const uint8_t *u = pw->u + (p * nb + b) * PANEL_BLOCK_BYTES + h * 64;                          \
+                __m256i acc[RA][2];                                                                            \
+                for (int r = 0; r < rr; r++) {                                                                 \
+                    const int64_t m = m0 + r;                                                                  \
+                    acc[r][0] = acc[r][1] = _mm256_set1_epi32(DOT_INIT);                                       \
+                }                                                                                              \
+                for (int g = 0; g < QB / 4; g++) {                                                             \
+                    const __m256i w0 = _mm256_loadu_si256((const __m256i *)(const void *)(u + g * 4 * NP));    \
+                    const __m256i w1 = _mm256_loadu_si256((const __m256i *)(const void *)(u + g * 4 * NP + 32)); \
+                    for (int r = 0; r < rr; r++) {                                                             \
+                        int32_t x;                                                                             \
+                        memcpy(&x, a->q + (m0 + r) * K + b * QB + 4 * g, 4);                                   \
+                        const __m256i bx = _mm256_set1_epi32(x);                                               \
+                        acc[r][0] = DOT_STEP(acc[r][0], w0, bx);                                               \
+                        acc[r][1] = DOT_STEP(acc[r][1], w1, bx);                                               \
+                    }                                                                                          \
+                }                                                                                              \
+                const float *dw = pw->dw + (p * nb + b) * NP + h * 16;                                         \
+                const __m256 dw0 = _mm256_loadu_ps(dw), dw1 = _mm256_loadu_ps(dw + 8);                         \
+                for (int r = 0; r < rr; r++) {                                                                 \
+                    const __m256 da = _mm256_set1_ps(a->d[(m0 + r) * nb + b]);                                 \
+                    f[r][0] = _mm256_add_ps(f[r][0], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][0]), _mm256_mul_ps(da, dw0))); \
+                    f[r][1] = _mm256_add_ps(f[r][1], _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][1]), _mm256_mul_ps(da, dw1))); \
+                }                                                                                              \
+                if (pw->has_min) {                                                                             \
+                    const float *mw = pw->mw + (p * nb + b) * NP + h * 16;                                     \
+                    const __m256 mw0 = _mm256_loadu_ps(mw), mw1 = _mm256_loadu_ps(mw + 8);                     \
+                    for (int r = 0; r < rr; r++) {                                                             \
+                        const __m256 ds = _mm256_set1_ps(a->ds[(m0 + r) * nb + b]);                            \
+                        f[r][0] = _mm256_add_ps(f[r][0], _mm256_mul_ps(ds, mw0));                              \
+                        f[r][1] = _mm256_add_ps(f[r][1], _mm256_mul_ps(ds, mw1));                              \
+                    }                                                                                          \
+                }                                                                                              \
+            }                                                                                                  \
+            for (int r = 0; r < rr; r++) {                                                                     \
+                float out[16];                                                                                 \
+                _mm256_storeu_ps(out, f[r][0]);                                                                \
+                _mm256_storeu_ps(out + 8, f[r][1]);                                                            \
+                float *c = C + (m0 + r) * ldc + n0 + h * 16;                                                   \
+                for (int64_t i = 0; i < 16 && h * 16 + i < nc; i++) c[i] = accumulate ? c[i] + out[i] : out[i]; \
+            }                                                                                                  \
+        }                                                                                                      \
+    }                                                                                                          \
+    ATTR static void NAME(const qacts *a, const sl_int8_weight *pw, int64_t K, int64_t m0, int mr, int64_t p,   \
+                          float *C, int64_t ldc, int accumulate) {                                             \
+        for (int r0 = 0; r0 < mr; r0 += RA) {                                                                  \
+            switch (mr - r0 >= RA ? RA : mr - r0) {                                                            \
+            case 3: NAME##_rows(a, pw, K, m0 + r0, 3, p, C, ldc, accumulate); break;                           \
+            case 2: NAME##_rows(a, pw, K, m0 + r0, 2, p, C, ldc, accumulate); break;                           \
+            default: NAME##_rows(a, pw, K, m0 + r0, 1, p, C, ldc, accumulate); break;                          \
+            }                                                                                                  \
+        }                                                                                                      \
+    }
+
+/* u8 x s8 in 4-byte groups to s32, exact (see above); `sw`: the weight is u - 128, used signed */
+SL_I8_AVX2 static inline __attribute__((always_inline)) __m256i dot4_avx2(__m256i acc, __m256i u, __m256i q, int sw) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i pairs;
+    if (sw) {
+        const __m256i w = _mm256_xor_si256(u, _mm256_set1_epi8((char)0x80));
+        pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(q, w));
+    } else {
+        pairs = _mm256_maddubs_epi16(u, q);
+    }
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, ones));
+}
+#define SL_I8_DOT_AVX2(acc, u, q) dot4_avx2(acc, u, q, signed_w)
+#define SL_I8_INIT_AVX2 (signed_w ? 0 : a->zs[m * nb + b])
+SL_I8_TILE_AVX2(tile_avx2, SL_I8_AVX2, SL_I8_INIT_AVX2, SL_I8_DOT_AVX2)
+
+#if SL_I8_HAVE_AVXVNNI
+#define SL_I8_DOT_AVXVNNI(acc, u, q) _mm256_dpbusd_avx_epi32(acc, u, q)
+SL_I8_TILE_AVX2(tile_avxvnni, SL_I8_AVXVNNI, a->zs[m * nb + b], SL_I8_DOT_AVXVNNI)
+#endif
+#endif
+
 typedef void (*tile_fn)(const qacts *a, const sl_int8_weight *pw, int64_t K, int64_t m0, int mr, int64_t p,
                         float *C, int64_t ldc, int accumulate);
 
@@ -537,14 +680,24 @@ int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_in
         const qacts acts = {q, d, zs, ds};
         tile_fn tile = tile_generic;
 #if SL_I8_X86
-        if (has_vnni512()) tile = tile_vnni_any;
+        switch (sl_int8_kernel()) {
+        case SL_INT8_VNNI512: tile = tile_vnni_any; break;
+#if SL_I8_HAVE_AVXVNNI
+        case SL_INT8_AVXVNNI: tile = tile_avxvnni; break;
 #endif
+        case SL_INT8_AVX2: tile = tile_avx2; break;
+        default: break;
+        }
+#endif
+        /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks of a
+         * static schedule are balanced: M = 128 is 66 + 62 rows, not 96 + 32 */
         const int64_t nmc = (M + MC8 - 1) / MC8, ntasks = nmc * pw->npanels;
+        const int64_t mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
 #pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
         for (int64_t t = 0; t < ntasks; t++) {
             const int64_t mc = t / pw->npanels, p = t % pw->npanels;
-            const int64_t m1 = min64(M, (mc + 1) * MC8);
-            for (int64_t m0 = mc * MC8; m0 < m1; m0 += MR8)
+            const int64_t m1 = min64(M, (mc + 1) * mcr);
+            for (int64_t m0 = mc * mcr; m0 < m1; m0 += MR8)
                 tile(&acts, pw, K, m0, (int)min64(MR8, m1 - m0), p, C, ldc, accumulate);
         }
     }

@@ -55,9 +55,13 @@
  * (float)isum_b is exact too. Each block's integer sum is converted and scaled on its own; nothing
  * accumulates in integers across blocks, so K (any multiple of 32, e.g. 8192) does not matter.
  *
- * Kernels, picked at run time: AVX-512 + AVX512-VNNI (vpdpbusd on zmm, 6 rows × 32 outputs per
- * register tile) when sl_simd() is avx512 and the CPU has avx512_vnni; else the portable C path
- * (also under SINKLAB_SIMD=generic or avx2: there is no AVX2/AVX-VNNI kernel yet).
+ * Kernels, picked at run time (sl_int8_kernel), all giving the same bits:
+ *   avx512_vnni  vpdpbusd on zmm, 6 rows × 32 outputs per register tile (sl_simd() avx512 and
+ *                the CPU has AVX512-VNNI);
+ *   avx_vnni     vpdpbusd on ymm (VEX), 2 rows × 16 outputs (sl_simd() >= avx2, AVX-VNNI: Intel
+ *                Alder Lake and later, AMD Zen 5);
+ *   avx2         vpmaddubsw + vpmaddwd, 2 rows × 16 outputs (any AVX2 CPU; exact, see the .c);
+ *   generic      portable C (SINKLAB_SIMD=generic, other architectures).
  *
  * Wiring into a precision dispatch (model.c): keep one sl_int8_weight per weight matrix (built
  * with sl_int8_weight_init on first use, freed with sl_int8_weight_free with the model), and call
@@ -122,8 +126,15 @@ int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_in
 int sl_linear_nt_int8(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
                       int accumulate, int parallel);
 
-/* 1 when the VNNI kernel is the one in use now (sl_simd() and the CPU), else 0 (portable path). */
-int sl_int8_uses_vnni(void);
+/* The kernels, best first. */
+enum { SL_INT8_GENERIC = 0, SL_INT8_AVX2 = 1, SL_INT8_AVXVNNI = 2, SL_INT8_VNNI512 = 3 };
+/* The kernel in use now: the best one this build has, the CPU supports and sl_simd() allows. */
+int sl_int8_kernel(void);
+/* Test hook: caps the choice at kernel k (SL_INT8_VNNI512 or an out-of-range k: no cap) and
+ * returns the kernel now in use. Process-wide; not for concurrent use. */
+int sl_int8_force_kernel(int k);
+/* "avx512_vnni", "avx_vnni", "avx2" or "generic". */
+const char *sl_int8_kernel_name(int k);
 
 /* Register-only vpdpbusd throughput on the calling thread: `iters` iterations of 24 independent
  * zmm vpdpbusd (each 16 × 4 multiply-adds = 128 integer ops). Writes the seconds taken and returns

@@ -13,8 +13,9 @@ References, independent of the C code:
   order gemm_int8.h fixes (acc = acc + isum*(d*dw), then + (d*s)*mw, block after block): since
   that order is fixed, the check is bitwise; and a float64 product of gguf's dequantized weight
   with the original activations, within the int8 quantization error bound.
-Paths and threads: the VNNI and the portable path (set_simd('generic') in process and
-SINKLAB_SIMD=generic in a subprocess) give the same bits, as do 1 and 2 threads.
+Paths and threads: every kernel the CPU runs (avx512_vnni, avx_vnni, avx2, generic; forced with the
+test hook _int8_force_kernel, and SINKLAB_SIMD=generic in a subprocess) gives the same bits, as do
+1 and 2 threads.
 """
 import os
 import subprocess
@@ -36,16 +37,46 @@ EXACT = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K]
 REQUANT = [T.Q6_K, T.F32, T.F16, T.BF16]
 ZP = {T.Q8_0: 128, T.Q4_0: 8, T.Q5_0: 16, T.Q4_1: 0, T.Q5_1: 0, T.Q4_K: 0, T.Q5_K: 0}
 HAS_MIN = {T.Q4_1, T.Q5_1, T.Q4_K, T.Q5_K}
-VNNI = core._int8_info()["vnni"]
-LEVELS = ["generic"] + (["auto"] if VNNI else [])
+KERNELS = ["generic", "avx2", "avx_vnni", "avx512_vnni"]
+
+
+def _available():
+    """The int8 kernels this CPU (and build) runs: forcing one the CPU lacks falls back below."""
+    got = []
+    for k in KERNELS:
+        if core._int8_force_kernel(k) == k:
+            got.append(k)
+    core._int8_force_kernel("auto")
+    return got
+
+
+LEVELS = _available()  # each test below runs on every one of them
 
 
 @pytest.fixture(autouse=True)
 def restore_state():
     threads = core.get_num_threads()
     yield
+    core._int8_force_kernel("auto")
     core.set_simd("auto")
     core.set_num_threads(threads)
+
+
+def use(kernel):
+    assert core._int8_force_kernel(kernel) == kernel
+
+
+def test_kernels_available():
+    """The VNNI kernel is picked by default where the CPU has AVX512-VNNI; SINKLAB_SIMD's levels
+    (set_simd) cap the choice as they cap the fp32 kernels."""
+    info = core._int8_info()
+    assert info["kernel"] == LEVELS[-1]
+    if info["cpu_avx512_vnni"] and core.simd_best() == "avx512":
+        assert info["kernel"] == "avx512_vnni"
+        core.set_simd("avx2")
+        assert core._int8_info()["kernel"] in ("avx2", "avx_vnni")
+    core.set_simd("generic")
+    assert core._int8_info()["kernel"] == "generic"
 
 
 def bits(x):
@@ -149,7 +180,7 @@ def activations(rng, M, K):
 @pytest.mark.parametrize("level", LEVELS)
 def test_quantize_rows_bitwise(level):
     rng = np.random.default_rng(1)
-    core.set_simd(level)
+    use(level)
     a = activations(rng, 37, 8 * QB)
     q, d, s = core._int8_quantize(a)
     rq, rd, rs = np_quantize(a)
@@ -165,7 +196,7 @@ def test_quantize_rows_bitwise(level):
 
 @pytest.mark.parametrize("level", LEVELS)
 def test_quantize_nonfinite_blocks(level):
-    core.set_simd(level)
+    use(level)
     a = np.ones((2, 3 * QB), np.float32)
     a[0, 3] = np.nan
     a[1, QB + 7] = -np.inf
@@ -228,7 +259,7 @@ def test_product_bitwise_numpy(qtype, level):
     """Against the NumPy int8 product (bitwise: the summation order is fixed), and against a
     float64 product of gguf's dequantized weight within the int8 error bound."""
     rng = np.random.default_rng(4)
-    core.set_simd(level)
+    use(level)
     be = GGML_QUANT_SIZES[qtype][0]
     rows, cols = 37, (256 if be == 256 else 96) * 2
     raw = random_weight(rng, qtype, rows, cols)
@@ -268,15 +299,15 @@ def test_accumulate_and_ld():
 @pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1], ids=lambda t: t.name)
 def test_edge_shapes_paths_threads(shape, qtype):
     """M = 1, N not a multiple of the 32-wide panel, K = 32 and 8192, M past one 96-row chunk and
-    not a multiple of the 6-row tile: the VNNI and portable paths and 1 and 2 threads agree bit
-    for bit, and with the NumPy product."""
+    not a multiple of the 6-row tile: every kernel (VNNI, AVX-VNNI, AVX2, portable) and 1 and 2
+    threads agree bit for bit, and with the NumPy product."""
     M, N, K = shape
     rng = np.random.default_rng(6)
     raw = random_weight(rng, qtype, N, K)
     a = activations(rng, M, K)
     got = {}
     for level in LEVELS:
-        core.set_simd(level)
+        use(level)
         for threads in (1, 2):
             core.set_num_threads(threads)
             got[level, threads] = linear(a, raw, qtype, N, K)
@@ -297,7 +328,7 @@ def test_generic_subprocess_same_bits(tmp_path):
     np.save(tmp_path / "w.npy", raw.ravel())
     child = textwrap.dedent(f"""
         import numpy as np, sinklab._core as core
-        assert core.simd() == "generic" and not core._int8_info()["vnni"]
+        assert core.simd() == "generic" and core._int8_info()["kernel"] == "generic"
         a = np.load({str(tmp_path / 'a.npy')!r}); w = np.load({str(tmp_path / 'w.npy')!r})
         np.save({str(tmp_path / 'y.npy')!r}, core._linear_int8(a, w, {int(T.Q4_1)}, 70, 576))
     """)
@@ -333,7 +364,7 @@ def test_overflow_worst_case(level):
     |isum| a block can reach, 255*127*32 + 128*4064. No int32 wraps: the result is exactly the
     float64 value of the same float32 chain (checked bitwise by the NumPy product) and close to
     the exact product."""
-    core.set_simd(level)
+    use(level)
     K, N = 8192, 3
     a = np.ones((4, K), np.float32)
     a[1] = -1
