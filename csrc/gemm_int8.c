@@ -220,7 +220,9 @@ const char *sl_int8_kernel_name(int k) {
     }
 }
 
+#if SL_I8_X86
 static int has_vnni512(void) { return sl_int8_kernel() == SL_INT8_VNNI512; }
+#endif
 
 static quantize_block_fn pick_quantizer(void) {
 #if SL_I8_X86
@@ -729,11 +731,13 @@ int sl_linear_nt_int8(int64_t M, const float *A, int64_t lda, const sl_weight *W
 /* ------------------------------------------------------------------------------------------
  * Peak: 24 independent vpdpbusd chains, nothing but registers. */
 
+#if SL_I8_X86
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    timespec_get(&ts, TIME_UTC); /* C11, as common.c times */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+#endif
 
 #if SL_I8_X86
 #define SL_I8_X24(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11) \
