@@ -287,3 +287,65 @@ PyObject *sl_py_int8_peak(PyObject *self, PyObject *arg) {
     if (sl_py_call(run_int8_peak, &c, 0) < 0) return NULL;
     return Py_BuildValue("(dd)", c.ops, c.seconds);
 }
+
+typedef struct {
+    int64_t M, K;
+    const float *a;
+    Py_ssize_t n;
+    const sl_int8_weight **pw;
+    float **c;
+} int8_shared_call;
+
+static int run_int8_shared(void *p) {
+    const int8_shared_call *c = p;
+    sl_int8_acts qa;
+    SL_TRY(sl_int8_acts_init(&qa, c->M, c->K, c->a, c->K, 1));
+    int rc = SL_OK;
+    for (Py_ssize_t i = 0; i < c->n && rc == SL_OK; i++)
+        rc = sl_linear_nt_int8_acts(&qa, c->pw[i], c->c[i], c->pw[i]->rows, 0, 1);
+    sl_int8_acts_free(&qa);
+    return rc;
+}
+
+/* _linear_int8_shared(a (M, K) f32, [capsules]) -> [(M, rows_i) f32]: a quantized once
+ * (sl_int8_acts_init), then one sl_linear_nt_int8_acts per packed weight. */
+PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ao, *lo;
+    if (!PyArg_ParseTuple(args, "OO!", &ao, &PyList_Type, &lo)) return NULL;
+    PyArrayObject *a = sl_py_check_array(ao, "a", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(lo);
+    PyObject *outs = PyList_New(n);
+    const sl_int8_weight **pw = PyMem_Calloc((size_t)n + 1, sizeof *pw);
+    float **cs = PyMem_Calloc((size_t)n + 1, sizeof *cs);
+    int ok = outs && pw && cs;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        pw[i] = PyCapsule_GetPointer(PyList_GET_ITEM(lo, i), SL_INT8_CAPSULE);
+        if (!pw[i]) {
+            ok = 0;
+            break;
+        }
+        npy_intp dims[2] = {PyArray_DIM(a, 0), (npy_intp)pw[i]->rows};
+        PyObject *c = PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+        if (!c) {
+            ok = 0;
+            break;
+        }
+        PyList_SET_ITEM(outs, i, c);
+        cs[i] = PyArray_DATA((PyArrayObject *)c);
+    }
+    if (ok) {
+        int8_shared_call c = {PyArray_DIM(a, 0), PyArray_DIM(a, 1), PyArray_DATA(a), n, pw, cs};
+        ok = sl_py_call(run_int8_shared, &c, 0) == 0;
+    } else if (!PyErr_Occurred()) {
+        PyErr_NoMemory();
+    }
+    PyMem_Free(pw);
+    PyMem_Free(cs);
+    if (!ok) {
+        Py_XDECREF(outs);
+        return NULL;
+    }
+    return outs;
+}

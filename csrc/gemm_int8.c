@@ -645,70 +645,109 @@ SL_I8_TILE_AVX2(tile_avxvnni, SL_I8_AVXVNNI, a->zs[m * nb + b], SL_I8_DOT_AVXVNN
 typedef void (*tile_fn)(const qacts *a, const sl_int8_weight *pw, int64_t K, int64_t m0, int mr, int64_t p,
                         float *C, int64_t ldc, int accumulate);
 
-int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
-                             int64_t ldc, int accumulate, int parallel) {
+static int check_packed(const sl_int8_weight *pw) {
     if (!pw || !pw->u || !pw->dw || pw->rows <= 0 || pw->cols <= 0 || pw->cols % QB || pw->nb != pw->cols / QB ||
         pw->npanels != (pw->rows + NP - 1) / NP || (pw->has_min && !pw->mw))
         return sl_fail(SL_ERR_VALUE, "int8 linear: the weight is not packed (sl_int8_weight_init)");
-    const int64_t N = pw->rows, K = pw->cols, nb = pw->nb;
+    return SL_OK;
+}
+
+void sl_int8_acts_free(sl_int8_acts *qa) {
+    if (!qa) return;
+    free(qa->q);
+    free(qa->d);
+    free(qa->s);
+    memset(qa, 0, sizeof *qa);
+}
+
+int sl_int8_acts_init(sl_int8_acts *qa, int64_t M, int64_t K, const float *A, int64_t lda, int parallel) {
+    if (!qa) return sl_fail(SL_ERR_VALUE, "int8 activations: NULL sl_int8_acts");
+    memset(qa, 0, sizeof *qa);
+    if (M < 0 || K <= 0 || K % QB || lda < K)
+        return sl_fail(SL_ERR_VALUE, "int8 activations: M %lld, K %lld (a positive multiple of %d), lda %lld >= K",
+                       (long long)M, (long long)K, QB, (long long)lda);
+    if (M > 0 && !A) return sl_fail(SL_ERR_VALUE, "int8 activations: A is NULL");
+    int64_t nq, ns;
+    if (!sl_mul_size(M, K, &nq) || !sl_mul_size(M, K / QB, &ns) || ns > (INT64_MAX / 16))
+        return sl_fail(SL_ERR_MEMORY, "int8 activations: %lld x %lld is too large", (long long)M, (long long)K);
+    qa->M = M, qa->K = K;
+    if (M == 0) return SL_OK;
+    qa->q = malloc((size_t)nq);
+    qa->d = malloc((size_t)ns * sizeof(float));
+    qa->s = malloc((size_t)ns * sizeof(int32_t));
+    if (!qa->q || !qa->d || !qa->s) {
+        sl_int8_acts_free(qa);
+        return sl_fail(SL_ERR_MEMORY, "int8 activations: cannot allocate %lld bytes", (long long)nq);
+    }
+    const int rc = sl_int8_quantize_rows(M, K, A, lda, qa->q, qa->d, qa->s, parallel);
+    if (rc != SL_OK) sl_int8_acts_free(qa);
+    return rc;
+}
+
+int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, float *C, int64_t ldc, int accumulate,
+                           int parallel) {
+    SL_TRY(check_packed(pw));
+    if (!qa || qa->M < 0 || qa->K != pw->cols || (qa->M > 0 && (!qa->q || !qa->d || !qa->s)))
+        return sl_fail(SL_ERR_VALUE, "int8 linear: activations (K %lld) not quantized for this weight (K %lld)",
+                       qa ? (long long)qa->K : -1LL, (long long)pw->cols);
+    const int64_t M = qa->M, N = pw->rows, K = pw->cols, nb = pw->nb, ns = M * nb;
+    if (M == 0) return SL_OK;
+    if (!C) return sl_fail(SL_ERR_VALUE, "int8 linear: C is NULL");
+    if (ldc < N) return sl_fail(SL_ERR_VALUE, "int8 linear: ldc %lld < N %lld", (long long)ldc, (long long)N);
+    /* the weight's zero point and offsets, per activation block: M * K/32 values, small */
+    int32_t *zs = malloc((size_t)ns * sizeof(int32_t));
+    float *ds = pw->has_min ? malloc((size_t)ns * sizeof(float)) : NULL;
+    if (!zs || (pw->has_min && !ds)) {
+        free(zs);
+        free(ds);
+        return sl_fail(SL_ERR_MEMORY, "int8 linear: cannot allocate %lld block sums", (long long)ns);
+    }
+    for (int64_t i = 0; i < ns; i++) {
+        zs[i] = -pw->zp * qa->s[i];
+        if (ds) ds[i] = qa->d[i] * (float)qa->s[i];
+    }
+    const qacts acts = {qa->q, qa->d, zs, ds};
+    tile_fn tile = tile_generic;
+#if SL_I8_X86
+    switch (sl_int8_kernel()) {
+    case SL_INT8_VNNI512: tile = tile_vnni_any; break;
+#if SL_I8_HAVE_AVXVNNI
+    case SL_INT8_AVXVNNI: tile = tile_avxvnni; break;
+#endif
+    case SL_INT8_AVX2: tile = tile_avx2; break;
+    default: break;
+    }
+#endif
+    /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks of a static
+     * schedule are balanced: M = 128 is 66 + 62 rows, not 96 + 32 */
+    const int64_t nmc = (M + MC8 - 1) / MC8, ntasks = nmc * pw->npanels;
+    const int64_t mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
+    (void)parallel;
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
+    for (int64_t t = 0; t < ntasks; t++) {
+        const int64_t mc = t / pw->npanels, p = t % pw->npanels;
+        const int64_t m1 = min64(M, (mc + 1) * mcr);
+        for (int64_t m0 = mc * mcr; m0 < m1; m0 += MR8)
+            tile(&acts, pw, K, m0, (int)min64(MR8, m1 - m0), p, C, ldc, accumulate);
+    }
+    free(zs);
+    free(ds);
+    return SL_OK;
+}
+
+int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
+                             int64_t ldc, int accumulate, int parallel) {
+    SL_TRY(check_packed(pw));
     if (M < 0) return sl_fail(SL_ERR_VALUE, "int8 linear: negative M %lld", (long long)M);
     if (M == 0) return SL_OK;
     if (!A || !C) return sl_fail(SL_ERR_VALUE, "int8 linear: A or C is NULL");
-    if (lda < K || ldc < N)
+    if (lda < pw->cols || ldc < pw->rows)
         return sl_fail(SL_ERR_VALUE, "int8 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)K, (long long)ldc, (long long)N);
-    int64_t nq, ns;
-    if (!sl_mul_size(M, K, &nq) || !sl_mul_size(M, nb, &ns) || ns > (INT64_MAX / 16))
-        return sl_fail(SL_ERR_MEMORY, "int8 linear: %lld x %lld activations are too large", (long long)M,
-                       (long long)K);
-    int8_t *q = malloc((size_t)nq);
-    float *d = malloc((size_t)ns * sizeof(float));
-    int32_t *s = malloc((size_t)ns * sizeof(int32_t));
-    int32_t *zs = malloc((size_t)ns * sizeof(int32_t));
-    float *ds = pw->has_min ? malloc((size_t)ns * sizeof(float)) : NULL;
-    int rc = SL_OK;
-    if (!q || !d || !s || !zs || (pw->has_min && !ds)) {
-        rc = sl_fail(SL_ERR_MEMORY, "int8 linear: cannot allocate the quantized activations (%lld bytes)",
-                     (long long)nq);
-        goto done;
-    }
-    rc = sl_int8_quantize_rows(M, K, A, lda, q, d, s, parallel);
-    if (rc != SL_OK) goto done;
-    for (int64_t i = 0; i < ns; i++) {
-        zs[i] = -pw->zp * s[i];
-        if (ds) ds[i] = d[i] * (float)s[i];
-    }
-    {
-        const qacts acts = {q, d, zs, ds};
-        tile_fn tile = tile_generic;
-#if SL_I8_X86
-        switch (sl_int8_kernel()) {
-        case SL_INT8_VNNI512: tile = tile_vnni_any; break;
-#if SL_I8_HAVE_AVXVNNI
-        case SL_INT8_AVXVNNI: tile = tile_avxvnni; break;
-#endif
-        case SL_INT8_AVX2: tile = tile_avx2; break;
-        default: break;
-        }
-#endif
-        /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks of a
-         * static schedule are balanced: M = 128 is 66 + 62 rows, not 96 + 32 */
-        const int64_t nmc = (M + MC8 - 1) / MC8, ntasks = nmc * pw->npanels;
-        const int64_t mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
-#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
-        for (int64_t t = 0; t < ntasks; t++) {
-            const int64_t mc = t / pw->npanels, p = t % pw->npanels;
-            const int64_t m1 = min64(M, (mc + 1) * mcr);
-            for (int64_t m0 = mc * mcr; m0 < m1; m0 += MR8)
-                tile(&acts, pw, K, m0, (int)min64(MR8, m1 - m0), p, C, ldc, accumulate);
-        }
-    }
-done:
-    free(q);
-    free(d);
-    free(s);
-    free(zs);
-    free(ds);
+                       (long long)pw->cols, (long long)ldc, (long long)pw->rows);
+    sl_int8_acts qa;
+    SL_TRY(sl_int8_acts_init(&qa, M, pw->cols, A, lda, parallel));
+    const int rc = sl_linear_nt_int8_acts(&qa, pw, C, ldc, accumulate, parallel);
+    sl_int8_acts_free(&qa);
     return rc;
 }
 

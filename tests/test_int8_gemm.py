@@ -319,6 +319,24 @@ def test_edge_shapes_paths_threads(shape, qtype):
     assert_bitwise(first, np_product(q, d, s, u, dw, mw, zp), "vs NumPy")
 
 
+def test_shared_activations_same_bits():
+    """q/k/v-style products from one quantization of A (sl_int8_acts_init, then
+    sl_linear_nt_int8_acts per weight) give the bits of separate calls, for weights of different
+    zero points and offsets (Q8_0: 128; Q4_0: 8; Q4_1: offsets)."""
+    rng = np.random.default_rng(9)
+    a = activations(rng, 41, 576)
+    ws = [(T.Q8_0, 576), (T.Q4_0, 192), (T.Q4_1, 200)]
+    raws = [random_weight(rng, t, n, 576) for t, n in ws]
+    caps = [core._int8_prepack(r.ravel(), int(t), n, 576) for r, (t, n) in zip(raws, ws)]
+    for level in LEVELS:
+        use(level)
+        outs = core._linear_int8_shared(a, caps)
+        for y, r, (t, n) in zip(outs, raws, ws):
+            assert_bitwise(y, linear(a, r, t, n, 576), f"{level} {t.name} shared vs separate")
+    with pytest.raises(ValueError):
+        core._linear_int8_shared(a[:, :544].copy(), caps)  # K differs from the weights'
+
+
 def test_generic_subprocess_same_bits(tmp_path):
     """SINKLAB_SIMD=generic at import selects the portable path, with the same bits."""
     rng = np.random.default_rng(7)
