@@ -241,7 +241,7 @@ int sl_int8_quantize_rows(int64_t M, int64_t K, const float *A, int64_t lda, int
     const quantize_block_fn fn = pick_quantizer();
     const int64_t nb = K / QB;
     (void)parallel; /* unused without OpenMP */
-#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && M > 1)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(sl_num_threads()) if (parallel && M > 16)
     for (int64_t m = 0; m < M; m++)
         for (int64_t b = 0; b < nb; b++) fn(A + m * lda + b * QB, q + m * K + b * QB, d + m * nb + b, s + m * nb + b);
     return SL_OK;
@@ -718,12 +718,14 @@ int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, flo
     default: break;
     }
 #endif
-    /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks of a static
-     * schedule are balanced: M = 128 is 66 + 62 rows, not 96 + 32 */
+    /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks are balanced
+     * (M = 128 is 66 + 62 rows, not 96 + 32); handed out dynamically, so that a thread whose core
+     * is taken by another process does not hold the others back (which thread computes a task
+     * never changes its result) */
     const int64_t nmc = (M + MC8 - 1) / MC8, ntasks = nmc * pw->npanels;
     const int64_t mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
     (void)parallel;
-#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
     for (int64_t t = 0; t < ntasks; t++) {
         const int64_t mc = t / pw->npanels, p = t % pw->npanels;
         const int64_t m1 = min64(M, (mc + 1) * mcr);
