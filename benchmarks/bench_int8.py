@@ -18,7 +18,8 @@ into a preallocated output, alternating, --reps rounds after a warm-up; the medi
 "int GOP/s" counts 2·M·N·K integer multiply-adds as 2 ops, the same count as the fp32 GFLOP/s, so
 the columns compare directly; "x fp32" = t_fp32 / t_int8; "of peak" = int GOP/s / the measured
 vpdpbusd peak at that thread count (_core._int8_peak: 24 independent zmm vpdpbusd chains, 128
-ops each, nothing but registers). The "layer" row sums the seven matrices of one transformer layer
+ops each, nothing but registers; measured before the rows, and again after them to show how much
+the machine's load moved). The "layer" row sums the seven matrices of one transformer layer
 (q, k, v, o, gate, up, down).
 
 llama.cpp: benchmarks/bench_llamacpp.py times llama-cpp-python's prompt processing; this script
@@ -121,9 +122,9 @@ def main() -> int:
         weights = random_weights(args.head, rng)
     print(f"# weights: {source}")
 
+    # the peak before the rows (used for "of peak") and again after them (printed at the end): on
+    # shared cores a measurement can fall in a busy moment, which inflates every "of peak"
     peaks = {n: peak(n) for n in threads_list}
-    for n, p in peaks.items():
-        print(f"# vpdpbusd peak, {n} thread(s): {p:.0f} int GOP/s")
 
     packed = {}
     for qt in types:
@@ -173,6 +174,10 @@ def main() -> int:
                 rows_out.append({"type": qt.name, "matrix": "layer", "M": M, "threads": n, "int8_gops": g,
                                  "fp32_gflops": tot_ops / tot_f / 1e9, "speedup": tot_f / tot_i,
                                  "of_peak": g / peaks[n] if peaks[n] else None})
+    for n in threads_list:
+        after = peak(n)
+        print(f"# vpdpbusd peak, {n} thread(s): {peaks[n]:.0f} before, {after:.0f} after the rows (int GOP/s); "
+              f"'of peak' above used the before value")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"cpu": cpu_name(), "peaks": peaks, "weights": source, "rows": rows_out}, f, indent=1)
