@@ -1085,6 +1085,8 @@ static PyMethodDef methods[] = {
     {"_linear_int8_shared", sl_py_linear_int8_shared, METH_VARARGS,
      "_linear_int8_shared(a (M, K) f32, [capsules]) -> [(M, rows) f32]: a quantized once, one product per\n"
      "packed weight (sl_int8_acts_init + sl_linear_nt_int8_acts). Test-only."},
+    {"_int8_usable", sl_py_int8_usable, METH_VARARGS,
+     "_int8_usable(weight_bytes uint8, type, rows, cols) -> bool: sl_int8_weight_usable. Test-only."},
     {"_int8_quantize", sl_py_int8_quantize, METH_O,
      "_int8_quantize(a (M, K) f32) -> (q int8, d f32 (M, K/32), s int32 (M, K/32)). Test-only."},
     {"_int8_weight_unpack", sl_py_int8_weight_unpack, METH_O,

@@ -7,6 +7,7 @@
 #include "cpu.h"
 #include "gemm_int8.h"
 #include "interrupt.h"
+#include "quant.h"
 #include "sl_common.h"
 
 #if SL_HAVE_OPENMP
@@ -348,4 +349,22 @@ PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args) {
         return NULL;
     }
     return outs;
+}
+
+/* _int8_usable(weight_bytes uint8, type, rows, cols) -> bool: sl_int8_weight_usable on the weight
+ * (False too when sl_weight_init rejects it). */
+PyObject *sl_py_int8_usable(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data;
+    int type;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OiLL", &data, &type, &rows, &cols)) return NULL;
+    PyArrayObject *src = sl_py_check_array(data, "weight_bytes", NPY_UINT8, 1, NULL, 0);
+    if (!src) return NULL;
+    sl_weight w;
+    const int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
+    if (be <= 0 || rows <= 0 || cols <= 0 || cols % be) Py_RETURN_FALSE;
+    w.type = type, w.data = PyArray_DATA(src), w.rows = rows, w.cols = cols, w.row_bytes = cols / be * bb;
+    if ((int64_t)PyArray_NBYTES(src) != rows * w.row_bytes) Py_RETURN_FALSE;
+    return PyBool_FromLong(sl_int8_weight_usable(&w));
 }

@@ -371,6 +371,15 @@ static int check_weight_int8(const sl_weight *W) {
     return SL_OK;
 }
 
+int sl_int8_weight_usable(const sl_weight *W) {
+    if (!W || !W->data || !sl_int8_weight_supported(W->type)) return 0;
+    const int64_t be = sl_quant_block_elems(W->type), bb = sl_quant_block_bytes(W->type);
+    int64_t total;
+    return W->rows > 0 && W->cols > 0 && W->cols % be == 0 && W->cols % QB == 0 &&
+           W->row_bytes == W->cols / be * bb && W->rows <= (INT64_MAX >> 12) && W->cols <= (INT64_MAX >> 12) &&
+           sl_mul_size(W->rows, W->row_bytes, &total);
+}
+
 int sl_int8_weight_init(sl_int8_weight *pw, const sl_weight *W, int parallel) {
     if (!pw) return sl_fail(SL_ERR_VALUE, "int8 weight: NULL packed weight");
     memset(pw, 0, sizeof *pw);

@@ -64,7 +64,8 @@
  *   generic      portable C (SINKLAB_SIMD=generic, other architectures).
  *
  * Wiring into a precision dispatch (model.c): keep one sl_int8_weight per weight matrix (built
- * with sl_int8_weight_init on first use, freed with sl_int8_weight_free with the model), and call
+ * with sl_int8_weight_init on first use, freed with sl_int8_weight_free with the model; only for
+ * weights sl_int8_weight_usable accepts, the others stay on sl_linear_nt), and call
  *     case SL_PRECISION_INT8: rc = sl_linear_nt_int8_packed(M, A, lda, &packed[w], C, ldc, acc, par);
  * in place of sl_linear_nt(M, A, lda, &w, C, ldc, acc, par); same arguments, same contract
  * (parallel != 0: OpenMP inside, call from outside a parallel region; parallel == 0: on the
@@ -84,6 +85,10 @@ enum { SL_INT8_BLOCK = 32, SL_INT8_PANEL = 32 /* outputs per packed weight panel
 /* 1 when sl_int8_weight_init accepts a weight of this SL_GGML_* type (every type quant.h decodes:
  * F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), else 0. */
 int sl_int8_weight_supported(int type);
+/* 1 when sl_int8_weight_init would accept W (type supported, consistent sizes, cols a multiple of
+ * 32), else 0; sets no error. A precision dispatch keeps sl_linear_nt for the others (e.g. the
+ * tiny test models' 232-wide layers). */
+int sl_int8_weight_usable(const sl_weight *W);
 /* 1 when the int8 form of this type is its own quants (no requantization; see above), else 0. */
 int sl_int8_weight_exact(int type);
 

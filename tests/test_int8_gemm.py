@@ -427,6 +427,9 @@ def test_bad_sizes_raise():
     with pytest.raises(ValueError):
         core._linear_int8(a, raw, int(T.Q4_1), 8, 64, out=np.zeros((3, 9), np.float32))
     assert core._linear_int8(np.ones((0, 64), np.float32), raw, int(T.Q4_1), 8, 64).shape == (0, 8)
+    assert core._int8_usable(raw, int(T.Q4_1), 8, 64)
+    assert not core._int8_usable(f32, int(T.F32), 4, 48)  # a 48-wide F32 weight: fp32 only
+    assert not core._int8_usable(raw[:-20], int(T.Q4_1), 8, 64)
 
 
 # ------------------------------------------------------------------ real weights
