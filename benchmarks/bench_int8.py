@@ -7,6 +7,8 @@ vpdpbusd peak.
     python benchmarks/bench_int8.py                      # M = 128, 512, 2048; 1 and 2 threads
     python benchmarks/bench_int8.py --M 512 --threads 1 --reps 9 --types Q4_1
     python benchmarks/bench_int8.py --head               # adds the 49152 x 576 vocabulary projection
+    python benchmarks/bench_int8.py --simd avx2          # both at the AVX2 level (int8: AVX-VNNI if the CPU has it)
+    python benchmarks/bench_int8.py --simd avx2 --int8-kernel avx2   # int8 without any VNNI
 
 Weights: layer 0 of the SmolLM2-135M-Instruct Q4_1 GGUF (read with sinklab's GGUF reader) when it
 is in the sinklab cache, else random Q4_1 blocks of the same shapes; the Q8_0 rows quantize the
@@ -96,12 +98,17 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_1,Q8_0")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--head", action="store_true", help="add the 49152 x 576 vocabulary projection")
+    ap.add_argument("--simd", default="auto", help="SIMD level of both contenders (set_simd): auto, avx2, generic")
+    ap.add_argument("--int8-kernel", default="auto",
+                    help="cap the int8 kernel (avx512_vnni, avx_vnni, avx2, generic; default: the best)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     Ms = [int(x) for x in args.M.split(",")]
     threads_list = [int(x) for x in args.threads.split(",")]
     types = [getattr(T, x) for x in args.types.split(",")]
 
+    core.set_simd(args.simd)
+    core._int8_force_kernel(args.int8_kernel)
     print(f"# bench_int8  {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC  cpu={cpu_name()}  "
           f"python={platform.python_version()}  simd={core.simd()}  int8={core._int8_info()}")
     for ln in lscpu_lines():

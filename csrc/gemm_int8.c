@@ -112,11 +112,12 @@ static int type_has_min(int type) {
 static inline int32_t round_clamp(float t) {
     t = t > -127.0f ? t : -127.0f;
     t = t < 127.0f ? t : 127.0f;
-    int32_t i = (int32_t)t;
+    const int32_t i = (int32_t)t;
     const float f = t - (float)i;
-    if (f > 0.5f || (f == 0.5f && (i & 1))) i++;
-    else if (f < -0.5f || (f == -0.5f && (i & 1))) i--;
-    return i;
+    /* without branches: on real data they would be mispredicted half the time */
+    const int32_t odd = i & 1;
+    const int32_t up = (f > 0.5f) | ((f == 0.5f) & odd), down = (f < -0.5f) | ((f == -0.5f) & odd);
+    return i + up - down;
 }
 
 /* The block's scale and inverse: 0 normal, 1 zero block, 2 non-finite block (d = NaN). */
@@ -180,6 +181,44 @@ SL_VNNI512 static void quantize_block_avx512(const float *x, int8_t *q, float *d
 }
 #endif
 
+#if SL_I8_X86
+/* AVX2: the same operations; the rounding by vroundps with an explicit round-to-nearest-even
+ * immediate (independent of MXCSR), then an exact truncating conversion of the integral value */
+SL_I8_AVX2 static void quantize_block_avx2(const float *x, int8_t *q, float *d, int32_t *s) {
+    const __m256 signbit = _mm256_set1_ps(-0.0f);
+    __m256 xv[4], m = _mm256_setzero_ps();
+    int nan = 0;
+    for (int i = 0; i < 4; i++) {
+        xv[i] = _mm256_loadu_ps(x + 8 * i);
+        nan |= _mm256_movemask_ps(_mm256_cmp_ps(xv[i], xv[i], _CMP_UNORD_Q));
+        m = _mm256_max_ps(_mm256_andnot_ps(signbit, xv[i]), m); /* NaN lanes keep m */
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float amax = _mm_cvtss_f32(h);
+    float id;
+    if (block_scales(amax, nan != 0, d, &id)) {
+        memset(q, 0, QB);
+        *s = 0;
+        return;
+    }
+    const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    int32_t v[QB];
+    for (int i = 0; i < 4; i++) {
+        const __m256 t = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(xv[i], vid), lo), hi);
+        const __m256 r = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_si256((__m256i *)(void *)(v + 8 * i), _mm256_cvttps_epi32(r));
+    }
+    int32_t sum = 0;
+    for (int j = 0; j < QB; j++) {
+        q[j] = (int8_t)v[j];
+        sum += v[j];
+    }
+    *s = sum;
+}
+#endif
+
 typedef void (*quantize_block_fn)(const float *x, int8_t *q, float *d, int32_t *s);
 
 /* The kernels, best first: one is usable when this build has it, the CPU has its instructions
@@ -220,13 +259,12 @@ const char *sl_int8_kernel_name(int k) {
     }
 }
 
-#if SL_I8_X86
-static int has_vnni512(void) { return sl_int8_kernel() == SL_INT8_VNNI512; }
-#endif
 
 static quantize_block_fn pick_quantizer(void) {
 #if SL_I8_X86
-    if (has_vnni512()) return quantize_block_avx512;
+    const int k = sl_int8_kernel();
+    if (k == SL_INT8_VNNI512) return quantize_block_avx512;
+    if (k == SL_INT8_AVXVNNI || k == SL_INT8_AVX2) return quantize_block_avx2;
 #endif
     return quantize_block_generic;
 }
