@@ -12,13 +12,15 @@
  *
  * Why unsigned weights: vpdpbusd multiplies unsigned by signed bytes. Q4/Q5 quants are unsigned
  * already (the zero point moves into the accumulator's start value, -zp·s, s the activation
- * block's sum); int8 weights are biased by 128 (u = q + 128, zp = 128), the "unsigned × signed"
- * trick llama.cpp plays on the activation side instead (it adds 128 to the activations and
- * subtracts 128·Σw; here Σq of the activations is already needed for the Q4_1 offsets).
+ * block's sum); int8 weights are biased by 128 (u = q + 128, zp = 128), so the same -zp·s start
+ * undoes the bias and one kernel serves every format. llama.cpp's Q8_0 × Q8_0 instead moves the
+ * weight's sign onto the activation (|w| × sign(q, w), vpsignb), which needs a sign instruction per
+ * product and has no zmm form; the AVX2 kernel here uses that trick (vpmaddubsw saturates at
+ * int16, and u = q + 128 would overflow it).
  *
- * Threads. Tasks are (chunk of up to 96 rows, chunks of equal size, panel of 32 outputs), each output computed by one
- * task over all of K, so the thread count cannot change a result. The activation quantization is
- * per row, also thread-independent. */
+ * Threads. Tasks are (row chunk, panel of 32 outputs): chunks of at most 96 rows, all of equal
+ * size; each output is computed by one task over all of K, so the thread count cannot change a
+ * result. The activation quantization is per row, also thread-independent. */
 #include "gemm_int8.h"
 
 #include <float.h>

@@ -14,9 +14,9 @@
  * activation blocks in fp16 to halve their memory traffic in its dot products, but here the
  * quantized rows are transient and small next to the weights (K/32 floats per row), and fp32
  * avoids a second rounding of d (up to 2^-11 relative per block) and fp16's range limits (scales
- * under 6e-8 or over 65504 would flush or overflow). The rounding is ties-to-even, on every path
- * (AVX-512 by embedded rounding, the portable path by integer arithmetic), independent of the
- * floating-point environment.
+ * under 6e-8 or over 65504 would flush or overflow). The rounding is ties-to-even on every path
+ * (AVX-512 by embedded rounding, AVX2 by vroundps with an explicit rounding immediate, the
+ * portable path by integer arithmetic), independent of the floating-point environment.
  *
  * Weights (sl_int8_weight_init, once per weight; the caller caches it on the model). Every
  * 32-element block becomes 32 unsigned bytes u_j, a float32 scale dw, optionally a float32 offset
@@ -44,9 +44,9 @@
  *       acc = acc + (float)isum_b * (d[m, b] * dw[n, b])
  *       if the weight has offsets:  acc = acc + (d[m, b] * (float)s[m, b]) * mw[n, b]
  *   C[m, n] = accumulate ? C[m, n] + acc : acc
- * The VNNI kernel and the portable C path run exactly these operations, and every output is
- * computed by one thread over all of K, so the result is bitwise the same on every path (AVX-512
- * VNNI, portable) and for every thread count and tiling.
+ * Every kernel below runs exactly these operations, and every output is computed by one thread
+ * over all of K, so the result is bitwise the same on every path (AVX-512 VNNI, AVX-VNNI, AVX2,
+ * portable) and for every thread count and tiling.
  *
  * Integer overflow: none. The VNNI kernel multiplies u (unsigned, <= 255) by q (signed, |q| <=
  * 127): every product is at most 255 * 127 = 32385 in magnitude, a block's 32 of them at most
@@ -54,13 +54,17 @@
  * |isum_b| <= 1,556,512 < 2^24: far from int32's 2^31, and exactly representable as a float, so
  * (float)isum_b is exact too. Each block's integer sum is converted and scaled on its own; nothing
  * accumulates in integers across blocks, so K (any multiple of 32, e.g. 8192) does not matter.
+ * The AVX2 kernel (no VNNI) forms int16 pairs first (vpmaddubsw saturates at 32767): u <= 31 for
+ * the 4/5-bit formats gives |pair| <= 2 * 31 * 127 = 7874; the int8-coded formats (zp = 128) use
+ * the weight signed, |w| * sign(q, w) with |w| <= 128, so |pair| <= 2 * 128 * 127 = 32512; no
+ * pair saturates, and the int32 sums are those above.
  *
  * Kernels, picked at run time (sl_int8_kernel), all giving the same bits:
  *   avx512_vnni  vpdpbusd on zmm, 6 rows × 32 outputs per register tile (sl_simd() avx512 and
  *                the CPU has AVX512-VNNI);
- *   avx_vnni     vpdpbusd on ymm (VEX), 2 rows × 16 outputs (sl_simd() >= avx2, AVX-VNNI: Intel
+ *   avx_vnni     vpdpbusd on ymm (VEX), 3 rows × 16 outputs (sl_simd() >= avx2, AVX-VNNI: Intel
  *                Alder Lake and later, AMD Zen 5);
- *   avx2         vpmaddubsw + vpmaddwd, 2 rows × 16 outputs (any AVX2 CPU; exact, see the .c);
+ *   avx2         vpmaddubsw + vpmaddwd, 3 rows × 16 outputs (any AVX2 CPU);
  *   generic      portable C (SINKLAB_SIMD=generic, other architectures).
  *
  * Wiring into a precision dispatch (model.c): keep one sl_int8_weight per weight matrix (built
