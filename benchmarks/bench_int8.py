@@ -22,7 +22,9 @@ the columns compare directly; "x fp32" = t_fp32 / t_int8; "of peak" = int GOP/s 
 vpdpbusd peak at that thread count (_core._int8_peak: 24 independent zmm vpdpbusd chains, 128
 ops each, nothing but registers; measured before the rows, and again after them to show how much
 the machine's load moved). The "layer" row sums the seven matrices of one transformer layer
-(q, k, v, o, gate, up, down).
+(q, k, v, o, gate, up, down); the "sharing" row times the same layer with q/k/v and gate/up each
+quantizing their common input once (_core._linear_int8_shared: sl_int8_acts_init, then
+sl_linear_nt_int8_acts per weight), against the same fp32 time.
 
 llama.cpp: benchmarks/bench_llamacpp.py times llama-cpp-python's prompt processing; this script
 reports whether llama_cpp is importable and does not time it (its per-matrix products are not
@@ -175,9 +177,31 @@ def main() -> int:
                     print(f"| {qt.name} | {name} ({rows} x {cols}) | {M} | {n} | {row['int8_gops']:.0f} | "
                           f"{row['fp32_gflops']:.0f} | {row['speedup']:.2f} | "
                           f"{(row['of_peak'] or 0) * 100:.0f} % |")
+                # the same layer with q/k/v and gate/up each sharing one quantization of their
+                # input (sl_int8_acts: what a model wiring can do), o and down alone
+                groups = [["attn_q", "attn_k", "attn_v"], ["attn_output"], ["ffn_gate", "ffn_up"], ["ffn_down"]]
+                tot_s = 0.0
+                if all(n_ in weights for grp in groups for n_ in grp):
+                    for grp in groups:
+                        a = rng.standard_normal((M, weights[grp[0]][1])).astype(np.float32)
+                        caps = [packed[qt, n_] for n_ in grp]
+                        core._linear_int8_shared(a, caps)
+                        ts = []
+                        for _ in range(args.reps):
+                            t0 = time.perf_counter()
+                            core._linear_int8_shared(a, caps)
+                            ts.append(time.perf_counter() - t0)
+                        tot_s += statistics.median(ts)
                 g = tot_ops / tot_i / 1e9
                 print(f"| {qt.name} | **layer (7 matrices)** | {M} | {n} | **{g:.0f}** | {tot_ops / tot_f / 1e9:.0f} | "
                       f"**{tot_f / tot_i:.2f}** | {g / peaks[n] * 100 if peaks[n] else 0:.0f} % |")
+                if tot_s:
+                    gs = tot_ops / tot_s / 1e9
+                    print(f"| {qt.name} | layer, q/k/v and gate/up sharing their quantized input | {M} | {n} | "
+                          f"{gs:.0f} | {tot_ops / tot_f / 1e9:.0f} | {tot_f / tot_s:.2f} | "
+                          f"{gs / peaks[n] * 100 if peaks[n] else 0:.0f} % |")
+                    rows_out.append({"type": qt.name, "matrix": "layer_shared", "M": M, "threads": n,
+                                     "int8_gops": gs, "speedup": tot_f / tot_s})
                 rows_out.append({"type": qt.name, "matrix": "layer", "M": M, "threads": n, "int8_gops": g,
                                  "fp32_gflops": tot_ops / tot_f / 1e9, "speedup": tot_f / tot_i,
                                  "of_peak": g / peaks[n] if peaks[n] else None})
