@@ -365,6 +365,7 @@ PyObject *sl_py_int8_usable(PyObject *self, PyObject *args) {
     const int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
     if (be <= 0 || rows <= 0 || cols <= 0 || cols % be) Py_RETURN_FALSE;
     w.type = type, w.data = PyArray_DATA(src), w.rows = rows, w.cols = cols, w.row_bytes = cols / be * bb;
-    if ((int64_t)PyArray_NBYTES(src) != rows * w.row_bytes) Py_RETURN_FALSE;
+    int64_t total;
+    if (!sl_mul_size(rows, w.row_bytes, &total) || (int64_t)PyArray_NBYTES(src) != total) Py_RETURN_FALSE;
     return PyBool_FromLong(sl_int8_weight_usable(&w));
 }
