@@ -403,6 +403,15 @@ def test_overflow_worst_case(level):
 
 # ------------------------------------------------------------------ bad sizes
 
+def _foreign_capsule():
+    """A capsule that is not an int8 weight (ctypes makes one with another name)."""
+    import ctypes
+    make = ctypes.pythonapi.PyCapsule_New
+    make.restype = ctypes.py_object
+    make.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_void_p]
+    return make(ctypes.c_void_p(1), b"not.int8", None)
+
+
 def test_bad_sizes_raise():
     rng = np.random.default_rng(8)
     raw = random_weight(rng, T.Q4_1, 8, 64).ravel()
@@ -427,6 +436,14 @@ def test_bad_sizes_raise():
     with pytest.raises(ValueError):
         core._linear_int8(a, raw, int(T.Q4_1), 8, 64, out=np.zeros((3, 9), np.float32))
     assert core._linear_int8(np.ones((0, 64), np.float32), raw, int(T.Q4_1), 8, 64).shape == (0, 8)
+    with pytest.raises(ValueError):
+        core._linear_int8(a, raw, int(T.Q4_1), 2 ** 62, 64)  # a size product that overflows
+    with pytest.raises(ValueError):
+        core._int8_prepack(raw, int(T.Q4_1), 8, 2 ** 61)
+    with pytest.raises(TypeError):  # the binding's dtype check
+        core._linear_int8(a, core._int8_prepack(raw, int(T.Q4_1), 8, 64), out=np.zeros((3, 8), np.float64))
+    with pytest.raises(ValueError):  # a capsule of another kind
+        core._int8_weight_unpack(_foreign_capsule())
     assert core._int8_usable(raw, int(T.Q4_1), 8, 64)
     assert not core._int8_usable(f32, int(T.F32), 4, 48)  # a 48-wide F32 weight: fp32 only
     assert not core._int8_usable(raw[:-20], int(T.Q4_1), 8, 64)
