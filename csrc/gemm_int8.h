@@ -65,7 +65,9 @@
  *   avx_vnni     vpdpbusd on ymm (VEX), 3 rows × 16 outputs (sl_simd() >= avx2, AVX-VNNI: Intel
  *                Alder Lake and later, AMD Zen 5);
  *   avx2         vpmaddubsw + vpmaddwd, 3 rows × 16 outputs (any AVX2 CPU);
- *   generic      portable C (SINKLAB_SIMD=generic, other architectures).
+ *   generic      portable C (SINKLAB_SIMD=generic, other architectures): ~14 int GOP/s on one
+ *                Zen 5 core, far below the fp32 SGEMM there; a precision dispatch should treat
+ *                int8 on sl_int8_kernel() == SL_INT8_GENERIC as a fidelity mode, not a speed-up.
  *
  * Wiring into a precision dispatch (model.c): keep one sl_int8_weight per weight matrix (built
  * with sl_int8_weight_init on first use, freed with sl_int8_weight_free with the model; only for
