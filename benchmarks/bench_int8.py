@@ -20,7 +20,7 @@ into a preallocated output, alternating, --reps rounds after a warm-up; the medi
 "int GOP/s" counts 2·M·N·K integer multiply-adds as 2 ops, the same count as the fp32 GFLOP/s, so
 the columns compare directly; "x fp32" = t_fp32 / t_int8; "of peak" = int GOP/s / the measured
 vpdpbusd peak at that thread count (_core._int8_peak: 24 independent zmm vpdpbusd chains, 128
-ops each, nothing but registers; measured before the rows, and again after them to show how much
+ops each, nothing but registers; for the avx_vnni kernel 12 ymm chains of 64 ops; measured before the rows, and again after them to show how much
 the machine's load moved). The "layer" row sums the seven matrices of one transformer layer
 (q, k, v, o, gate, up, down); the "sharing" row times the same layer with q/k/v and gate/up each
 quantizing their common input once (_core._linear_int8_shared: sl_int8_acts_init, then
@@ -84,10 +84,13 @@ def random_weights(head: bool, rng):
 
 
 def peak(threads: int, iters: int = 20_000_000) -> float:
+    """Best of 3 of the register-only loop of the kernel in use (zmm vpdpbusd for avx512_vnni, ymm
+    for avx_vnni; the zmm one for the other kernels, which have no loop of their own)."""
     core.set_num_threads(threads)
+    kind = "avx_vnni" if core._int8_info()["kernel"] == "avx_vnni" else "avx512_vnni"
     best = 0.0
     for _ in range(3):
-        ops, secs = core._int8_peak(iters)
+        ops, secs = core._int8_peak(iters, kind)
         if secs > 0:
             best = max(best, ops / secs / 1e9)
     return best
@@ -207,7 +210,7 @@ def main() -> int:
                                  "of_peak": g / peaks[n] if peaks[n] else None})
     for n in threads_list:
         after = peak(n)
-        print(f"# vpdpbusd peak, {n} thread(s): {peaks[n]:.0f} before, {after:.0f} after the rows (int GOP/s); "
+        print(f"# vpdpbusd peak ({'ymm' if core._int8_info()['kernel'] == 'avx_vnni' else 'zmm'}), {n} thread(s): {peaks[n]:.0f} before, {after:.0f} after the rows (int GOP/s); "
               f"'of peak' above used the before value")
     if args.json:
         with open(args.json, "w") as f:

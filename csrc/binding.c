@@ -1096,8 +1096,9 @@ static PyMethodDef methods[] = {
     {"_int8_force_kernel", sl_py_int8_force_kernel, METH_O,
      "_int8_force_kernel('generic' | 'avx2' | 'avx_vnni' | 'avx512_vnni' | 'auto') -> the int8 kernel now in use\n"
      "(the best one at or below the cap that the CPU and simd() allow). Test-only."},
-    {"_int8_peak", sl_py_int8_peak, METH_O,
-     "_int8_peak(iters) -> (int ops, seconds): register-only vpdpbusd loop on every thread. Benchmark-only."},
+    {"_int8_peak", sl_py_int8_peak, METH_VARARGS,
+     "_int8_peak(iters, kernel='avx512_vnni' | 'avx_vnni') -> (int ops, seconds): register-only vpdpbusd\n"
+     "loop (zmm / ymm) on every thread. Benchmark-only."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
     {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
     {"build_info", sl_py_build_info, METH_NOARGS,

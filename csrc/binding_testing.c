@@ -260,6 +260,7 @@ PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg) {
 
 typedef struct {
     int64_t iters;
+    int kernel;
     double ops, seconds;
 } int8_peak_call;
 
@@ -270,21 +271,27 @@ static int run_int8_peak(void *p) {
 #pragma omp parallel num_threads(sl_num_threads()) reduction(+ : ops) reduction(max : secs)
     {
         double s;
-        ops += sl_int8_vnni_peak(c->iters, &s);
+        ops += sl_int8_peak(c->kernel, c->iters, &s);
         secs = s > secs ? s : secs;
     }
     c->ops = ops, c->seconds = secs;
     return SL_OK;
 }
 
-/* _int8_peak(iters) -> (int ops, seconds) of the register-only vpdpbusd loop on every thread of the
- * current thread count ((0, 0.0) without AVX512-VNNI). */
-PyObject *sl_py_int8_peak(PyObject *self, PyObject *arg) {
+/* _int8_peak(iters, kernel="avx512_vnni") -> (int ops, seconds) of the register-only vpdpbusd loop
+ * (zmm for "avx512_vnni", ymm VEX for "avx_vnni") on every thread of the current thread count
+ * ((0, 0.0) when the CPU lacks it). */
+PyObject *sl_py_int8_peak(PyObject *self, PyObject *args) {
     (void)self;
-    long long iters = PyLong_AsLongLong(arg);
-    if (iters == -1 && PyErr_Occurred()) return NULL;
+    long long iters;
+    const char *name = "avx512_vnni";
+    if (!PyArg_ParseTuple(args, "L|s", &iters, &name)) return NULL;
     if (iters <= 0 || iters > (1LL << 40)) return PyErr_Format(PyExc_ValueError, "iters must be in [1, 2^40]");
-    int8_peak_call c = {iters, 0.0, 0.0};
+    int kernel = -1;
+    if (!strcmp(name, "avx512_vnni")) kernel = SL_INT8_VNNI512;
+    if (!strcmp(name, "avx_vnni")) kernel = SL_INT8_AVXVNNI;
+    if (kernel < 0) return PyErr_Format(PyExc_ValueError, "no peak loop for %s (avx512_vnni or avx_vnni)", name);
+    int8_peak_call c = {iters, kernel, 0.0, 0.0};
     if (sl_py_call(run_int8_peak, &c, 0) < 0) return NULL;
     return Py_BuildValue("(dd)", c.ops, c.seconds);
 }

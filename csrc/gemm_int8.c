@@ -854,18 +854,51 @@ SL_VNNI512 static int32_t vnni_loop(int64_t iters) {
 }
 #endif
 
+#if SL_I8_X86 && SL_I8_HAVE_AVXVNNI
+#define SL_I8_X12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+/* the same on ymm with the VEX (AVX-VNNI) form: 12 chains, 14 of the 16 ymm registers */
+SL_I8_AVXVNNI static int32_t avxvnni_loop(int64_t iters) {
+    const __m256i a = _mm256_set1_epi32(0x01010101), b = _mm256_set1_epi32(0x01FF01FF);
+#define SL_I8_DECL(i) __m256i acc##i = _mm256_set1_epi32(i);
+#define SL_I8_STEP(i) acc##i = _mm256_dpbusd_avx_epi32(acc##i, a, b);
+#define SL_I8_KEEP(i) __asm__ volatile("" : "+x"(acc##i));
+#define SL_I8_SUM(i) s = _mm256_add_epi32(s, acc##i);
+    SL_I8_X12(SL_I8_DECL)
+    for (int64_t it = 0; it < iters; it++) {
+        SL_I8_X12(SL_I8_STEP)
+        SL_I8_X12(SL_I8_KEEP)
+    }
+    __m256i s = _mm256_setzero_si256();
+    SL_I8_X12(SL_I8_SUM)
+    return _mm256_extract_epi32(s, 0) + _mm256_extract_epi32(s, 7);
+#undef SL_I8_DECL
+#undef SL_I8_STEP
+#undef SL_I8_KEEP
+#undef SL_I8_SUM
+}
+#endif
+
 static volatile int32_t peak_sink;
 
-double sl_int8_vnni_peak(int64_t iters, double *seconds) {
+double sl_int8_peak(int kernel, int64_t iters, double *seconds) {
     *seconds = 0.0;
+    if (iters <= 0) return 0.0;
 #if SL_I8_X86
-    if (!sl_cpu_has_avx512_vnni() || !sl_cpu_has_avx512() || iters <= 0) return 0.0;
-    const double t0 = now_s();
-    peak_sink = vnni_loop(iters);
-    *seconds = now_s() - t0;
-    return (double)iters * 24.0 * 16.0 * 4.0 * 2.0;
-#else
-    (void)iters;
-    return 0.0;
+    if (kernel == SL_INT8_VNNI512 && sl_cpu_has_avx512_vnni() && sl_cpu_has_avx512()) {
+        const double t0 = now_s();
+        peak_sink = vnni_loop(iters);
+        *seconds = now_s() - t0;
+        return (double)iters * 24.0 * 16.0 * 4.0 * 2.0;
+    }
+#if SL_I8_HAVE_AVXVNNI
+    if (kernel == SL_INT8_AVXVNNI && sl_cpu_has_avx_vnni()) {
+        const double t0 = now_s();
+        peak_sink = avxvnni_loop(iters);
+        *seconds = now_s() - t0;
+        return (double)iters * 12.0 * 8.0 * 4.0 * 2.0;
+    }
 #endif
+#endif
+    (void)kernel;
+    return 0.0;
 }

@@ -166,9 +166,10 @@ int sl_int8_force_kernel(int k);
 /* "avx512_vnni", "avx_vnni", "avx2" or "generic". */
 const char *sl_int8_kernel_name(int k);
 
-/* Register-only vpdpbusd throughput on the calling thread: `iters` iterations of 24 independent
- * zmm vpdpbusd (each 16 × 4 multiply-adds = 128 integer ops). Writes the seconds taken and returns
- * the integer ops done (0 when the CPU has no AVX512-VNNI, with *seconds = 0). */
-double sl_int8_vnni_peak(int64_t iters, double *seconds);
+/* Register-only vpdpbusd throughput on the calling thread, for kernel SL_INT8_VNNI512 (`iters`
+ * iterations of 24 independent zmm vpdpbusd, each 16 × 4 multiply-adds = 128 integer ops) or
+ * SL_INT8_AVXVNNI (12 independent ymm ones, 64 ops each). Writes the seconds taken and returns
+ * the integer ops done (0, with *seconds = 0, for another kernel or a CPU without it). */
+double sl_int8_peak(int kernel, int64_t iters, double *seconds);
 
 #endif
