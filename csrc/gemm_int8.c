@@ -447,12 +447,17 @@ int sl_int8_weight_init(sl_int8_weight *pw, const sl_weight *W, int parallel) {
         uint8_t *ur = malloc((size_t)(NP * K));
         float *sr = malloc((size_t)(2 * NP * nb) * sizeof(float));
         float *tmp = malloc((size_t)K * sizeof(float));
-        if (!ur || !sr || !tmp) {
-#pragma omp atomic write
-            failed = 1;
-        } else {
+        const int have = ur && sr && tmp;
+        /* every thread reaches the worksharing loop (skipping it would hang the team); one
+         * without buffers marks the call failed and leaves its panels */
 #pragma omp for schedule(static)
-            for (int64_t p = 0; p < npanels; p++) {
+        for (int64_t p = 0; p < npanels; p++) {
+            if (!have) {
+#pragma omp atomic write
+                failed = 1;
+                continue;
+            }
+            {
                 const int64_t nr = min64(NP, N - p * NP);
                 memset(ur, 0, (size_t)(NP * K)); /* padding rows: u = 0 (with dw = mw = 0) */
                 memset(sr, 0, (size_t)(2 * NP * nb) * sizeof(float));
