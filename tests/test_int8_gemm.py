@@ -55,10 +55,11 @@ LEVELS = _available()  # each test below runs on every one of them
 
 @pytest.fixture(autouse=True)
 def restore_state():
-    threads = core.get_num_threads()
+    """The thread count, SIMD level (SINKLAB_SIMD may have set one) and int8 kernel cap as they were."""
+    threads, level = core.get_num_threads(), core.simd()
     yield
     core._int8_force_kernel("auto")
-    core.set_simd("auto")
+    core.set_simd(level)
     core.set_num_threads(threads)
 
 
@@ -71,7 +72,7 @@ def test_kernels_available():
     (set_simd) cap the choice as they cap the fp32 kernels."""
     info = core._int8_info()
     assert info["kernel"] == LEVELS[-1]
-    if info["cpu_avx512_vnni"] and core.simd_best() == "avx512":
+    if info["cpu_avx512_vnni"] and core.simd() == "avx512":
         assert info["kernel"] == "avx512_vnni"
         core.set_simd("avx2")
         assert core._int8_info()["kernel"] in ("avx2", "avx_vnni")
