@@ -14,7 +14,10 @@
  * activation blocks in fp16 to halve their memory traffic in its dot products, but here the
  * quantized rows are transient and small next to the weights (K/32 floats per row), and fp32
  * avoids a second rounding of d (up to 2^-11 relative per block) and fp16's range limits (scales
- * under 6e-8 or over 65504 would flush or overflow). The rounding is ties-to-even on every path
+ * under 6e-8 or over 65504 would flush or overflow). For fidelity the choice hardly matters: on
+ * SmolLM2's q and v matrices (layers 1, 15, 29) a NumPy simulation of fp16 scales gives the same
+ * relative error to 3 digits (e.g. 9.087e-3 here, 9.083e-3 with fp16 d); the rounding of the
+ * quants dominates. It is range and simplicity. The rounding is ties-to-even on every path
  * (AVX-512 by embedded rounding, AVX2 by vroundps with an explicit rounding immediate, the
  * portable path by integer arithmetic), independent of the floating-point environment.
  *
