@@ -1077,6 +1077,28 @@ static PyMethodDef methods[] = {
      "set_thread_num_threads(n) -> previous: this OS thread's own count (0 clears), over the process-wide one."},
     {"_team_size", sl_py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
+    {"_int8_prepack", sl_py_int8_prepack, METH_VARARGS,
+     "_int8_prepack(weight_bytes uint8, type, rows, cols) -> capsule: the weight packed for _linear_int8. Test-only."},
+    {"_linear_int8", (PyCFunction)(void (*)(void))sl_py_linear_int8, METH_VARARGS | METH_KEYWORDS,
+     "_linear_int8(a (M, K) f32, weight (uint8 bytes or an _int8_prepack capsule), type=-1, rows=-1, cols=-1,\n"
+     "out=None, accumulate=False) -> (M, rows) f32: sl_linear_nt_int8. Test-only."},
+    {"_linear_int8_shared", sl_py_linear_int8_shared, METH_VARARGS,
+     "_linear_int8_shared(a (M, K) f32, [capsules]) -> [(M, rows) f32]: a quantized once, one product per\n"
+     "packed weight (sl_int8_acts_init + sl_linear_nt_int8_acts). Test-only."},
+    {"_int8_usable", sl_py_int8_usable, METH_VARARGS,
+     "_int8_usable(weight_bytes uint8, type, rows, cols) -> bool: sl_int8_weight_usable. Test-only."},
+    {"_int8_quantize", sl_py_int8_quantize, METH_O,
+     "_int8_quantize(a (M, K) f32) -> (q int8, d f32 (M, K/32), s int32 (M, K/32)). Test-only."},
+    {"_int8_weight_unpack", sl_py_int8_weight_unpack, METH_O,
+     "_int8_weight_unpack(capsule) -> dict(u, dw, mw, zp, exact, type): the packed weight read back. Test-only."},
+    {"_int8_info", sl_py_int8_info, METH_NOARGS,
+     "_int8_info() -> dict(kernel, cpu_avx512_vnni, cpu_avx_vnni). Test-only."},
+    {"_int8_force_kernel", sl_py_int8_force_kernel, METH_O,
+     "_int8_force_kernel('generic' | 'avx2' | 'avx_vnni' | 'avx512_vnni' | 'auto') -> the int8 kernel now in use\n"
+     "(the best one at or below the cap that the CPU and simd() allow). Test-only."},
+    {"_int8_peak", sl_py_int8_peak, METH_VARARGS,
+     "_int8_peak(iters, kernel='avx512_vnni' | 'avx_vnni') -> (int ops, seconds): register-only vpdpbusd\n"
+     "loop (zmm / ymm) on every thread. Benchmark-only."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
     {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
     {"build_info", sl_py_build_info, METH_NOARGS,

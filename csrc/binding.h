@@ -52,5 +52,15 @@ PyObject *sl_py_train_buffers(PyObject *self, PyObject *args);
 PyObject *sl_py_train_step(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_team_size(PyObject *self, PyObject *noargs);
 PyObject *sl_py_interrupt_check_gaps(PyObject *self, PyObject *noargs);
+/* int8 linear layers, test and benchmark entries (binding_testing.c) */
+PyObject *sl_py_int8_prepack(PyObject *self, PyObject *args);
+PyObject *sl_py_linear_int8(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_int8_quantize(PyObject *self, PyObject *arg);
+PyObject *sl_py_int8_weight_unpack(PyObject *self, PyObject *capsule);
+PyObject *sl_py_int8_info(PyObject *self, PyObject *noargs);
+PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg);
+PyObject *sl_py_int8_peak(PyObject *self, PyObject *args);
+PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args);
+PyObject *sl_py_int8_usable(PyObject *self, PyObject *args);
 
 #endif

@@ -2,7 +2,12 @@
  * not show (the team size a kernel gets, the spacing of Ctrl-C checks), without timing. */
 #include "binding.h"
 
+#include <string.h>
+
+#include "cpu.h"
+#include "gemm_int8.h"
 #include "interrupt.h"
+#include "quant.h"
 #include "sl_common.h"
 
 #if SL_HAVE_OPENMP
@@ -37,4 +42,337 @@ PyObject *sl_py_team_size(PyObject *self, PyObject *noargs) {
     int team = 1;
     if (sl_py_call(team_of_call, &team, 0) < 0) return NULL;
     return PyLong_FromLong(team);
+}
+
+/* ---------------------------------------------------------------- int8 linear layers (gemm_int8.h)
+ * Test and benchmark entries only: the model does not use int8 yet. */
+#define SL_INT8_CAPSULE "sinklab.int8_weight"
+
+static void int8_weight_destroy(PyObject *capsule) {
+    sl_int8_weight *pw = PyCapsule_GetPointer(capsule, SL_INT8_CAPSULE);
+    if (!pw) return;
+    sl_int8_weight_free(pw);
+    PyMem_Free(pw);
+}
+
+typedef struct {
+    sl_weight w;
+    int type;
+    const void *data;
+    int64_t nbytes, rows, cols;
+    sl_int8_weight *pw;
+} int8_pack_call;
+
+static int run_int8_pack(void *p) {
+    int8_pack_call *c = p;
+    SL_TRY(sl_weight_init(&c->w, c->type, c->data, c->nbytes, c->rows, c->cols));
+    return sl_int8_weight_init(c->pw, &c->w, 1);
+}
+
+PyObject *sl_py_int8_prepack(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data;
+    int type;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OiLL", &data, &type, &rows, &cols)) return NULL;
+    PyArrayObject *src = sl_py_check_array(data, "weight_bytes", NPY_UINT8, 1, NULL, 0);
+    if (!src) return NULL;
+    sl_int8_weight *pw = PyMem_Calloc(1, sizeof *pw);
+    if (!pw) return PyErr_NoMemory();
+    int8_pack_call c = {{0, NULL, 0, 0, 0}, type, PyArray_DATA(src), (int64_t)PyArray_NBYTES(src), rows, cols, pw};
+    if (sl_py_call(run_int8_pack, &c, 0) < 0) {
+        PyMem_Free(pw);
+        return NULL;
+    }
+    PyObject *cap = PyCapsule_New(pw, SL_INT8_CAPSULE, int8_weight_destroy);
+    if (!cap) {
+        sl_int8_weight_free(pw);
+        PyMem_Free(pw);
+    }
+    return cap;
+}
+
+typedef struct {
+    int64_t M;
+    const float *a;
+    int64_t lda;
+    const sl_int8_weight *pw;
+    sl_weight w;
+    int packed;
+    float *c;
+    int64_t ldc;
+    int accumulate;
+} int8_linear_call;
+
+static int run_int8_linear(void *p) {
+    const int8_linear_call *c = p;
+    if (c->packed) return sl_linear_nt_int8_packed(c->M, c->a, c->lda, c->pw, c->c, c->ldc, c->accumulate, 1);
+    return sl_linear_nt_int8(c->M, c->a, c->lda, &c->w, c->c, c->ldc, c->accumulate, 1);
+}
+
+typedef struct {
+    sl_weight *w;
+    int type;
+    const void *data;
+    int64_t nbytes, rows, cols;
+} weight_init_call;
+
+static int run_weight_init(void *p) {
+    weight_init_call *c = p;
+    return sl_weight_init(c->w, c->type, c->data, c->nbytes, c->rows, c->cols);
+}
+
+/* _linear_int8(a (M, K) f32, weight, type=-1, rows=-1, cols=-1, out=None, accumulate=False):
+ * weight is the raw bytes (uint8) of a (rows, cols) matrix of ggml type `type`, packed for this
+ * call, or a capsule from _int8_prepack (type, rows, cols then unused). Returns out (M, rows). */
+PyObject *sl_py_linear_int8(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"a", "weight", "type", "rows", "cols", "out", "accumulate", NULL};
+    PyObject *ao, *wo, *co = Py_None;
+    int type = -1, accumulate = 0;
+    long long rows = -1, cols = -1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|iLLOp", kwlist, &ao, &wo, &type, &rows, &cols, &co, &accumulate))
+        return NULL;
+    PyArrayObject *a = sl_py_check_array(ao, "a", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    int8_linear_call call;
+    memset(&call, 0, sizeof call);
+    if (PyCapsule_CheckExact(wo)) {
+        call.pw = PyCapsule_GetPointer(wo, SL_INT8_CAPSULE);
+        if (!call.pw) return NULL;
+        call.packed = 1;
+        rows = call.pw->rows, cols = call.pw->cols;
+    } else {
+        PyArrayObject *src = sl_py_check_array(wo, "weight", NPY_UINT8, 1, NULL, 0);
+        if (!src) return NULL;
+        weight_init_call wi = {&call.w, type, PyArray_DATA(src), (int64_t)PyArray_NBYTES(src), rows, cols};
+        if (sl_py_call(run_weight_init, &wi, 0) < 0) return NULL;
+    }
+    if (PyArray_DIM(a, 1) != cols)
+        return PyErr_Format(PyExc_ValueError, "a has %zd columns, the weight %lld", (Py_ssize_t)PyArray_DIM(a, 1),
+                            cols);
+    npy_intp dims[2] = {PyArray_DIM(a, 0), (npy_intp)rows};
+    PyArrayObject *c;
+    if (co == Py_None) {
+        if (accumulate) return PyErr_Format(PyExc_ValueError, "accumulate=True needs out");
+        c = (PyArrayObject *)PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+        if (!c) return NULL;
+    } else {
+        if (!sl_py_check_array(co, "out", NPY_FLOAT32, 2, dims, 1)) return NULL;
+        c = (PyArrayObject *)co;
+        Py_INCREF(c);
+    }
+    call.M = dims[0], call.a = PyArray_DATA(a), call.lda = PyArray_DIM(a, 1);
+    call.c = PyArray_DATA(c), call.ldc = rows, call.accumulate = accumulate;
+    if (sl_py_call(run_int8_linear, &call, 0) < 0) {
+        Py_DECREF(c);
+        return NULL;
+    }
+    return (PyObject *)c;
+}
+
+typedef struct {
+    int64_t M, K;
+    const float *a;
+    int8_t *q;
+    float *d;
+    int32_t *s;
+} int8_quant_call;
+
+static int run_int8_quantize(void *p) {
+    const int8_quant_call *c = p;
+    return sl_int8_quantize_rows(c->M, c->K, c->a, c->K, c->q, c->d, c->s, 1);
+}
+
+/* _int8_quantize(a (M, K) f32) -> (q int8 (M, K), d f32 (M, K/32), s int32 (M, K/32)). */
+PyObject *sl_py_int8_quantize(PyObject *self, PyObject *arg) {
+    (void)self;
+    PyArrayObject *a = sl_py_check_array(arg, "a", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    const npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
+    if (K <= 0 || K % SL_INT8_BLOCK)
+        return PyErr_Format(PyExc_ValueError, "K = %zd is not a positive multiple of %d", (Py_ssize_t)K,
+                            SL_INT8_BLOCK);
+    npy_intp dq[2] = {M, K}, ds[2] = {M, K / SL_INT8_BLOCK};
+    PyObject *q = PyArray_EMPTY(2, dq, NPY_INT8, 0), *d = PyArray_EMPTY(2, ds, NPY_FLOAT32, 0),
+             *s = PyArray_EMPTY(2, ds, NPY_INT32, 0);
+    if (q && d && s) {
+        int8_quant_call c = {M, K, PyArray_DATA(a), PyArray_DATA((PyArrayObject *)q),
+                             PyArray_DATA((PyArrayObject *)d), PyArray_DATA((PyArrayObject *)s)};
+        if (sl_py_call(run_int8_quantize, &c, 0) == 0) return Py_BuildValue("(NNN)", q, d, s);
+    }
+    Py_XDECREF(q), Py_XDECREF(d), Py_XDECREF(s);
+    return NULL;
+}
+
+/* _int8_weight_unpack(capsule) -> dict: u uint8 (N, K) (row n, input k), dw f32 (N, K/32), mw f32
+ * (N, K/32) or None, zp, exact, type: the packed form read back, so a test can rebuild
+ * w = dw * (u - zp) + mw and compare it with the file's dequantized weight. */
+PyObject *sl_py_int8_weight_unpack(PyObject *self, PyObject *capsule) {
+    (void)self;
+    const sl_int8_weight *pw = PyCapsule_GetPointer(capsule, SL_INT8_CAPSULE);
+    if (!pw) return NULL;
+    const int64_t N = pw->rows, K = pw->cols, nb = pw->nb;
+    npy_intp du[2] = {(npy_intp)N, (npy_intp)K}, dsz[2] = {(npy_intp)N, (npy_intp)nb};
+    PyObject *u = PyArray_EMPTY(2, du, NPY_UINT8, 0), *dw = PyArray_EMPTY(2, dsz, NPY_FLOAT32, 0);
+    PyObject *mw = pw->has_min ? PyArray_EMPTY(2, dsz, NPY_FLOAT32, 0) : (Py_INCREF(Py_None), Py_None);
+    if (!u || !dw || !mw) {
+        Py_XDECREF(u), Py_XDECREF(dw), Py_XDECREF(mw);
+        return NULL;
+    }
+    uint8_t *up = PyArray_DATA((PyArrayObject *)u);
+    float *dwp = PyArray_DATA((PyArrayObject *)dw), *mwp = pw->has_min ? PyArray_DATA((PyArrayObject *)mw) : NULL;
+    for (int64_t n = 0; n < N; n++) {
+        const int64_t p = n / SL_INT8_PANEL, i = n % SL_INT8_PANEL;
+        for (int64_t b = 0; b < nb; b++) {
+            const uint8_t *blk = pw->u + (p * nb + b) * SL_INT8_BLOCK * SL_INT8_PANEL;
+            for (int k = 0; k < SL_INT8_BLOCK; k++)
+                up[n * K + b * SL_INT8_BLOCK + k] = blk[(k / 4) * 4 * SL_INT8_PANEL + 4 * i + k % 4];
+            dwp[n * nb + b] = pw->dw[(p * nb + b) * SL_INT8_PANEL + i];
+            if (mwp) mwp[n * nb + b] = pw->mw[(p * nb + b) * SL_INT8_PANEL + i];
+        }
+    }
+    return Py_BuildValue("{s:N,s:N,s:N,s:i,s:i,s:i}", "u", u, "dw", dw, "mw", mw, "zp", pw->zp, "exact", pw->exact,
+                         "type", pw->type);
+}
+
+/* _int8_info() -> dict: kernel (the int8 kernel in use now), cpu_avx512_vnni, cpu_avx_vnni. */
+PyObject *sl_py_int8_info(PyObject *self, PyObject *noargs) {
+    (void)self, (void)noargs;
+    return Py_BuildValue("{s:s,s:O,s:O}", "kernel", sl_int8_kernel_name(sl_int8_kernel()), "cpu_avx512_vnni",
+                         sl_cpu_has_avx512_vnni() ? Py_True : Py_False, "cpu_avx_vnni",
+                         sl_cpu_has_avx_vnni() ? Py_True : Py_False);
+}
+
+/* _int8_force_kernel(name) -> the kernel now in use: caps the int8 kernel at "generic", "avx2",
+ * "avx_vnni" or "avx512_vnni" (= no cap; also "auto"). */
+PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg) {
+    (void)self;
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int k = -1;
+    for (int i = SL_INT8_GENERIC; i <= SL_INT8_VNNI512; i++)
+        if (!strcmp(name, sl_int8_kernel_name(i))) k = i;
+    if (!strcmp(name, "auto")) k = SL_INT8_VNNI512;
+    if (k < 0) return PyErr_Format(PyExc_ValueError, "unknown int8 kernel %R", arg);
+    return PyUnicode_FromString(sl_int8_kernel_name(sl_int8_force_kernel(k)));
+}
+
+typedef struct {
+    int64_t iters;
+    int kernel;
+    double ops, seconds;
+} int8_peak_call;
+
+/* every thread of one region runs the register-only loop; ops summed, the slowest thread's time */
+static int run_int8_peak(void *p) {
+    int8_peak_call *c = p;
+    double ops = 0.0, secs = 0.0;
+#pragma omp parallel num_threads(sl_num_threads()) reduction(+ : ops) reduction(max : secs)
+    {
+        double s;
+        ops += sl_int8_peak(c->kernel, c->iters, &s);
+        secs = s > secs ? s : secs;
+    }
+    c->ops = ops, c->seconds = secs;
+    return SL_OK;
+}
+
+/* _int8_peak(iters, kernel="avx512_vnni") -> (int ops, seconds) of the register-only vpdpbusd loop
+ * (zmm for "avx512_vnni", ymm VEX for "avx_vnni") on every thread of the current thread count
+ * ((0, 0.0) when the CPU lacks it). */
+PyObject *sl_py_int8_peak(PyObject *self, PyObject *args) {
+    (void)self;
+    long long iters;
+    const char *name = "avx512_vnni";
+    if (!PyArg_ParseTuple(args, "L|s", &iters, &name)) return NULL;
+    if (iters <= 0 || iters > (1LL << 40)) return PyErr_Format(PyExc_ValueError, "iters must be in [1, 2^40]");
+    int kernel = -1;
+    if (!strcmp(name, "avx512_vnni")) kernel = SL_INT8_VNNI512;
+    if (!strcmp(name, "avx_vnni")) kernel = SL_INT8_AVXVNNI;
+    if (kernel < 0) return PyErr_Format(PyExc_ValueError, "no peak loop for %s (avx512_vnni or avx_vnni)", name);
+    int8_peak_call c = {iters, kernel, 0.0, 0.0};
+    if (sl_py_call(run_int8_peak, &c, 0) < 0) return NULL;
+    return Py_BuildValue("(dd)", c.ops, c.seconds);
+}
+
+typedef struct {
+    int64_t M, K;
+    const float *a;
+    Py_ssize_t n;
+    const sl_int8_weight **pw;
+    float **c;
+} int8_shared_call;
+
+static int run_int8_shared(void *p) {
+    const int8_shared_call *c = p;
+    sl_int8_acts qa;
+    SL_TRY(sl_int8_acts_init(&qa, c->M, c->K, c->a, c->K, 1));
+    int rc = SL_OK;
+    for (Py_ssize_t i = 0; i < c->n && rc == SL_OK; i++)
+        rc = sl_linear_nt_int8_acts(&qa, c->pw[i], c->c[i], c->pw[i]->rows, 0, 1);
+    sl_int8_acts_free(&qa);
+    return rc;
+}
+
+/* _linear_int8_shared(a (M, K) f32, [capsules]) -> [(M, rows_i) f32]: a quantized once
+ * (sl_int8_acts_init), then one sl_linear_nt_int8_acts per packed weight. */
+PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ao, *lo;
+    if (!PyArg_ParseTuple(args, "OO!", &ao, &PyList_Type, &lo)) return NULL;
+    PyArrayObject *a = sl_py_check_array(ao, "a", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(lo);
+    PyObject *outs = PyList_New(n);
+    const sl_int8_weight **pw = PyMem_Calloc((size_t)n + 1, sizeof *pw);
+    float **cs = PyMem_Calloc((size_t)n + 1, sizeof *cs);
+    int ok = outs && pw && cs;
+    for (Py_ssize_t i = 0; ok && i < n; i++) {
+        pw[i] = PyCapsule_GetPointer(PyList_GET_ITEM(lo, i), SL_INT8_CAPSULE);
+        if (!pw[i]) {
+            ok = 0;
+            break;
+        }
+        npy_intp dims[2] = {PyArray_DIM(a, 0), (npy_intp)pw[i]->rows};
+        PyObject *c = PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+        if (!c) {
+            ok = 0;
+            break;
+        }
+        PyList_SET_ITEM(outs, i, c);
+        cs[i] = PyArray_DATA((PyArrayObject *)c);
+    }
+    if (ok) {
+        int8_shared_call c = {PyArray_DIM(a, 0), PyArray_DIM(a, 1), PyArray_DATA(a), n, pw, cs};
+        ok = sl_py_call(run_int8_shared, &c, 0) == 0;
+    } else if (!PyErr_Occurred()) {
+        PyErr_NoMemory();
+    }
+    PyMem_Free(pw);
+    PyMem_Free(cs);
+    if (!ok) {
+        Py_XDECREF(outs);
+        return NULL;
+    }
+    return outs;
+}
+
+/* _int8_usable(weight_bytes uint8, type, rows, cols) -> bool: sl_int8_weight_usable on the weight
+ * (False too when sl_weight_init rejects it). */
+PyObject *sl_py_int8_usable(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *data;
+    int type;
+    long long rows, cols;
+    if (!PyArg_ParseTuple(args, "OiLL", &data, &type, &rows, &cols)) return NULL;
+    PyArrayObject *src = sl_py_check_array(data, "weight_bytes", NPY_UINT8, 1, NULL, 0);
+    if (!src) return NULL;
+    sl_weight w;
+    const int64_t be = sl_quant_block_elems(type), bb = sl_quant_block_bytes(type);
+    if (be <= 0 || rows <= 0 || cols <= 0 || cols % be) Py_RETURN_FALSE;
+    w.type = type, w.data = PyArray_DATA(src), w.rows = rows, w.cols = cols, w.row_bytes = cols / be * bb;
+    int64_t total;
+    if (!sl_mul_size(rows, w.row_bytes, &total) || (int64_t)PyArray_NBYTES(src) != total) Py_RETURN_FALSE;
+    return PyBool_FromLong(sl_int8_weight_usable(&w));
 }

@@ -39,6 +39,32 @@ int sl_cpu_has_avx512(void) {
 #endif
 }
 
+int sl_cpu_has_avx512_vnni(void) {
+#if SL_CPU_X86
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = sl_cpu_has_avx512() && __builtin_cpu_supports("avx512vnni");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+int sl_cpu_has_avx_vnni(void) {
+#if SL_CPU_X86 && (defined(__clang__) || __GNUC__ >= 11)
+    static int cached = -1;
+    if (cached < 0) {
+        __builtin_cpu_init();
+        cached = sl_cpu_has_avx2_fma() && __builtin_cpu_supports("avxvnni");
+    }
+    return cached;
+#else
+    return 0;
+#endif
+}
+
 /* -1: not decided yet. Otherwise an sl_simd_level. */
 static int sl_simd_level_now = -1;
 

@@ -21,5 +21,8 @@ int sl_simd_parse(const char *name);
 int sl_cpu_has_avx2_fma(void);
 /* AVX-512 F, BW, VL and DQ: what the AVX-512 kernels are compiled for. */
 int sl_cpu_has_avx512(void);
+/* AVX512-VNNI (vpdpbusd on zmm; the int8 kernels, gemm_int8.h) and AVX-VNNI (its VEX form on ymm). */
+int sl_cpu_has_avx512_vnni(void);
+int sl_cpu_has_avx_vnni(void);
 
 #endif
