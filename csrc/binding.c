@@ -1077,6 +1077,16 @@ static PyMethodDef methods[] = {
      "set_thread_num_threads(n) -> previous: this OS thread's own count (0 clears), over the process-wide one."},
     {"_team_size", sl_py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
+    {"_bf16_round", (PyCFunction)(void (*)(void))sl_py_bf16_round, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_round(x float32 (n,), path=0) -> uint16 (n,) bf16 bits (round to nearest even, as vcvtneps2bf16). "
+     "Test-only; path 0 auto, 1 portable, 2 AVX512-BF16."},
+    {"_bf16_linear", (PyCFunction)(void (*)(void))sl_py_bf16_linear, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_linear(A float32 (M,K), W float32 (N,K) | uint8 raw, type=0, rows=0, C=None, accumulate=False, "
+     "path=0) -> C = bf16(A) @ bf16(W).T (+ C), fp32 accumulation in vdpbf16ps order. Test-only."},
+    {"_bf16_path", sl_py_bf16_path, METH_O,
+     "_bf16_path(requested 0|1|2) -> 'avx512_bf16' | 'portable' | None. Test-only."},
+    {"_bf16_peak", sl_py_bf16_peak, METH_O,
+     "_bf16_peak(iters) -> GFLOP/s of a register-only vdpbf16ps loop on this thread (-1 without AVX512-BF16)."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
     {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
     {"build_info", sl_py_build_info, METH_NOARGS,

@@ -52,5 +52,9 @@ PyObject *sl_py_train_buffers(PyObject *self, PyObject *args);
 PyObject *sl_py_train_step(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_team_size(PyObject *self, PyObject *noargs);
 PyObject *sl_py_interrupt_check_gaps(PyObject *self, PyObject *noargs);
+PyObject *sl_py_bf16_round(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg);
+PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg);
 
 #endif
