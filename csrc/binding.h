@@ -29,6 +29,7 @@ typedef struct {
     sl_layer_weights *layers;
     PyObject *keep;     /* list of the arrays */
     sl_ws_cache cache;  /* the forward's activations, kept between calls (model.h) */
+    sl_packed_cache packed; /* bf16 weight panels, built at their first bf16 use (model.h) */
 } sl_py_model;
 
 /* The handle inside a "sinklab.model" capsule, or NULL with an exception set. */

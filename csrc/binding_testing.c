@@ -81,33 +81,39 @@ typedef struct {
     const float *a;
     float *c;
     int accumulate, path;
+    long long repeat;
 } bf16_linear_call;
 
 static int run_bf16_linear(void *p) {
     const bf16_linear_call *c = p;
     sl_bf16_panels *pan;
     SL_TRY(sl_bf16_pack(&c->w, 1, &pan));
-    int rc = sl_bf16_linear_nt(c->M, c->a, c->lda, pan, c->c, c->w.rows, c->accumulate, 1, c->path);
+    int rc = SL_OK;
+    for (long long r = 0; r < c->repeat && rc == SL_OK; r++)
+        rc = sl_bf16_linear_nt(c->M, c->a, c->lda, pan, c->c, c->w.rows, c->accumulate, 1, c->path);
     sl_bf16_panels_free(pan);
     return rc;
 }
 
-/* _bf16_linear(A float32 (M, K), W, type=0, rows=0, C=None, accumulate=False, path=0) -> C (M, N):
+/* _bf16_linear(A float32 (M, K), W, type=0, rows=0, C=None, accumulate=False, path=0, repeat=1) -> C (M, N):
  * W packed into bf16 panels (a float32 (N, K) array with type 0, or the raw uint8 bytes of N = rows
  * rows of ggml type `type`), then C = bf16(A) · Wᵀ (+ C) on the given path (0 auto, 1 portable,
- * 2 AVX512-BF16). */
+ * 2 AVX512-BF16); the product runs `repeat` times on the panels packed once (benchmarks time the
+ * difference between repeat counts to leave packing out). */
 PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
-    static char *kwlist[] = {"A", "W", "type", "rows", "C", "accumulate", "path", NULL};
+    static char *kwlist[] = {"A", "W", "type", "rows", "C", "accumulate", "path", "repeat", NULL};
     PyObject *ao, *wo, *co = Py_None;
     int type = 0, accumulate = 0, path = SL_BF16_AUTO;
-    long long rows = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|iLOpi", kwlist, &ao, &wo, &type, &rows, &co, &accumulate, &path))
+    long long rows = 0, repeat = 1;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|iLOpiL", kwlist, &ao, &wo, &type, &rows, &co, &accumulate, &path,
+                                     &repeat))
         return NULL;
+    if (repeat < 1) return PyErr_Format(PyExc_ValueError, "repeat must be >= 1, got %lld", repeat);
     PyArrayObject *a = sl_py_check_array(ao, "A", NPY_FLOAT32, 2, NULL, 0);
     if (!a) return NULL;
     const npy_intp M = PyArray_DIM(a, 0), K = PyArray_DIM(a, 1);
-    bf16_linear_call c = {{0}, M, K, PyArray_DATA(a), NULL, accumulate, path};
+    bf16_linear_call c = {{0}, M, K, PyArray_DATA(a), NULL, accumulate, path, repeat};
     if (type == SL_GGML_F32 && PyArray_Check(wo) && PyArray_TYPE((PyArrayObject *)wo) == NPY_FLOAT32) {
         npy_intp wd[2] = {-1, K};
         PyArrayObject *w = sl_py_check_array(wo, "W", NPY_FLOAT32, 2, wd, 0);

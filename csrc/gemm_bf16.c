@@ -38,9 +38,11 @@
 #endif
 
 enum {
-    MRB = 14,  /* rows of the register tile: 2 accumulators each, 28 of 32 zmm */
-    MB = 112,  /* rows of a task: its bf16 A block (112 × K × 2 bytes) stays in L2 */
-    NBP = 4,   /* panels of a task (128 outputs) */
+    MRB = 14,            /* rows of the register tile: 2 accumulators each, 28 of 32 zmm */
+    MB_MIN = 112,        /* rows of a task, at least */
+    MB_MAX = 448,        /* and at most */
+    A_BLOCK = 384 << 10, /* bytes of a task's bf16 A block, which stays in L2 while its panels pass */
+    NBP = 4,             /* panels of a task (128 outputs) */
 };
 
 static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -325,7 +327,7 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
  * The product. */
 
 typedef struct {
-    int64_t M, N, kp, ldc, tn, np;
+    int64_t M, N, kp, ldc, tn, np, mb;
     const sl_bf16 *A; /* (M, kp) bf16 */
     const sl_bf16_panels *W;
     float *C;
@@ -334,7 +336,7 @@ typedef struct {
 
 /* Task t of the grid (row-major over M blocks × panel groups). */
 static void run_task(const bf16_job *g, int64_t t) {
-    const int64_t m0 = t / g->tn * MB, m1 = min64(m0 + MB, g->M);
+    const int64_t m0 = t / g->tn * g->mb, m1 = min64(m0 + g->mb, g->M);
     const int64_t p0 = t % g->tn * NBP, p1 = min64(p0 + NBP, g->np);
     const int64_t nq = g->kp / 2;
     for (int64_t p = p0; p < p1; p++) {
@@ -390,8 +392,12 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     if (!Ab) return sl_fail(SL_ERR_MEMORY, "bf16 linear: cannot allocate %lld bf16 values", (long long)ab_elems);
 
     const int64_t np = ceil_div(N, SL_BF16_NR);
-    bf16_job g = {M, N, kp, ldc, ceil_div(np, NBP), np, Ab, W, C, accumulate != 0, path};
-    const int64_t ntasks = ceil_div(M, MB) * g.tn;
+    /* Taller tasks read each panel from memory fewer times (the LM head's 49152 × 576 panels are
+     * 56 MB: at 112 rows a T = 512 call streamed them 5 times); the block size changes no result. */
+    int64_t mb = A_BLOCK / (kp * 2) / MRB * MRB;
+    mb = mb < MB_MIN ? MB_MIN : mb > MB_MAX ? MB_MAX : mb;
+    bf16_job g = {M, N, kp, ldc, ceil_div(np, NBP), np, mb, Ab, W, C, accumulate != 0, path};
+    const int64_t ntasks = ceil_div(M, mb) * g.tn;
     int nthr = 1;
 #if SL_BF16_OMP
     if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
@@ -432,10 +438,16 @@ SL_AVX512BF16 static double peak_avx512(int64_t iters) {
     volatile float seed = 1e-3f;
     const __m512bh x = (__m512bh)_mm512_set1_epi32((int)(0x3F80u << 16 | 0x3F80u)); /* (1, 1) */
     const __m512bh y = (__m512bh)_mm512_set1_epi32((int)((uint32_t)sl_bf16_from_f32(seed) * 0x10001u));
-    /* 24 independent chains: enough to cover the instruction's latency at 2 per cycle */
-    __m512 a0 = _mm512_set1_ps(seed), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-    __m512 a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0, a15 = a0;
-    __m512 a16 = a0, a17 = a0, a18 = a0, a19 = a0, a20 = a0, a21 = a0, a22 = a0, a23 = a0;
+    /* 24 independent chains (enough to cover the instruction's latency), each from its own start
+     * value, so that the compiler cannot merge identical chains */
+    const float s0 = seed;
+#define SL_INIT(i) _mm512_set1_ps(s0 + (float)(i))
+    __m512 a0 = SL_INIT(0), a1 = SL_INIT(1), a2 = SL_INIT(2), a3 = SL_INIT(3), a4 = SL_INIT(4), a5 = SL_INIT(5);
+    __m512 a6 = SL_INIT(6), a7 = SL_INIT(7), a8 = SL_INIT(8), a9 = SL_INIT(9), a10 = SL_INIT(10), a11 = SL_INIT(11);
+    __m512 a12 = SL_INIT(12), a13 = SL_INIT(13), a14 = SL_INIT(14), a15 = SL_INIT(15), a16 = SL_INIT(16);
+    __m512 a17 = SL_INIT(17), a18 = SL_INIT(18), a19 = SL_INIT(19), a20 = SL_INIT(20), a21 = SL_INIT(21);
+    __m512 a22 = SL_INIT(22), a23 = SL_INIT(23);
+#undef SL_INIT
     const double t0 = now_s();
     for (int64_t i = 0; i < iters; i++) {
 #define SL_DP(r) r = _mm512_dpbf16_ps(r, x, y);
@@ -443,7 +455,6 @@ SL_AVX512BF16 static double peak_avx512(int64_t iters) {
         SL_DP(a8) SL_DP(a9) SL_DP(a10) SL_DP(a11) SL_DP(a12) SL_DP(a13) SL_DP(a14) SL_DP(a15)
         SL_DP(a16) SL_DP(a17) SL_DP(a18) SL_DP(a19) SL_DP(a20) SL_DP(a21) SL_DP(a22) SL_DP(a23)
 #undef SL_DP
-        __asm__ volatile("" : "+v"(a0), "+v"(a8), "+v"(a16)); /* keeps the loop from being folded */
     }
     const double dt = now_s() - t0;
     __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
