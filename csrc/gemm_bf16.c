@@ -2,7 +2,7 @@
  * the product C = bf16(A) · Wᵀ (+ C) with fp32 accumulation in vdpbf16ps's order.
  *
  * Blocking: W is packed once, for all of K (a panel is 32 outputs × K, K*64 bytes), so a call
- * only rounds A to bf16 (M × kp, row stride kp) and walks tasks of MB rows × NBP panels; within a
+ * only rounds A to bf16 (M × kp) and walks tasks of MB rows × NBP panels; within a
  * task, panel by panel, each register tile (14 rows × 32 columns, 28 zmm accumulators + 2 B
  * vectors + 1 broadcast) runs its whole K chain. Since every C element is one chain over all of K
  * in order, nothing about the tiling, the task grid or the thread count reaches the result.
@@ -327,8 +327,8 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
  * The product. */
 
 typedef struct {
-    int64_t M, N, kp, ldc, tn, np, mb;
-    const sl_bf16 *A; /* (M, kp) bf16 */
+    int64_t M, N, kp, lda, ldc, tn, np, mb;
+    const sl_bf16 *A; /* (M, kp) bf16, row stride lda */
     const sl_bf16_panels *W;
     float *C;
     int load, path;
@@ -345,29 +345,30 @@ static void run_task(const bf16_job *g, int64_t t) {
         const int nr = (int)min64(SL_BF16_NR, g->N - n0);
         for (int64_t i0 = m0; i0 < m1; i0 += MRB) {
             const int mr = (int)min64(MRB, m1 - i0);
-            const sl_bf16 *a = g->A + i0 * g->kp;
+            const sl_bf16 *a = g->A + i0 * g->lda;
             float *c = g->C + i0 * g->ldc + n0;
 #if SL_BF16_X86
             if (g->path == SL_BF16_AVX512) {
-                tile_avx512(nq, a, g->kp, b, c, g->ldc, mr, nr, g->load);
+                tile_avx512(nq, a, g->lda, b, c, g->ldc, mr, nr, g->load);
                 continue;
             }
 #endif
-            tile_portable(nq, a, g->kp, b, c, g->ldc, mr, nr, g->load);
+            tile_portable(nq, a, g->lda, b, c, g->ldc, mr, nr, g->load);
         }
     }
 }
 
-/* Row i of A rounded into the (M, kp) bf16 block. */
-static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_t i, sl_bf16 *Ab, int path) {
+/* Row i of A rounded into the bf16 block (row stride ldb, kp values used). */
+static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_t ldb, int64_t i, sl_bf16 *Ab,
+                      int path) {
 #if SL_BF16_X86
     if (path == SL_BF16_AVX512)
-        round_avx512(A + i * lda, Ab + i * kp, k);
+        round_avx512(A + i * lda, Ab + i * ldb, k);
     else
 #endif
-        round_portable(A + i * lda, Ab + i * kp, k);
+        round_portable(A + i * lda, Ab + i * ldb, k);
     (void)path;
-    if (kp > k) Ab[i * kp + k] = 0;
+    if (kp > k) Ab[i * ldb + k] = 0;
 }
 
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
@@ -385,8 +386,13 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     int64_t span;
     if (!sl_mul_size(M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
         return sl_fail(SL_ERR_VALUE, "bf16 linear: matrix too large");
+    /* Rows of the bf16 A block an odd number of cache lines apart: with a stride that is a
+     * multiple of 4 KiB (K = 2048) the 14 rows a tile broadcasts from share one L1 set, more than
+     * its ways, and each step would miss (measured: 2048^3 at 71 % of the peak before). */
+    int64_t ldb = (kp + 31) / 32 * 32;
+    if ((ldb / 32) % 2 == 0) ldb += 32;
     int64_t ab_elems;
-    if (!sl_mul_size(M, kp, &ab_elems) || ab_elems > (INT64_MAX >> 2))
+    if (!sl_mul_size(M, ldb, &ab_elems) || ab_elems > (INT64_MAX >> 2))
         return sl_fail(SL_ERR_MEMORY, "bf16 linear: A block overflows");
     sl_bf16 *Ab = aligned_alloc(64, (size_t)((ab_elems * 2 + 63) / 64 * 64));
     if (!Ab) return sl_fail(SL_ERR_MEMORY, "bf16 linear: cannot allocate %lld bf16 values", (long long)ab_elems);
@@ -396,7 +402,7 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
      * 56 MB: at 112 rows a T = 512 call streamed them 5 times); the block size changes no result. */
     int64_t mb = A_BLOCK / (kp * 2) / MRB * MRB;
     mb = mb < MB_MIN ? MB_MIN : mb > MB_MAX ? MB_MAX : mb;
-    bf16_job g = {M, N, kp, ldc, ceil_div(np, NBP), np, mb, Ab, W, C, accumulate != 0, path};
+    bf16_job g = {M, N, kp, ldb, ldc, ceil_div(np, NBP), np, mb, Ab, W, C, accumulate != 0, path};
     const int64_t ntasks = ceil_div(M, mb) * g.tn;
     int nthr = 1;
 #if SL_BF16_OMP
@@ -407,7 +413,7 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
     if (nthr <= 1) {
-        for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, i, Ab, path);
+        for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
         for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
@@ -415,7 +421,7 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
 #pragma omp parallel num_threads(nthr)
         {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, i, Ab, path);
+            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
         }
