@@ -49,7 +49,7 @@ def median_time(fn, reps):
     return statistics.median(ts)
 
 
-def peak(n_threads, iters=30_000_000):
+def peak(n_threads, iters=100_000_000):
     """Register-only vdpbf16ps GFLOP/s on n threads at once (each its own Python thread; the hook
     releases the GIL)."""
     out = [0.0] * n_threads
