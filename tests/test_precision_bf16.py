@@ -518,3 +518,27 @@ def test_bf16_against_transformers(smollm2_model, hf_models, prompt):
     assert ours_rel > 1e-4
     fp = smollm2_model.run(ids, capture=("logits",))
     assert _rel(fp.logits, lg32) < 1e-4 < ours_rel
+
+
+def test_panels_built_once_under_concurrent_first_calls(smollm2_gguf):
+    """Two Python threads making a fresh model's first bf16 calls at once: each slot keeps one
+    panel (the loser of the race frees its own), and both get the bits of a later call."""
+    import threading
+
+    m = sl.load(str(smollm2_gguf))
+    ids = np.array([1, 504, 3458, 314, 260], np.int64)
+    out = [None, None]
+
+    def work(i):
+        with sl.threads(1):
+            out[i] = m.run(ids, capture="logits", precision="bf16").logits
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ths:
+        t.start()
+    for t in ths:
+        t.join()
+    built = m.packed_bytes
+    again = m.run(ids, capture="logits", precision="bf16").logits
+    assert m.packed_bytes == built > 0
+    assert np.array_equal(out[0], again) and np.array_equal(out[1], again)
