@@ -155,15 +155,24 @@ PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(sl_bf16_path_name(p));
 }
 
+typedef struct {
+    long long iters;
+    double gflops;
+} bf16_peak_call;
+
+static int run_bf16_peak(void *p) {
+    bf16_peak_call *c = p;
+    c->gflops = sl_bf16_peak_gflops(c->iters);
+    return SL_OK;
+}
+
 /* _bf16_peak(iters) -> GFLOP/s of register-only vdpbf16ps on the calling thread (-1 without it). */
 PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg) {
     (void)self;
     long long iters = PyLong_AsLongLong(arg);
     if (iters == -1 && PyErr_Occurred()) return NULL;
     if (iters < 1) return PyErr_Format(PyExc_ValueError, "iters must be >= 1, got %lld", iters);
-    double g;
-    Py_BEGIN_ALLOW_THREADS
-    g = sl_bf16_peak_gflops(iters);
-    Py_END_ALLOW_THREADS
-    return PyFloat_FromDouble(g);
+    bf16_peak_call c = {iters, 0.0};
+    if (sl_py_call(run_bf16_peak, &c, 0) < 0) return NULL;
+    return PyFloat_FromDouble(c.gflops);
 }

@@ -2,7 +2,7 @@
  * the product C = bf16(A) · Wᵀ (+ C) with fp32 accumulation in vdpbf16ps's order.
  *
  * Blocking: W is packed once, for all of K (a panel is 32 outputs × K, K*64 bytes), so a call
- * only rounds A to bf16 (M × kp) and walks tasks of MB rows × NBP panels; within a
+ * only rounds A to bf16 (M × kp) and walks tasks of 112-448 rows (mb) × NBP panels; within a
  * task, panel by panel, each register tile (14 rows × 32 columns, 28 zmm accumulators + 2 B
  * vectors + 1 broadcast) runs its whole K chain. Since every C element is one chain over all of K
  * in order, nothing about the tiling, the task grid or the thread count reaches the result.
