@@ -15,7 +15,9 @@ passages are skipped and counted), run once at precision="fp32" and once at "bf1
   its relative change, and the logits' relative error ||L_bf16 - L_fp32||_F / ||L_fp32||_F over
   every position of every passage (the largest per-passage value too).
 
-Prints a table (and --json writes the numbers). Both precisions run in one process on the same
+--torch adds transformers' own bf16 forward against its fp32 forward (eager attention, the same
+GGUF weights dequantized by transformers, the same ids) for the same sink metrics: the reference
+point of what a bf16 forward usually costs. Prints a table (and --json writes the numbers). Both precisions run in one process on the same
 ids; sinklab's results do not depend on the thread count, so neither do these.
 """
 from __future__ import annotations
@@ -95,7 +97,29 @@ def nll_and_logits(model, texts, max_tokens):
             "tokens": acc["n"], "logits_rel": (acc["err2"] / acc["ref2"]) ** 0.5, "logits_rel_max": acc["max_rel"]}
 
 
-def measure(name, T, ppl_tokens):
+def torch_a0(model, ids):
+    """transformers' a_0 (P, L, H) at float32 and bfloat16 (eager attention) on the same ids."""
+    import torch
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    path = model.source
+    hf = transformers.AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32,
+        attn_implementation="eager").eval()
+    out = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        hf = hf.to(dtype)
+        rows = []
+        with torch.no_grad():
+            for i in range(len(ids)):
+                att = hf(torch.from_numpy(ids[i:i + 1]), output_attentions=True, use_cache=False).attentions
+                rows.append(np.stack([a[0, :, :, 0].double().numpy().mean(axis=-1) for a in att]))
+        out[name] = np.stack(rows)
+    return out
+
+
+def measure(name, T, ppl_tokens, with_torch=False):
     t0 = time.perf_counter()
     model = sl.load(name, quiet=True)
     res = {"model": name}
@@ -103,6 +127,12 @@ def measure(name, T, ppl_tokens):
         ids, skipped = ids_of(model, sl.load_passages(split), T)
         res[split] = dict(sink_metrics(a0_of(model, ids, "fp32"), a0_of(model, ids, "bf16")),
                           passages=len(ids), skipped=skipped)
+        if with_torch:
+            try:
+                t = torch_a0(model, ids)
+                res[f"torch_{split}"] = dict(sink_metrics(t["fp32"], t["bf16"]), passages=len(ids))
+            except Exception as e:  # e.g. a GGUF architecture transformers cannot load
+                res[f"torch_{split}"] = {"error": f"{type(e).__name__}: {e}"}
     res["quality"] = nll_and_logits(model, sl.load_passages("heldout"), ppl_tokens)
     res["packed_mb"] = model.packed_bytes / 1e6
     res["seconds"] = time.perf_counter() - t0
@@ -126,6 +156,20 @@ def table(results, T, ppl_tokens):
                 f"({s['rate_diff_points_0.8']:+.2f}) | {100 * s['flipped_0.3']:.2f} % / {100 * s['flipped_0.8']:.2f} % | "
                 f"{s['max_da0']:.4f} / {s['median_da0']:.5f} | {ppl} | {lg} |")
     counts = ", ".join(f"{r['quality']['tokens']} for {r['model']}" for r in results)
+    for r in results:
+        for split in ("sinks", "heldout"):
+            s = r.get(f"torch_{split}")
+            if s is None:
+                continue
+            if "error" in s:
+                lines.append(f"| {r['model']} (transformers bf16) | {split} | not run: {s['error'][:80]} |  |  |  |  |  |")
+                continue
+            lines.append(
+                f"| {r['model']} (transformers bf16 vs its fp32) | {split} {s['passages']} × {T} | "
+                f"{s['rate_fp32_0.3']:.2f} → {s['rate_bf16_0.3']:.2f} ({s['rate_diff_points_0.3']:+.2f}) | "
+                f"{s['rate_fp32_0.8']:.2f} → {s['rate_bf16_0.8']:.2f} ({s['rate_diff_points_0.8']:+.2f}) | "
+                f"{100 * s['flipped_0.3']:.2f} % / {100 * s['flipped_0.8']:.2f} % | "
+                f"{s['max_da0']:.4f} / {s['median_da0']:.5f} |  |  |")
     lines.append(f"(perplexity and logits: the 36 held-out passages, BOS + up to {ppl_tokens - 1} tokens; "
                  f"predicted tokens: {counts})")
     return "\n".join(lines)
@@ -137,13 +181,14 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=64)
     ap.add_argument("--ppl-tokens", type=int, default=256)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--torch", action="store_true", help="also transformers' bf16 against its fp32 (eager)")
     a = ap.parse_args(argv)
     print(f"CPU: {cpu_name()}")
     for ln in lscpu_lines():
         print("  " + ln)
     print(f"sinklab simd: {sl.simd()}, threads: {sl.get_num_threads()}, "
           f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    results = [measure(n, a.T, a.ppl_tokens) for n in a.models]
+    results = [measure(n, a.T, a.ppl_tokens, a.torch) for n in a.models]
     for r in results:
         print(f"{r['model']}: {r['seconds']:.1f} s, bf16 panels {r['packed_mb']:.0f} MB")
     print(table(results, a.T, a.ppl_tokens))
