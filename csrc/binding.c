@@ -272,6 +272,7 @@ static void handle_destroy(PyObject *capsule) {
     sl_py_model *h = PyCapsule_GetPointer(capsule, "sinklab.model");
     if (!h) return;
     sl_ws_cache_clear(&h->cache); /* no call can be running: each holds a reference */
+    sl_packed_cache_clear(&h->packed);
     Py_XDECREF(h->keep);
     PyMem_Free(h->layers);
     PyMem_Free(h);
@@ -524,6 +525,12 @@ static PyObject *py_model_new(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "%s", sl_last_error());
         goto fail;
     }
+    if (sl_packed_cache_init(&h->packed, m->n_layers) != SL_OK) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    m->packed = &h->packed;
+    m->precision = SL_PREC_FP32;
     Py_DECREF(used);
     capsule = PyCapsule_New(h, "sinklab.model", handle_destroy);
     if (capsule) return capsule;
@@ -531,6 +538,7 @@ static PyObject *py_model_new(PyObject *self, PyObject *args) {
 fail:
     Py_XDECREF(used);
     Py_XDECREF(h->keep);
+    sl_packed_cache_clear(&h->packed);
     PyMem_Free(h->layers);
     PyMem_Free(h);
     return NULL;
@@ -670,22 +678,28 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
                              "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", "key_start",
-                             "keep_first", NULL};
+                             "keep_first", "precision", NULL};
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
     PyObject *q_o = Py_None, *k_o = Py_None, *v_o = Py_None, *z_o = Py_None, *head_o = Py_None;
     PyObject *aout_o = Py_None, *mout_o = Py_None, *len_o = Py_None, *layers_o = Py_None, *ks_o = Py_None;
     long long logits_from = 0;
-    int keep_first = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOp", kwlist, &capsule, &ids_o, &attn_o,
+    int keep_first = 0, precision = SL_PREC_FP32;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOpi", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
-                                     &len_o, &layers_o, &ks_o, &keep_first))
+                                     &len_o, &layers_o, &ks_o, &keep_first, &precision))
         return NULL;
     sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
-    const sl_model *m = &h->model;
+    if (precision != SL_PREC_FP32 && precision != SL_PREC_BF16)
+        return PyErr_Format(PyExc_ValueError, "precision %d (%s) is not available: 0 (fp32) or 1 (bf16)", precision,
+                            sl_precision_name(precision));
+    /* this call's descriptor: the handle's, with the call's precision */
+    sl_model mcall = h->model;
+    mcall.precision = precision;
+    const sl_model *m = &mcall;
     if (!PyArray_Check(ids_o) || (PyArray_NDIM((PyArrayObject *)ids_o) != 1 && PyArray_NDIM((PyArrayObject *)ids_o) != 2))
         return PyErr_Format(PyExc_ValueError, "ids must be a numpy array of shape (T,) or (B, T)");
     const int batched = PyArray_NDIM((PyArrayObject *)ids_o) == 2;
@@ -837,6 +851,13 @@ static PyObject *py_tensor_schema(PyObject *self, PyObject *noargs) {
     PyObject *t = PyList_AsTuple(out);
     Py_DECREF(out);
     return t;
+}
+
+static PyObject *py_model_packed_bytes(PyObject *self, PyObject *capsule) {
+    (void)self;
+    sl_py_model *h = sl_py_model_of(capsule);
+    if (!h) return NULL;
+    return PyLong_FromLongLong((long long)sl_packed_cache_bytes(&h->packed));
 }
 
 static PyObject *py_model_release_workspace(PyObject *self, PyObject *capsule) {
@@ -1099,6 +1120,16 @@ static PyMethodDef methods[] = {
     {"_int8_peak", sl_py_int8_peak, METH_VARARGS,
      "_int8_peak(iters, kernel='avx512_vnni' | 'avx_vnni') -> (int ops, seconds): register-only vpdpbusd\n"
      "loop (zmm / ymm) on every thread. Benchmark-only."},
+    {"_bf16_round", (PyCFunction)(void (*)(void))sl_py_bf16_round, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_round(x float32 (n,), path=0) -> uint16 (n,) bf16 bits (round to nearest even, as vcvtneps2bf16). "
+     "Test-only; path 0 auto, 1 portable, 2 AVX512-BF16."},
+    {"_bf16_linear", (PyCFunction)(void (*)(void))sl_py_bf16_linear, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_linear(A float32 (M,K), W float32 (N,K) | uint8 raw, type=0, rows=0, C=None, accumulate=False, "
+     "path=0) -> C = bf16(A) @ bf16(W).T (+ C), fp32 accumulation in vdpbf16ps order. Test-only."},
+    {"_bf16_path", sl_py_bf16_path, METH_O,
+     "_bf16_path(requested 0|1|2) -> 'avx512_bf16' | 'portable' | None. Test-only."},
+    {"_bf16_peak", sl_py_bf16_peak, METH_O,
+     "_bf16_peak(iters) -> GFLOP/s of a register-only vdpbf16ps loop on this thread (-1 without AVX512-BF16)."},
     {"simd", py_simd, METH_NOARGS, "simd() -> 'avx512' | 'avx2' | 'generic': the kernel family in use."},
     {"simd_best", py_simd_best, METH_NOARGS, "simd_best() -> the best kernel family this CPU supports."},
     {"build_info", sl_py_build_info, METH_NOARGS,
@@ -1133,7 +1164,7 @@ static PyMethodDef methods[] = {
      "model_forward(handle, ids int64 (T,) or (B, T), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
      "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None,\n"
-     "lengths=None, layers=None):\n"
+     "lengths=None, layers=None, key_start=None, keep_first=False, precision=0):\n"
      "runs all B sequences in one call (their tokens packed through every weight product).\n"
      "Each per-layer capture is None or one float32 array (B, L', ...) (no B axis for (T,) ids)\n"
      "whose slot s is layer layers[s] (layers: increasing indices, default all): attn (H, T, T);\n"
@@ -1144,7 +1175,8 @@ static PyMethodDef methods[] = {
      "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"
      "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0,\n"
      "3 queries i >= 1 read v_0 as the mean of their other keys' values; other values raise\n"
-     "ValueError), head_scale float32."},
+     "ValueError), head_scale float32. precision: 0 fp32 (exact, the default) or 1 bf16 (weight products\n"
+     "in bf16 with fp32 accumulation, the model's bf16 panels built at first use); others raise ValueError."},
     {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
      "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
     {"model_grad_floats", (PyCFunction)(void (*)(void))py_model_grad_floats, METH_VARARGS | METH_KEYWORDS,
@@ -1162,6 +1194,8 @@ static PyMethodDef methods[] = {
      "'matrix' or 'bias'. rope_inv_freq ((hd/2) or (n_layers, hd/2)) is read besides these."},
     {"model_workspace_bytes", py_model_workspace_bytes, METH_O,
      "model_workspace_bytes(handle) -> bytes of the activations workspace the model keeps between forward calls."},
+    {"model_packed_bytes", py_model_packed_bytes, METH_O,
+     "model_packed_bytes(handle) -> bytes of the bf16 weight panels built so far (at their first bf16 use)."},
     {"model_release_workspace", py_model_release_workspace, METH_O,
      "model_release_workspace(handle): frees the cached activations workspace (the next call allocates anew)."},
     {NULL, NULL, 0, NULL}};

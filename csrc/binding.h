@@ -29,6 +29,7 @@ typedef struct {
     sl_layer_weights *layers;
     PyObject *keep;     /* list of the arrays */
     sl_ws_cache cache;  /* the forward's activations, kept between calls (model.h) */
+    sl_packed_cache packed; /* bf16 weight panels, built at their first bf16 use (model.h) */
 } sl_py_model;
 
 /* The handle inside a "sinklab.model" capsule, or NULL with an exception set. */
@@ -62,5 +63,9 @@ PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg);
 PyObject *sl_py_int8_peak(PyObject *self, PyObject *args);
 PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args);
 PyObject *sl_py_int8_usable(PyObject *self, PyObject *args);
+PyObject *sl_py_bf16_round(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg);
+PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg);
 
 #endif

@@ -74,6 +74,8 @@ static PyObject *cpu_features(void) {
         {"fma", __builtin_cpu_supports("fma")},           {"avx512f", __builtin_cpu_supports("avx512f")},
         {"avx512bw", __builtin_cpu_supports("avx512bw")}, {"avx512vl", __builtin_cpu_supports("avx512vl")},
         {"avx512dq", __builtin_cpu_supports("avx512dq")},
+        {"avx512_bf16", sl_cpu_has_avx512_bf16()},        {"avx512_vnni", sl_cpu_has_avx512_vnni()},
+        {"amx_bf16", sl_cpu_has_amx_bf16()},              {"amx_int8", sl_cpu_has_amx_int8()},
     };
     for (size_t i = 0; i < sizeof feats / sizeof feats[0]; i++)
         if (dict_set(d, feats[i].name, PyBool_FromLong(feats[i].on)) < 0) {

@@ -21,8 +21,21 @@ int sl_simd_parse(const char *name);
 int sl_cpu_has_avx2_fma(void);
 /* AVX-512 F, BW, VL and DQ: what the AVX-512 kernels are compiled for. */
 int sl_cpu_has_avx512(void);
-/* AVX512-VNNI (vpdpbusd on zmm; the int8 kernels, gemm_int8.h) and AVX-VNNI (its VEX form on ymm). */
-int sl_cpu_has_avx512_vnni(void);
+/* AVX-VNNI: vpdpbusd's VEX form on ymm (the int8 kernels, gemm_int8.h; AVX512-VNNI is below). */
 int sl_cpu_has_avx_vnni(void);
+
+/* Features beyond the fp32 kernels, each read from CPUID and checked against the state the OS
+ * saves (XCR0): AVX512-BF16 (vdpbf16ps, vcvtneps2bf16; also needs sl_cpu_has_avx512), AVX512-VNNI
+ * (vpdpbusd), AMX-BF16 and AMX-INT8 (tile registers: CPUID AMX-TILE plus the format, and XCR0's
+ * XTILECFG and XTILEDATA bits). The AMX bits say the hardware and OS support tiles; a process
+ * must still ask Linux for permission before its first tile instruction (sl_cpu_amx_request). */
+int sl_cpu_has_avx512_bf16(void);
+int sl_cpu_has_avx512_vnni(void);
+int sl_cpu_has_amx_bf16(void);
+int sl_cpu_has_amx_int8(void);
+/* Asks the OS once for the AMX tile data state (Linux: arch_prctl(ARCH_REQ_XCOMP_PERM,
+ * XFEATURE_XTILEDATA)); 1 when tiles may be used now, 0 when the CPU has no AMX or the request
+ * was refused (elsewhere than Linux: 1 when the CPU and XCR0 have AMX). The result is cached. */
+int sl_cpu_amx_request(void);
 
 #endif

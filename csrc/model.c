@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "gemm_bf16.h"
 #include "ops.h"
 #include "quant.h"
 #include "sgemm.h"
@@ -343,9 +344,97 @@ static void norm_rows(const sl_model *m, const sl_norm *n, float *out, float *me
         sl_rmsnorm(out, rstd, x, n->w, rows, d, m->norm_eps);
 }
 
-/* y = x Wᵀ + b over `rows` rows (b may be NULL). */
-static int linear(int64_t rows, const float *x, const sl_weight *w, const float *b, float *y) {
-    SL_TRY(sl_linear_nt(rows, x, w->cols, w, y, w->rows, 0, 1));
+/* ------------------------------------------------------------------------------------------
+ * Precision: the panels of the low-precision paths and the one dispatch point. */
+
+const char *sl_precision_name(int precision) {
+    switch (precision) {
+    case SL_PREC_FP32: return "fp32";
+    case SL_PREC_BF16: return "bf16";
+    case SL_PREC_INT8: return "int8";
+    default: return "unknown";
+    }
+}
+
+int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers) {
+    c->n_slots = 0;
+    c->bf16 = NULL;
+    if (n_layers < 0 || n_layers > (INT64_MAX / SL_SLOTS_PER_LAYER) - 1)
+        return sl_fail(SL_ERR_VALUE, "packed cache: bad layer count %lld", (long long)n_layers);
+    const int64_t n = n_layers * SL_SLOTS_PER_LAYER + 1;
+    c->bf16 = calloc((size_t)n, sizeof *c->bf16);
+    if (!c->bf16) return sl_fail(SL_ERR_MEMORY, "packed cache: cannot allocate %lld slots", (long long)n);
+    for (int64_t i = 0; i < n; i++) atomic_init(&c->bf16[i], NULL);
+    c->n_slots = n;
+    return SL_OK;
+}
+
+void sl_packed_cache_clear(sl_packed_cache *c) {
+    if (!c || !c->bf16) return;
+    for (int64_t i = 0; i < c->n_slots; i++) sl_bf16_panels_free(atomic_exchange(&c->bf16[i], NULL));
+    free((void *)c->bf16);
+    c->bf16 = NULL;
+    c->n_slots = 0;
+}
+
+int64_t sl_packed_cache_bytes(sl_packed_cache *c) {
+    int64_t total = 0;
+    for (int64_t i = 0; c && c->bf16 && i < c->n_slots; i++) {
+        const sl_bf16_panels *p = atomic_load(&c->bf16[i]);
+        if (p) total += p->bytes;
+    }
+    return total;
+}
+
+/* Weight product slots: layer l's matrices, then the LM head. */
+enum { SLOT_Q, SLOT_K, SLOT_V, SLOT_O, SLOT_GATE, SLOT_UP, SLOT_DOWN };
+_Static_assert(SLOT_DOWN + 1 == SL_SLOTS_PER_LAYER, "one slot per weight product of a layer");
+static int64_t layer_slot(int64_t l, int which) { return l * SL_SLOTS_PER_LAYER + which; }
+static int64_t head_slot(const sl_model *m) { return m->n_layers * SL_SLOTS_PER_LAYER; }
+
+/* The bf16 panels of slot `slot` (weight w), packed now if this is its first bf16 use. */
+static int bf16_panels(const sl_model *m, int64_t slot, const sl_weight *w, const sl_bf16_panels **out) {
+    if (!m->packed || !m->packed->bf16 || slot < 0 || slot >= m->packed->n_slots)
+        return sl_fail(SL_ERR_INTERNAL, "forward: precision bf16 needs the model's panel cache (slot %lld)",
+                       (long long)slot);
+    _Atomic(void *) *s = &m->packed->bf16[slot];
+    void *p = atomic_load_explicit(s, memory_order_acquire);
+    if (!p) {
+        sl_bf16_panels *fresh;
+        SL_TRY(sl_bf16_pack(w, 1, &fresh));
+        void *expected = NULL;
+        if (atomic_compare_exchange_strong(s, &expected, (void *)fresh)) {
+            p = fresh;
+        } else { /* another call packed it first: keep theirs */
+            sl_bf16_panels_free(fresh);
+            p = expected;
+        }
+    }
+    *out = p;
+    return SL_OK;
+}
+
+/* y (rows, w->rows; row stride ldy) = x (rows, w->cols; row stride ldx) · Wᵀ at the call's
+ * precision: the one place a precision picks a kernel (an int8 path is one more case). */
+static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                          const sl_weight *w, float *y, int64_t ldy) {
+    switch (m->precision) {
+    case SL_PREC_FP32: return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+    case SL_PREC_BF16: {
+        const sl_bf16_panels *p = NULL;
+        SL_TRY(bf16_panels(m, slot, w, &p));
+        return sl_bf16_linear_nt(rows, x, ldx, p, y, ldy, 0, 1, SL_BF16_AUTO);
+    }
+    default:
+        return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0) or bf16 (1)",
+                       m->precision, sl_precision_name(m->precision));
+    }
+}
+
+/* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`. */
+static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
+                  const float *b, float *y) {
+    SL_TRY(weight_product(m, slot, rows, x, w->cols, w, y, w->rows));
     if (b) sl_bias_add(y, b, rows, w->rows, w->rows);
     return SL_OK;
 }
@@ -442,9 +531,9 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
         if (lt->xn1 != lt->x) tape_copy(lt->xn1, w->xb, rows, d);
         a = w->xb;
     }
-    SL_TRY(linear(rows, a, &lw->wq, lw->bq, w->q));
-    SL_TRY(linear(rows, a, &lw->wk, lw->bk, w->k));
-    SL_TRY(linear(rows, a, &lw->wv, lw->bv, w->v));
+    SL_TRY(linear(m, layer_slot(l, SLOT_Q), rows, a, &lw->wq, lw->bq, w->q));
+    SL_TRY(linear(m, layer_slot(l, SLOT_K), rows, a, &lw->wk, lw->bk, w->k));
+    SL_TRY(linear(m, layer_slot(l, SLOT_V), rows, a, &lw->wv, lw->bv, w->v));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
     position_heads(m, lw, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
     position_heads(m, lw, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
@@ -460,7 +549,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     SL_TRY(sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv));
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
-    SL_TRY(linear(rows, w->att, &lw->wo, lw->bo, w->xb));
+    SL_TRY(linear(m, layer_slot(l, SLOT_O), rows, w->att, &lw->wo, lw->bo, w->xb));
     block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean, lt->o_rstd,
                  lt->hr, lt->hr_mean, lt->hr_rstd);
     /* What the block adds to the stream (after the post-norm; before a residual norm). */
@@ -481,11 +570,11 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, con
         if (lt->xn2 != lt->h) tape_copy(lt->xn2, w->xb, rows, d);
         a = w->xb;
     }
-    if (lw->w_gate.data) SL_TRY(linear(rows, a, &lw->w_gate, lw->b_gate, gate));
-    SL_TRY(linear(rows, a, &lw->w_up, lw->b_up, up));
+    if (lw->w_gate.data) SL_TRY(linear(m, layer_slot(l, SLOT_GATE), rows, a, &lw->w_gate, lw->b_gate, gate));
+    SL_TRY(linear(m, layer_slot(l, SLOT_UP), rows, a, &lw->w_up, lw->b_up, up));
     /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up). */
     sl_mlp_act(m->act, w->gate, lw->w_gate.data ? gate : NULL, up, rows * F);
-    SL_TRY(linear(rows, w->gate, &lw->w_down, lw->b_down, w->xb));
+    SL_TRY(linear(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb));
     block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean, lt->mo_rstd,
                  lt->yr, lt->yr_mean, lt->yr_rstd);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);
@@ -582,7 +671,7 @@ static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
         for (int64_t r0 = 0; r0 < r; r0 += SL_HEAD_ROWS) {
             const int64_t n = r - r0 < SL_HEAD_ROWS ? r - r0 : SL_HEAD_ROWS;
             SL_TRY(sl_check_interrupt());
-            SL_TRY(sl_linear_nt(n, w->xb + r0 * d, d, &m->lm_head, cap->logits + r0 * V, V, 0, 1));
+            SL_TRY(weight_product(m, head_slot(m), n, w->xb + r0 * d, d, &m->lm_head, cap->logits + r0 * V, V));
         }
         if (m->final_softcap > 0.0f) sl_softcap(cap->logits, r * V, m->final_softcap);
         return SL_OK;
@@ -592,7 +681,7 @@ static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
         const int64_t n = w->ab.len[b] > from ? w->ab.len[b] - from : 0;
         float *out = cap->logits + b * nl * V;
         SL_TRY(sl_check_interrupt());
-        if (n > 0) SL_TRY(sl_linear_nt(n, w->xb + r * d, d, &m->lm_head, out, V, 0, 1));
+        if (n > 0) SL_TRY(weight_product(m, head_slot(m), n, w->xb + r * d, d, &m->lm_head, out, V));
         if (n > 0 && m->final_softcap > 0.0f) sl_softcap(out, n * V, m->final_softcap);
         memset(out + n * V, 0, (size_t)((nl - n) * V) * sizeof(float));
         r += n;

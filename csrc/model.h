@@ -113,6 +113,30 @@ enum { SL_ROLE_EMBEDDING, SL_ROLE_HEAD, SL_ROLE_NORM, SL_ROLE_NORM_BIAS, SL_ROLE
 
 
 
+/* The arithmetic of the forward's weight products (the linear layers and the LM head); attention's
+ * QK and PV products, softmax, norms, the residual stream and every statistic stay fp32 at every
+ * precision. FP32: sl_linear_nt, exact as it has always been. BF16: gemm_bf16.h (W in bf16
+ * panels built at the weight's first bf16 product and kept in the model's sl_packed_cache, A
+ * rounded to bf16, fp32 accumulation). INT8: reserved (a later step), an error for now. The one
+ * place that picks the kernel is weight_product() in model.c. */
+typedef enum { SL_PREC_FP32 = 0, SL_PREC_BF16 = 1, SL_PREC_INT8 = 2 } sl_precision;
+const char *sl_precision_name(int precision);
+
+/* A model's low-precision weight panels, one slot per weight product (SL_SLOTS_PER_LAYER per layer,
+ * then the LM head), each NULL until its first use; a slot is filled once, by compare-and-swap, so
+ * concurrent forwards may race to build a panel but only one is kept. */
+enum { SL_SLOTS_PER_LAYER = 7 };
+typedef struct {
+    int64_t n_slots;
+    _Atomic(void *) *bf16; /* sl_bf16_panels * */
+} sl_packed_cache;
+/* Allocates the (empty) slots for m; sl_packed_cache_clear frees every panel and the slots. */
+int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers);
+void sl_packed_cache_clear(sl_packed_cache *c);
+/* Bytes of the panels built so far. */
+int64_t sl_packed_cache_bytes(sl_packed_cache *c);
+
+
 typedef struct {
     int64_t n_layers, n_heads, n_kv_heads, d_model, head_dim, d_ff, vocab_size;
     float norm_eps;
@@ -131,6 +155,9 @@ typedef struct {
     sl_norm embd_norm, out_norm;
     sl_weight lm_head;              /* (V, d), may share tok_embd's data; data NULL: no logits */
     const sl_layer_weights *layers; /* n_layers entries */
+    int precision;                  /* sl_precision of the weight products (per call: the binding
+                                       runs a copy of the handle's descriptor with it set) */
+    sl_packed_cache *packed;        /* where bf16 panels are kept; NULL: none (fp32 only) */
 } sl_model;
 
 /* Where the forward writes what it captures; every pointer may be NULL. Buffers belong to the

@@ -33,6 +33,22 @@ ROPE_HALF_SPLIT, ROPE_ADJACENT = 0, 1
 MAX_ROWS_PER_CALL = 8192
 WORKSPACE_BYTES = 256 << 20
 
+# The arithmetic of the forward's weight products (every linear layer and the LM head), as the
+# C core numbers it (csrc/model.h, sl_precision). Attention's QK and PV products, softmax, norms,
+# the residual stream and every statistic stay fp32 at every precision.
+PRECISIONS = {"fp32": 0, "bf16": 1}
+_PLANNED_PRECISIONS = ("int8",)
+
+
+def check_precision(precision: Any) -> str:
+    """``precision`` checked: ``"fp32"`` or ``"bf16"``; ValueError naming the choices otherwise
+    (and saying that ``"int8"`` is not available yet)."""
+    if isinstance(precision, str) and precision in PRECISIONS:
+        return precision
+    if isinstance(precision, str) and precision in _PLANNED_PRECISIONS:
+        raise ValueError(f"precision={precision!r} is not available yet; choose 'fp32' or 'bf16'")
+    raise ValueError(f"unknown precision {precision!r}; choose 'fp32' (exact, the default) or 'bf16'")
+
 
 def _gb(n: float) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
@@ -88,11 +104,18 @@ class Model:
     for matrices kept in their file encoding (GGUF blocks, F16, BF16), :class:`QuantizedTensor`;
     :meth:`weight` gives any of them as float32. ``rope_inv_freq`` (L, head_dim/2) holds each
     layer's RoPE frequencies (absent without RoPE).
+
+    ``precision`` (``"fp32"`` or ``"bf16"``) is the default of :meth:`run` (see :func:`load`);
+    :attr:`packed_bytes` is the memory the bf16 weight panels take once built. The derivatives
+    (:meth:`vjp`, :meth:`vjp_norms`, :meth:`jvp`, :meth:`jacobian`, :meth:`loss_and_grad`) take
+    ``precision=`` too but run in fp32 only for now: bf16 (asked for, or the model's default)
+    raises ValueError rather than silently computing in fp32.
     """
 
     def __init__(self, config: ModelConfig, weights: Dict[str, Any], tokenizer: Any,
                  source: str, rope_layout: int, rope_factors: Optional[np.ndarray] = None,
-                 name: Optional[str] = None) -> None:
+                 name: Optional[str] = None, precision: str = "fp32") -> None:
+        self.precision = check_precision(precision)
         self.config = config
         self.tokenizer = tokenizer
         self.source = source
@@ -110,6 +133,22 @@ class Model:
         if name not in self.weights:
             raise KeyError(f"{self.name} has no tensor {name!r}")
         return to_f32(self.weights[name])
+
+    @property
+    def packed_bytes(self) -> int:
+        """Bytes of the bf16 weight panels built so far: 0 until the first bf16 run, then about 2
+        bytes per weight of every matrix the forward multiplies by (the LM head included, also
+        when tied to the embedding; panels are padded to 32 outputs), e.g. ~270 MB for
+        SmolLM2-135M. They live as long as the model."""
+        return int(_core.model_packed_bytes(self._handle))
+
+    def _fp32_only(self, what: str, precision: Optional[str]) -> None:
+        """Derivatives run in fp32 only for now: a bf16 request (or a bf16 model default) is an
+        error, never silently fp32."""
+        p = self.precision if precision is None else check_precision(precision)
+        if p != "fp32":
+            raise ValueError(f"{what} is available in fp32 only: precision={p!r} applies to the forward "
+                             f"(Model.run) so far; pass precision='fp32' to compute it in fp32")
 
     @property
     def has_lm_head(self) -> bool:
@@ -230,7 +269,7 @@ class Model:
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: Optional[int] = None,
-            key_start: Any = None, keep_first: bool = False) -> Trace:
+            key_start: Any = None, keep_first: bool = False, precision: Optional[str] = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -308,6 +347,12 @@ class Model:
                 sequence of a batch.
             keep_first: with ``key_start``, key 0 (a fixed ⟨bos⟩ in front of every window)
                 stays visible to every query.
+            precision: ``"fp32"`` (exact) or ``"bf16"``; default the model's (:func:`load`).
+                bf16 rounds each weight product's input rows and weights to bf16 and sums in
+                fp32 (csrc/gemm_bf16.h): the linear layers and the LM head only; attention
+                scores and values, softmax, norms, the residual stream and statistics stay
+                fp32. ``head_out`` is then still an fp32 product of ``z`` with W_O, so it sums
+                to ``attn_out`` only to bf16 rounding. ``Trace.meta["precision"]`` records it.
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -318,6 +363,7 @@ class Model:
         """
         if capture is DEFAULT_CAPTURE and not self.config.has_lm_head:
             capture = ("attn", "resid")
+        prec = self.precision if precision is None else check_precision(precision)
         capture = normalize_capture(capture)
         self._check_head(capture)
         arr = self.check_ids(ids)
@@ -345,13 +391,15 @@ class Model:
             b1 = min(B, b0 + per_call)
             _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
                                 lengths=None if lens is None else lens[b0:b1], key_start=ks,
-                                keep_first=bool(keep_first), **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
+                                keep_first=bool(keep_first), precision=PRECISIONS[prec],
+                                **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
         bos = c.bos_token_id
         meta = {"model": self.name, "source": self.source, "bos_token_id": bos,
                 "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
-                "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()}}
+                "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()},
+                "precision": prec}
         st = None
         if "stats" in capture:
             st = AttentionStats(**{k: get(k) for k in STATS})
@@ -511,7 +559,7 @@ class Model:
                                            None if n_tape is None else int(n_tape))
 
     def vjp(self, ids: Any, cotangent: Any, at: Any, intervene: Optional[Intervention] = None,
-            layers: Optional[Sequence[int]] = None) -> np.ndarray:
+            layers: Optional[Sequence[int]] = None, precision: Optional[str] = None) -> np.ndarray:
         """Vector-Jacobian product: gradients of <cotangent, resid[layer][positions]> with
         respect to the residual stream entering each layer.
 
@@ -536,6 +584,7 @@ class Model:
             float32 (n, T, d), or (B, n, T, d) for batched cotangents, n = len(layers): row k is
             the gradient with respect to ``resid[layers[k]]``.
         """
+        self._fp32_only("Model.vjp", precision)
         arr = self.check_sequence(ids)
         T, d = arr.shape[0], self.config.d_model
         layer, positions = at if isinstance(at, tuple) else (at, None)
@@ -562,7 +611,7 @@ class Model:
 
     def vjp_norms(self, ids: Any, cotangent: Any, at: Tuple[int, int], layers: Optional[Sequence[int]] = None,
                   spectral: bool = False, spectral_rtol: float = 1e-9,
-                  intervene: Optional[Intervention] = None) -> "VjpNorms":
+                  intervene: Optional[Intervention] = None, precision: Optional[str] = None) -> "VjpNorms":
         """Norms of the vector-Jacobian products of :meth:`vjp`, per source position, without
         the (B, n, T, d) gradients: the C backward reduces each block as it computes it.
 
@@ -588,6 +637,7 @@ class Model:
             :class:`VjpNorms`: ``sq`` (n, B, t) float64, ``spectral`` (n, t) float64 or None,
             ``layers`` (n,), ``iters`` the most Lanczos steps any block took.
         """
+        self._fp32_only("Model.vjp_norms", precision)
         arr = self.check_sequence(ids)
         T, d = arr.shape[0], self.config.d_model
         layer, position = at
@@ -615,7 +665,8 @@ class Model:
                                 spectral=spec_bufs if spectral else None, spectral_rtol=float(spectral_rtol), **ivs)
         return VjpNorms(sq=sq, spectral=spec, layers=sel, iters=int(iters))
 
-    def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None) -> np.ndarray:
+    def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None,
+            precision: Optional[str] = None) -> np.ndarray:
         """Jacobian-vector product: how the residual stream of every later layer moves when
         ``resid[at]`` moves along ``tangent``, at the cost of about one forward per tangent.
 
@@ -630,6 +681,7 @@ class Model:
             float32 (L+1-at, T, d), or (B, L+1-at, T, d): row k is the tangent of ``resid[at+k]``
             (row 0 is ``tangent`` itself).
         """
+        self._fp32_only("Model.jvp", precision)
         arr = self.check_sequence(ids)
         T, d, L = arr.shape[0], self.config.d_model, self.config.n_layers
         at = self.layer_index(at, "at")
@@ -646,7 +698,7 @@ class Model:
         return out if batched else out[0]
 
     def jacobian(self, ids: Any, of: Tuple[int, int], wrt: int = 0, intervene: Optional[Intervention] = None,
-                 progress: bool = True, chunk: Optional[int] = None) -> np.ndarray:
+                 progress: bool = True, chunk: Optional[int] = None, precision: Optional[str] = None) -> np.ndarray:
         """The exact Jacobian block J[a, j, b] = d resid[layer][position, a] / d resid[wrt][j, b].
 
         Computed as d unit cotangents pushed back through the C backward together (one product
@@ -661,6 +713,7 @@ class Model:
         Returns:
             float32 (d, T, d); in a causal model rows j > position are zero.
         """
+        self._fp32_only("Model.jacobian", precision)
         arr = self.check_sequence(ids)
         T, d = arr.shape[0], self.config.d_model
         layer, position = of
@@ -676,7 +729,8 @@ class Model:
             n = min(chunk, d - a0)
             cot = np.zeros((n, d), np.float32)
             cot[np.arange(n), a0 + np.arange(n)] = 1.0
-            J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt])[:, 0]
+            J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt],
+                                   precision="fp32")[:, 0]
         return J
 
     def influence_end(self, position: int, T: int) -> int:
@@ -693,8 +747,8 @@ class Model:
         fixed = self.grad_bytes(T, 1, n_tape) - per
         return int(max(1, min(B, (budget - fixed) // max(per, 1))))
 
-    def loss_and_grad(self, ids: Any, targets: Any = None,
-                      intervene: Optional[Intervention] = None) -> Tuple[float, Dict[str, np.ndarray]]:
+    def loss_and_grad(self, ids: Any, targets: Any = None, intervene: Optional[Intervention] = None,
+                      precision: Optional[str] = None) -> Tuple[float, Dict[str, np.ndarray]]:
         """Next-token cross-entropy and its gradient with respect to every weight.
 
         Args:
@@ -711,6 +765,7 @@ class Model:
             the embedding's and the head's gradients). Q/K gradients of a GGUF-loaded model are
             in the file's (llama.cpp-permuted) row layout, like its weights.
         """
+        self._fp32_only("Model.loss_and_grad", precision)
         arr = self.check_sequence(ids)
         T = arr.shape[0]
         if targets is None:
@@ -741,12 +796,20 @@ class Model:
         return float(loss), grads
 
 
-def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
+def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: str = "fp32") -> Model:
     """Loads a model: a registered name (``"smollm2-135m-instruct"``), a ``.gguf`` file, or a
     Hugging Face folder with ``config.json`` and ``*.safetensors``, of any supported family
     (:data:`sinklab.families.SUPPORTED_HF_TYPES`, :data:`~sinklab.families.SUPPORTED_GGUF_ARCHS`;
     another architecture raises ValueError naming itself and the supported list). GGUF
-    matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width."""
+    matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width.
+
+    ``precision`` is the default of :meth:`Model.run` (each call may override it): ``"fp32"``
+    (exact, the default) or ``"bf16"`` (weight products in bf16 with fp32 sums; see the README's
+    "Precision" section for what it costs in fidelity). bf16 panels of the weights are built at
+    the first bf16 run and kept with the model (:attr:`Model.packed_bytes`, ~2 bytes per weight).
+    The derivatives (vjp, jvp, jacobian, loss_and_grad) are fp32 only for now and raise
+    ValueError on a bf16 model unless called with ``precision="fp32"``."""
+    precision = check_precision(precision)
     src = os.fspath(name_or_path)
     name = None
     if not os.path.exists(src) and registry.is_registered(src):
@@ -756,13 +819,14 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False) -> Model:
         cfg = hf_loader.read_config(src)
         weights = hf_loader.load_hf_weights(src, cfg)
         tok = Tokenizer.from_hf_dir(src) if os.path.isfile(os.path.join(src, "tokenizer.json")) else None
-        return Model(cfg, weights, tok, src, hf_loader.rope_layout(cfg), name=name)
+        return Model(cfg, weights, tok, src, hf_loader.rope_layout(cfg), name=name, precision=precision)
     if os.path.isfile(src):
         reader = gguf_loader.open_gguf(src)
         cfg = gguf_loader.read_config(reader)
         weights = gguf_loader.load_gguf_weights(reader, cfg)
         factors = gguf_loader.llama3_rope_factors(reader, cfg) if cfg.positions == "rope" else None
         tok = Tokenizer.from_gguf(reader) if "tokenizer.ggml.tokens" in reader.fields else None
-        return Model(cfg, weights, tok, src, gguf_loader.rope_layout(cfg), rope_factors=factors, name=name)
+        return Model(cfg, weights, tok, src, gguf_loader.rope_layout(cfg), rope_factors=factors, name=name,
+                     precision=precision)
     raise FileNotFoundError(f"{src!r} is neither a file, a folder, nor a registered model name "
                             f"({', '.join(sorted(registry.MODELS))})")

@@ -107,7 +107,10 @@ def build_info() -> Dict[str, Any]:
       ``omp_get_num_procs()`` (None without OpenMP).
     - ``simd``: the kernel family in use (:func:`simd`); ``simd_best``: the best this CPU
       supports; ``cpu_features``: the x86 features behind that choice (avx, avx2, fma,
-      avx512f/bw/vl/dq -> bool; empty on other CPUs).
+      avx512f/bw/vl/dq -> bool; empty on other CPUs), and those of the low-precision kernels,
+      read from CPUID and XCR0: avx512_bf16 (what ``precision="bf16"`` runs on; without it the
+      portable emulation gives the same bits), avx512_vnni, amx_bf16, amx_int8 (no AMX kernel
+      exists yet).
     - ``blas``: ``"none"``: products run on sinklab's own SGEMM kernels, no BLAS is linked.
     - ``numpy_build`` / ``numpy_runtime``: the NumPy version compiled against / imported now;
       ``numpy_build_abi``, ``numpy_target_api`` (the oldest NumPy C API the build supports),

@@ -123,7 +123,8 @@ def test_simd_matches_proc_cpuinfo(info):
         best = "generic"
     assert info["simd_best"] == best
     assert info["cpu_features"] == {f: f in flags for f in
-                                    ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq")}
+                                    ("avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512dq",
+                                     "avx512_bf16", "avx512_vnni", "amx_bf16", "amx_int8")}
 
 
 def test_numpy(info):
