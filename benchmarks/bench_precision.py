@@ -1,4 +1,4 @@
-"""Speed of the bf16 path, side by side in one process: sinklab fp32, sinklab bf16, torch fp32 and
+"""Speed of the bf16 (and, in the forward rows, int8) path, side by side in one process: sinklab fp32, sinklab bf16, torch fp32 and
 torch bf16, at 1 and 2 threads.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/bench_precision.py
@@ -13,7 +13,7 @@ torch bf16, at 1 and 2 threads.
    "peak" is sinklab bf16 as a fraction of the register-only vdpbf16ps rate measured by
    _core._bf16_peak on as many threads at once.
 2. SmolLM2-135M forward, T = 512 random ids, logits of every position: sinklab at precision
-   "fp32" and "bf16" (panels built before timing), transformers (sdpa attention, use_cache=False)
+   "fp32", "bf16" and "int8" (panels built before timing), transformers (sdpa attention, use_cache=False)
    in float32 and in bfloat16, the same GGUF weights (dequantized by transformers).
 
 Threads: sinklab through sl.threads(n), torch through torch.set_num_threads(n), in turn; every
@@ -113,19 +113,20 @@ def forward_rows(threads, reps, T):
     ids = np.random.default_rng(1).integers(0, model.config.vocab_size, T)
     tids = torch.from_numpy(ids)[None]
     model.run(ids, capture="logits", precision="bf16")  # builds the panels
+    model.run(ids, capture="logits", precision="int8")
     rows = []
     for n in threads:
         torch.set_num_threads(n)
         r = {"threads": n, "T": T}
         with sl.threads(n):
-            for p in ("fp32", "bf16"):
+            for p in ("fp32", "bf16", "int8"):
                 r[f"sl_{p}"] = median_time(lambda: model.run(ids, capture="logits", precision=p), reps)
         with torch.no_grad():
             r["torch_fp32"] = median_time(lambda: hf32(tids, use_cache=False), reps)
             r["torch_bf16"] = median_time(lambda: hf16(tids, use_cache=False), reps)
         rows.append(r)
         print(f"  forward T={T} {n} thr: sinklab fp32 {r['sl_fp32']:.3f} s, bf16 {r['sl_bf16']:.3f} s "
-              f"({r['sl_fp32'] / r['sl_bf16']:.2f}x), torch fp32 {r['torch_fp32']:.3f} s, "
+              f"({r['sl_fp32'] / r['sl_bf16']:.2f}x), int8 {r['sl_int8']:.3f} s ({r['sl_fp32'] / r['sl_int8']:.2f}x), torch fp32 {r['torch_fp32']:.3f} s, "
               f"bf16 {r['torch_bf16']:.3f} s", flush=True)
     return rows
 
@@ -157,11 +158,13 @@ def main(argv=None):
                   f"{r['sl_bf16'] / r['sl_fp32']:.2f}× | {100 * r['sl_bf16'] / r['peak_bf16']:.0f} % "
                   f"({r['peak_bf16']:.0f}) | {r['torch_fp32']:.0f} | {r['torch_bf16']:.0f} |")
     if f:
-        print("\n| SmolLM2 forward, logits (s) | threads | sinklab fp32 | sinklab bf16 | fp32 / bf16 | transformers fp32 (sdpa) | transformers bf16 (sdpa) |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("\n| SmolLM2 forward, logits (s) | threads | sinklab fp32 | sinklab bf16 | fp32 / bf16 | sinklab int8 | "
+              "fp32 / int8 | transformers fp32 (sdpa) | transformers bf16 (sdpa) |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for r in f:
             print(f"| T = {r['T']} | {r['threads']} | {r['sl_fp32']:.3f} | {r['sl_bf16']:.3f} | "
-                  f"{r['sl_fp32'] / r['sl_bf16']:.2f}× | {r['torch_fp32']:.3f} | {r['torch_bf16']:.3f} |")
+                  f"{r['sl_fp32'] / r['sl_bf16']:.2f}× | {r['sl_int8']:.3f} | {r['sl_fp32'] / r['sl_int8']:.2f}× | "
+                  f"{r['torch_fp32']:.3f} | {r['torch_bf16']:.3f} |")
 
 
 if __name__ == "__main__":

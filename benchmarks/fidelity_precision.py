@@ -1,18 +1,21 @@
-"""What bf16 costs in fidelity: sinklab's bf16 forward against its fp32 forward, per model.
+"""What bf16 and int8 cost in fidelity: sinklab's bf16 / int8 forward against its fp32 forward,
+per model.
 
     python benchmarks/fidelity_precision.py                       # SmolLM2-135M and Gemma-3-270M
     python benchmarks/fidelity_precision.py --models smollm2-135m-instruct --T 64 --ppl-tokens 256
+    python benchmarks/fidelity_precision.py --precisions int8     # one low precision only
 
 For each model, on the shipped passages (sinklab.load_passages): the "sinks" split (144 passages)
 and the "heldout" split (36), each cut to BOS + T-1 tokens (T = 64, as Gu et al.; shorter
-passages are skipped and counted), run once at precision="fp32" and once at "bf16":
+passages are skipped and counted), run once at precision="fp32" and once at each of
+--precisions (default bf16 and int8; "low" below):
 
 - sink rate at eps 0.3 and 0.8 (percent of (passage, layer, head) entries with a_0 > eps) and
   its change in points;
 - flipped: the fraction of (passage, layer, head) entries whose sink indicator differs;
 - max and median |delta a_0| over (passage, layer, head) (a_0 from capture="stats");
 - on the held-out passages (BOS + up to --ppl-tokens tokens): perplexity of the next tokens and
-  its relative change, and the logits' relative error ||L_bf16 - L_fp32||_F / ||L_fp32||_F over
+  its relative change, and the logits' relative error ||L_low - L_fp32||_F / ||L_fp32||_F over
   every position of every passage (the largest per-passage value too).
 
 --torch adds transformers' own bf16 forward against its fp32 forward (eager attention, the same
@@ -58,6 +61,7 @@ def a0_of(model, ids, precision):
 
 
 def sink_metrics(a32, a16):
+    """a16: a_0 at the low precision (bf16 or int8; the keys say "bf16" for either)."""
     out = {"entries": int(a32.size)}
     for eps in EPS:
         r32, r16 = float(np.mean(a32 > eps)), float(np.mean(a16 > eps))
@@ -70,8 +74,9 @@ def sink_metrics(a32, a16):
     return out
 
 
-def nll_and_logits(model, texts, max_tokens):
-    """Per text: next-token NLL sums and counts at fp32 and bf16, and the logits' error norms."""
+def nll_and_logits(model, texts, max_tokens, low="bf16"):
+    """Per text: next-token NLL sums and counts at fp32 and at ``low``, and the logits' error
+    norms (the keys say "bf16" for either low precision)."""
     bos = model.config.bos_token_id
     acc = {"nll_fp32": 0.0, "nll_bf16": 0.0, "n": 0, "err2": 0.0, "ref2": 0.0, "max_rel": 0.0}
     for t in texts:
@@ -79,8 +84,8 @@ def nll_and_logits(model, texts, max_tokens):
         if bos is not None:
             ids = np.concatenate([[bos], ids])
         ids = np.asarray(ids[:max_tokens], np.int64)
-        L = {p: model.run(ids, capture="logits", precision=p, progress=False).logits.astype(np.float64)
-             for p in ("fp32", "bf16")}
+        L = {k: model.run(ids, capture="logits", precision=p, progress=False).logits.astype(np.float64)
+             for k, p in (("fp32", "fp32"), ("bf16", low))}
         tgt = ids[1:]
         for p, lg in L.items():
             x = lg[:-1]
@@ -119,13 +124,13 @@ def torch_a0(model, ids):
     return out
 
 
-def measure(name, T, ppl_tokens, with_torch=False):
+def measure(name, T, ppl_tokens, with_torch=False, low="bf16"):
     t0 = time.perf_counter()
     model = sl.load(name, quiet=True)
-    res = {"model": name}
+    res = {"model": name if low == "bf16" else f"{name} {low}", "precision": low}
     for split in ("sinks", "heldout"):
         ids, skipped = ids_of(model, sl.load_passages(split), T)
-        res[split] = dict(sink_metrics(a0_of(model, ids, "fp32"), a0_of(model, ids, "bf16")),
+        res[split] = dict(sink_metrics(a0_of(model, ids, "fp32"), a0_of(model, ids, low)),
                           passages=len(ids), skipped=skipped)
         if with_torch:
             try:
@@ -133,15 +138,16 @@ def measure(name, T, ppl_tokens, with_torch=False):
                 res[f"torch_{split}"] = dict(sink_metrics(t["fp32"], t["bf16"]), passages=len(ids))
             except Exception as e:  # e.g. a GGUF architecture transformers cannot load
                 res[f"torch_{split}"] = {"error": f"{type(e).__name__}: {e}"}
-    res["quality"] = nll_and_logits(model, sl.load_passages("heldout"), ppl_tokens)
+    res["quality"] = nll_and_logits(model, sl.load_passages("heldout"), ppl_tokens, low)
     res["packed_mb"] = model.packed_bytes / 1e6
     res["seconds"] = time.perf_counter() - t0
     return res
 
 
 def table(results, T, ppl_tokens):
-    lines = ["| model | passages | sink rate ε=0.3 fp32 → bf16 (Δ points) | ε=0.8 fp32 → bf16 (Δ points) | "
-             "flipped ε=0.3 / 0.8 | max / median abs Δa₀ | perplexity fp32 → bf16 (rel.) | logits rel. error (max per passage) |",
+    lines = ["| model (precision: bf16 unless named) | passages | sink rate ε=0.3 fp32 → low (Δ points) | "
+             "ε=0.8 fp32 → low (Δ points) | flipped ε=0.3 / 0.8 | max / median abs Δa₀ | perplexity fp32 → low (rel.) | "
+             "logits rel. error (max per passage) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in results:
         q = r["quality"]
@@ -182,15 +188,16 @@ def main(argv=None):
     ap.add_argument("--ppl-tokens", type=int, default=256)
     ap.add_argument("--json", default=None)
     ap.add_argument("--torch", action="store_true", help="also transformers' bf16 against its fp32 (eager)")
+    ap.add_argument("--precisions", nargs="+", default=["bf16", "int8"], choices=["bf16", "int8"])
     a = ap.parse_args(argv)
     print(f"CPU: {cpu_name()}")
     for ln in lscpu_lines():
         print("  " + ln)
     print(f"sinklab simd: {sl.simd()}, threads: {sl.get_num_threads()}, "
           f"date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
-    results = [measure(n, a.T, a.ppl_tokens, a.torch) for n in a.models]
+    results = [measure(n, a.T, a.ppl_tokens, a.torch and p == "bf16", p) for n in a.models for p in a.precisions]
     for r in results:
-        print(f"{r['model']}: {r['seconds']:.1f} s, bf16 panels {r['packed_mb']:.0f} MB")
+        print(f"{r['model']}: {r['seconds']:.1f} s, {r['precision']} panels {r['packed_mb']:.0f} MB")
     print(table(results, a.T, a.ppl_tokens))
     if a.json:
         with open(a.json, "w") as f:

@@ -693,9 +693,9 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
         return NULL;
     sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
-    if (precision != SL_PREC_FP32 && precision != SL_PREC_BF16)
-        return PyErr_Format(PyExc_ValueError, "precision %d (%s) is not available: 0 (fp32) or 1 (bf16)", precision,
-                            sl_precision_name(precision));
+    if (precision != SL_PREC_FP32 && precision != SL_PREC_BF16 && precision != SL_PREC_INT8)
+        return PyErr_Format(PyExc_ValueError, "precision %d (%s) is not available: 0 (fp32), 1 (bf16) or 2 (int8)",
+                            precision, sl_precision_name(precision));
     /* this call's descriptor: the handle's, with the call's precision */
     sl_model mcall = h->model;
     mcall.precision = precision;
@@ -1175,8 +1175,9 @@ static PyMethodDef methods[] = {
      "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"
      "(0/1), zero_first_value uint8 (0 none, 1 queries i >= 1 only, 2 every query including 0,\n"
      "3 queries i >= 1 read v_0 as the mean of their other keys' values; other values raise\n"
-     "ValueError), head_scale float32. precision: 0 fp32 (exact, the default) or 1 bf16 (weight products\n"
-     "in bf16 with fp32 accumulation, the model's bf16 panels built at first use); others raise ValueError."},
+     "ValueError), head_scale float32. precision: 0 fp32 (exact, the default), 1 bf16 (weight products\n"
+     "in bf16 with fp32 accumulation) or 2 int8 (weights as int8 with per-block scales, activations\n"
+     "quantized per row in blocks of 32); the model's panels built at first use; others raise ValueError."},
     {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
      "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
     {"model_grad_floats", (PyCFunction)(void (*)(void))py_model_grad_floats, METH_VARARGS | METH_KEYWORDS,

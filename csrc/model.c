@@ -19,6 +19,7 @@
 
 #include "attention.h"
 #include "gemm_bf16.h"
+#include "gemm_int8.h"
 #include "ops.h"
 #include "quant.h"
 #include "sgemm.h"
@@ -356,32 +357,63 @@ const char *sl_precision_name(int precision) {
     }
 }
 
+static void int8_weight_drop(void *p) {
+    sl_int8_weight_free(p);
+    free(p);
+}
+
+/* Empty slots (n of them) for one kind of panel. */
+static _Atomic(void *) *slots_new(int64_t n) {
+    _Atomic(void *) *s = calloc((size_t)n, sizeof *s);
+    for (int64_t i = 0; s && i < n; i++) atomic_init(&s[i], NULL);
+    return s;
+}
+
+static void slots_free(_Atomic(void *) *s, int64_t n, void (*drop)(void *)) {
+    for (int64_t i = 0; s && i < n; i++) drop(atomic_exchange(&s[i], NULL));
+    free((void *)s);
+}
+
+static void bf16_panels_drop(void *p) { sl_bf16_panels_free(p); }
+
 int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers) {
     c->n_slots = 0;
-    c->bf16 = NULL;
+    c->bf16 = c->int8 = NULL;
     if (n_layers < 0 || n_layers > (INT64_MAX / SL_SLOTS_PER_LAYER) - 1)
         return sl_fail(SL_ERR_VALUE, "packed cache: bad layer count %lld", (long long)n_layers);
     const int64_t n = n_layers * SL_SLOTS_PER_LAYER + 1;
-    c->bf16 = calloc((size_t)n, sizeof *c->bf16);
-    if (!c->bf16) return sl_fail(SL_ERR_MEMORY, "packed cache: cannot allocate %lld slots", (long long)n);
-    for (int64_t i = 0; i < n; i++) atomic_init(&c->bf16[i], NULL);
+    c->bf16 = slots_new(n);
+    c->int8 = slots_new(n);
+    if (!c->bf16 || !c->int8) {
+        free((void *)c->bf16), free((void *)c->int8);
+        c->bf16 = c->int8 = NULL;
+        return sl_fail(SL_ERR_MEMORY, "packed cache: cannot allocate %lld slots", (long long)n);
+    }
     c->n_slots = n;
     return SL_OK;
 }
 
 void sl_packed_cache_clear(sl_packed_cache *c) {
     if (!c || !c->bf16) return;
-    for (int64_t i = 0; i < c->n_slots; i++) sl_bf16_panels_free(atomic_exchange(&c->bf16[i], NULL));
-    free((void *)c->bf16);
-    c->bf16 = NULL;
+    slots_free(c->bf16, c->n_slots, bf16_panels_drop);
+    slots_free(c->int8, c->n_slots, int8_weight_drop);
+    c->bf16 = c->int8 = NULL;
     c->n_slots = 0;
+}
+
+/* Bytes of one packed int8 weight: its bytes, scales and offsets. */
+static int64_t int8_weight_bytes(const sl_int8_weight *w) {
+    const int64_t blocks = w->npanels * w->nb;
+    return blocks * SL_INT8_PANEL * (SL_INT8_BLOCK + (int64_t)sizeof(float) * (w->mw ? 2 : 1));
 }
 
 int64_t sl_packed_cache_bytes(sl_packed_cache *c) {
     int64_t total = 0;
     for (int64_t i = 0; c && c->bf16 && i < c->n_slots; i++) {
         const sl_bf16_panels *p = atomic_load(&c->bf16[i]);
+        const sl_int8_weight *q = atomic_load(&c->int8[i]);
         if (p) total += p->bytes;
+        if (q) total += int8_weight_bytes(q);
     }
     return total;
 }
@@ -392,21 +424,43 @@ _Static_assert(SLOT_DOWN + 1 == SL_SLOTS_PER_LAYER, "one slot per weight product
 static int64_t layer_slot(int64_t l, int which) { return l * SL_SLOTS_PER_LAYER + which; }
 static int64_t head_slot(const sl_model *m) { return m->n_layers * SL_SLOTS_PER_LAYER; }
 
-/* The bf16 panels of slot `slot` (weight w), packed now if this is its first bf16 use. */
-static int bf16_panels(const sl_model *m, int64_t slot, const sl_weight *w, const sl_bf16_panels **out) {
-    if (!m->packed || !m->packed->bf16 || slot < 0 || slot >= m->packed->n_slots)
-        return sl_fail(SL_ERR_INTERNAL, "forward: precision bf16 needs the model's panel cache (slot %lld)",
-                       (long long)slot);
-    _Atomic(void *) *s = &m->packed->bf16[slot];
+/* Packs w into a fresh panel of one kind (the bf16 panels, or the int8 weight). */
+static int bf16_pack(const sl_weight *w, void **out) {
+    sl_bf16_panels *p = NULL;
+    SL_TRY(sl_bf16_pack(w, 1, &p));
+    *out = p;
+    return SL_OK;
+}
+
+static int int8_pack(const sl_weight *w, void **out) {
+    sl_int8_weight *p = calloc(1, sizeof *p);
+    if (!p) return sl_fail(SL_ERR_MEMORY, "int8 weight: cannot allocate");
+    const int rc = sl_int8_weight_init(p, w, 1);
+    if (rc != SL_OK) {
+        free(p);
+        return rc;
+    }
+    *out = p;
+    return SL_OK;
+}
+
+/* The panel of slot `slot` (weight w) in `slots`, packed now if this is its first use at this
+ * precision; concurrent first uses may both pack, one is kept (compare-and-swap). */
+static int cached_panel(const sl_model *m, _Atomic(void *) *slots, int64_t slot, const sl_weight *w,
+                        int (*pack)(const sl_weight *, void **), void (*drop)(void *), const void **out) {
+    if (!slots || slot < 0 || slot >= m->packed->n_slots)
+        return sl_fail(SL_ERR_INTERNAL, "forward: precision %s needs the model's panel cache (slot %lld)",
+                       sl_precision_name(m->precision), (long long)slot);
+    _Atomic(void *) *s = &slots[slot];
     void *p = atomic_load_explicit(s, memory_order_acquire);
     if (!p) {
-        sl_bf16_panels *fresh;
-        SL_TRY(sl_bf16_pack(w, 1, &fresh));
+        void *fresh = NULL;
+        SL_TRY(pack(w, &fresh));
         void *expected = NULL;
-        if (atomic_compare_exchange_strong(s, &expected, (void *)fresh)) {
+        if (atomic_compare_exchange_strong(s, &expected, fresh)) {
             p = fresh;
         } else { /* another call packed it first: keep theirs */
-            sl_bf16_panels_free(fresh);
+            drop(fresh);
             p = expected;
         }
     }
@@ -415,18 +469,24 @@ static int bf16_panels(const sl_model *m, int64_t slot, const sl_weight *w, cons
 }
 
 /* y (rows, w->rows; row stride ldy) = x (rows, w->cols; row stride ldx) · Wᵀ at the call's
- * precision: the one place a precision picks a kernel (an int8 path is one more case). */
+ * precision: the one place a precision picks a kernel. */
 static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
                           const sl_weight *w, float *y, int64_t ldy) {
+    const void *p = NULL;
+    if (m->precision != SL_PREC_FP32 && !m->packed)
+        return sl_fail(SL_ERR_INTERNAL, "forward: precision %s needs the model's panel cache",
+                       sl_precision_name(m->precision));
     switch (m->precision) {
     case SL_PREC_FP32: return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
-    case SL_PREC_BF16: {
-        const sl_bf16_panels *p = NULL;
-        SL_TRY(bf16_panels(m, slot, w, &p));
+    case SL_PREC_BF16:
+        SL_TRY(cached_panel(m, m->packed->bf16, slot, w, bf16_pack, bf16_panels_drop, &p));
         return sl_bf16_linear_nt(rows, x, ldx, p, y, ldy, 0, 1, SL_BF16_AUTO);
-    }
+    case SL_PREC_INT8:
+        if (!sl_int8_weight_usable(w)) return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+        SL_TRY(cached_panel(m, m->packed->int8, slot, w, int8_pack, int8_weight_drop, &p));
+        return sl_linear_nt_int8_packed(rows, x, ldx, p, y, ldy, 0, 1);
     default:
-        return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0) or bf16 (1)",
+        return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0), bf16 (1) or int8 (2)",
                        m->precision, sl_precision_name(m->precision));
     }
 }

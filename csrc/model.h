@@ -117,8 +117,11 @@ enum { SL_ROLE_EMBEDDING, SL_ROLE_HEAD, SL_ROLE_NORM, SL_ROLE_NORM_BIAS, SL_ROLE
  * QK and PV products, softmax, norms, the residual stream and every statistic stay fp32 at every
  * precision. FP32: sl_linear_nt, exact as it has always been. BF16: gemm_bf16.h (W in bf16
  * panels built at the weight's first bf16 product and kept in the model's sl_packed_cache, A
- * rounded to bf16, fp32 accumulation). INT8: reserved (a later step), an error for now. The one
- * place that picks the kernel is weight_product() in model.c. */
+ * rounded to bf16, fp32 accumulation). INT8: gemm_int8.h (W as 8-bit integers with per-block
+ * scales, its own quants where the format allows, packed at its first int8 product and kept in
+ * the cache; A quantized per row in blocks of 32); a weight the int8 kernel cannot take (cols not
+ * a multiple of 32) stays on the fp32 product. The one place that picks the kernel is
+ * weight_product() in model.c. */
 typedef enum { SL_PREC_FP32 = 0, SL_PREC_BF16 = 1, SL_PREC_INT8 = 2 } sl_precision;
 const char *sl_precision_name(int precision);
 
@@ -129,6 +132,7 @@ enum { SL_SLOTS_PER_LAYER = 7 };
 typedef struct {
     int64_t n_slots;
     _Atomic(void *) *bf16; /* sl_bf16_panels * */
+    _Atomic(void *) *int8; /* sl_int8_weight * */
 } sl_packed_cache;
 /* Allocates the (empty) slots for m; sl_packed_cache_clear frees every panel and the slots. */
 int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers);

@@ -36,18 +36,15 @@ WORKSPACE_BYTES = 256 << 20
 # The arithmetic of the forward's weight products (every linear layer and the LM head), as the
 # C core numbers it (csrc/model.h, sl_precision). Attention's QK and PV products, softmax, norms,
 # the residual stream and every statistic stay fp32 at every precision.
-PRECISIONS = {"fp32": 0, "bf16": 1}
-_PLANNED_PRECISIONS = ("int8",)
+PRECISIONS = {"fp32": 0, "bf16": 1, "int8": 2}
 
 
 def check_precision(precision: Any) -> str:
-    """``precision`` checked: ``"fp32"`` or ``"bf16"``; ValueError naming the choices otherwise
-    (and saying that ``"int8"`` is not available yet)."""
+    """``precision`` checked: ``"fp32"``, ``"bf16"`` or ``"int8"``; ValueError naming the choices
+    otherwise."""
     if isinstance(precision, str) and precision in PRECISIONS:
         return precision
-    if isinstance(precision, str) and precision in _PLANNED_PRECISIONS:
-        raise ValueError(f"precision={precision!r} is not available yet; choose 'fp32' or 'bf16'")
-    raise ValueError(f"unknown precision {precision!r}; choose 'fp32' (exact, the default) or 'bf16'")
+    raise ValueError(f"unknown precision {precision!r}; choose 'fp32' (exact, the default), 'bf16' or 'int8'")
 
 
 def _gb(n: float) -> str:
@@ -105,11 +102,11 @@ class Model:
     :meth:`weight` gives any of them as float32. ``rope_inv_freq`` (L, head_dim/2) holds each
     layer's RoPE frequencies (absent without RoPE).
 
-    ``precision`` (``"fp32"`` or ``"bf16"``) is the default of :meth:`run` (see :func:`load`);
-    :attr:`packed_bytes` is the memory the bf16 weight panels take once built. The derivatives
-    (:meth:`vjp`, :meth:`vjp_norms`, :meth:`jvp`, :meth:`jacobian`, :meth:`loss_and_grad`) take
-    ``precision=`` too but run in fp32 only for now: bf16 (asked for, or the model's default)
-    raises ValueError rather than silently computing in fp32.
+    ``precision`` (``"fp32"``, ``"bf16"`` or ``"int8"``) is the default of :meth:`run` (see
+    :func:`load`); :attr:`packed_bytes` is the memory the bf16 / int8 weight panels take once
+    built. The derivatives (:meth:`vjp`, :meth:`vjp_norms`, :meth:`jvp`, :meth:`jacobian`,
+    :meth:`loss_and_grad`) take ``precision=`` too but run in fp32 only for now: another precision
+    (asked for, or the model's default) raises ValueError rather than silently computing in fp32.
     """
 
     def __init__(self, config: ModelConfig, weights: Dict[str, Any], tokenizer: Any,
@@ -136,15 +133,17 @@ class Model:
 
     @property
     def packed_bytes(self) -> int:
-        """Bytes of the bf16 weight panels built so far: 0 until the first bf16 run, then about 2
-        bytes per weight of every matrix the forward multiplies by (the LM head included, also
-        when tied to the embedding; panels are padded to 32 outputs), e.g. ~270 MB for
-        SmolLM2-135M. They live as long as the model."""
+        """Bytes of the low-precision weight panels built so far: 0 until the first bf16 or int8
+        run; then bf16 adds about 2 bytes per weight of every matrix the forward multiplies by
+        (the LM head included, also when tied to the embedding; panels are padded to 32
+        outputs), e.g. ~270 MB for SmolLM2-135M, and int8 about 1.1-1.3 bytes per weight (the
+        8-bit values plus a float scale, and an offset for Q4_1/Q5_1/K-quants, per 32). They
+        live as long as the model."""
         return int(_core.model_packed_bytes(self._handle))
 
     def _fp32_only(self, what: str, precision: Optional[str]) -> None:
-        """Derivatives run in fp32 only for now: a bf16 request (or a bf16 model default) is an
-        error, never silently fp32."""
+        """Derivatives run in fp32 only for now: a bf16 or int8 request (or such a model
+        default) is an error, never silently fp32."""
         p = self.precision if precision is None else check_precision(precision)
         if p != "fp32":
             raise ValueError(f"{what} is available in fp32 only: precision={p!r} applies to the forward "
@@ -347,12 +346,17 @@ class Model:
                 sequence of a batch.
             keep_first: with ``key_start``, key 0 (a fixed ⟨bos⟩ in front of every window)
                 stays visible to every query.
-            precision: ``"fp32"`` (exact) or ``"bf16"``; default the model's (:func:`load`).
-                bf16 rounds each weight product's input rows and weights to bf16 and sums in
-                fp32 (csrc/gemm_bf16.h): the linear layers and the LM head only; attention
+            precision: ``"fp32"`` (exact), ``"bf16"`` or ``"int8"``; default the model's
+                (:func:`load`). Both change the linear layers and the LM head only; attention
                 scores and values, softmax, norms, the residual stream and statistics stay
-                fp32. ``head_out`` is then still an fp32 product of ``z`` with W_O, so it sums
-                to ``attn_out`` only to bf16 rounding. ``Trace.meta["precision"]`` records it.
+                fp32. bf16 rounds each weight product's input rows and weights to bf16 and sums
+                in fp32 (csrc/gemm_bf16.h). int8 uses each weight as 8-bit integers with a
+                scale (and offset) per 32 inputs, exactly the file's own quants for
+                Q8_0/Q4_0/Q4_1/Q5_0/Q5_1/Q4_K/Q5_K, requantized once for Q6_K and float
+                weights, and quantizes each input row per 32 values to int8 (csrc/gemm_int8.h);
+                a matrix whose width is not a multiple of 32 stays fp32. ``head_out`` is still
+                an fp32 product of ``z`` with W_O, so it sums to ``attn_out`` only to that
+                rounding. ``Trace.meta["precision"]`` records it.
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -804,11 +808,12 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: 
     matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width.
 
     ``precision`` is the default of :meth:`Model.run` (each call may override it): ``"fp32"``
-    (exact, the default) or ``"bf16"`` (weight products in bf16 with fp32 sums; see the README's
-    "Precision" section for what it costs in fidelity). bf16 panels of the weights are built at
-    the first bf16 run and kept with the model (:attr:`Model.packed_bytes`, ~2 bytes per weight).
-    The derivatives (vjp, jvp, jacobian, loss_and_grad) are fp32 only for now and raise
-    ValueError on a bf16 model unless called with ``precision="fp32"``."""
+    (exact, the default), ``"bf16"`` (weight products in bf16 with fp32 sums) or ``"int8"``
+    (weights as int8 with per-block scales, activations quantized per row); the README's
+    "Precision" section says what each costs in fidelity. Panels of the weights are built at
+    the first such run and kept with the model (:attr:`Model.packed_bytes`). The derivatives
+    (vjp, jvp, jacobian, loss_and_grad) are fp32 only for now and raise ValueError on a bf16 or
+    int8 model unless called with ``precision="fp32"``."""
     precision = check_precision(precision)
     src = os.fspath(name_or_path)
     name = None
