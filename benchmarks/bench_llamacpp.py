@@ -32,7 +32,7 @@ products, so that one is not fp32-exact at all). The F32 file is checked too: si
 it must give the logits of sinklab loaded from the Q4_1 file.
 
 Usage:
-  python benchmarks/bench_llamacpp.py [--quick] [--seq 128,512,2048] [--threads 1,2]
+  python benchmarks/bench_llamacpp.py [--quick] [--low] [--seq 128,512,2048] [--threads 1,2]
                                       [--repeats 5] [--repeats-long 3] [--flash-attn on|off]
                                       [--no-kv32] [--json OUT.json]
   --quick = --seq 128 --threads 1 --repeats 3.
@@ -147,6 +147,24 @@ def convert_to_f32(src: Path, dst: Path) -> None:
     os.replace(part, dst)
 
 
+def ensure_q8_0(f32_path: Path) -> Path:
+    """A Q8_0 GGUF next to the F32 one, made by llama.cpp's own quantizer (llama_model_quantize)
+    when missing: the file llama.cpp's Q8_0 rows and sinklab's int8-on-Q8_0 rows both read."""
+    import llama_cpp
+
+    dst = f32_path.with_name(f32_path.name.replace(F32_SUFFIX, ".Q8_0-from-F32.gguf"))
+    if dst.exists() and dst.stat().st_mtime >= f32_path.stat().st_mtime:
+        return dst
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    tmp = dst.with_suffix(".tmp")
+    rc = llama_cpp.llama_model_quantize(str(f32_path).encode(), str(tmp).encode(), params)
+    if rc != 0:
+        raise RuntimeError(f"llama_model_quantize failed ({rc}) on {f32_path}")
+    os.replace(tmp, dst)
+    return dst
+
+
 def ensure_f32(q4_path: Path) -> Path:
     """The F32 copy of ``q4_path``, created first when missing (or older than the Q4_1 file)."""
     dst = f32_path_for(q4_path)
@@ -200,11 +218,11 @@ class LlamaRunner:
         self.llm.close()
 
 
-def sinklab_runner(sl, model, threads: int) -> Callable[[np.ndarray], np.ndarray]:
+def sinklab_runner(sl, model, threads: int, precision: str = "fp32") -> Callable[[np.ndarray], np.ndarray]:
     """A call that sets sinklab's thread count and returns the last position's logits (V,)."""
     def run(ids: np.ndarray) -> np.ndarray:
         sl.set_num_threads(threads)
-        tr = model.run(ids, capture="logits", logits_from=-1, progress=False)
+        tr = model.run(ids, capture="logits", logits_from=-1, progress=False, precision=precision)
         return np.asarray(tr.logits).reshape(-1)
     return run
 
@@ -254,6 +272,9 @@ def main() -> int:
     ap.add_argument("--no-kv32", dest="kv32", action="store_false",
                     help="skip llama-f32-kv32 (F32 file, F32 KV cache, no flash attention)")
     ap.add_argument("--quick", action="store_true", help="T=128, 1 thread, 3 repeats: a fast check")
+    ap.add_argument("--low", action="store_true",
+                    help="also sinklab bf16 and int8 (on the Q4_1 file) and a Q8_0 pair: llama.cpp and sinklab int8 "
+                         "on a Q8_0 GGUF that llama.cpp's own quantizer makes from the F32 file")
     ap.add_argument("--json", default=None, help="write every measurement here")
     a = ap.parse_args()
     if a.quick:
@@ -286,6 +307,10 @@ def main() -> int:
     print(f"load average at start: {info['load_start']}", flush=True)
 
     model = sl.load(str(q4), quiet=True)
+    if a.low:
+        q8 = ensure_q8_0(f32)
+        model_q8 = sl.load(str(q8), quiet=True)
+        print(f"Q8_0 file: {q8}")
     results = []
 
     # the F32 file holds the same weights: sinklab must give the same logits from either file
@@ -306,13 +331,19 @@ def main() -> int:
         reps = a.repeats_long if T >= 2048 else a.repeats
         for n in threads:
             runners: Dict[str, Callable] = {"sinklab": sinklab_runner(sl, model, n)}
+            if a.low:
+                runners["sinklab-bf16"] = sinklab_runner(sl, model, n, "bf16")
+                runners["sinklab-int8"] = sinklab_runner(sl, model, n, "int8")
+                runners["sinklab-int8-q8_0"] = sinklab_runner(sl, model_q8, n, "int8")
             fa = a.flash_attn == "on"
             llamas = {"llama-q4_1": LlamaRunner(q4, T, n, flash_attn=fa),
                       "llama-f32": LlamaRunner(f32, T, n, flash_attn=fa)}
+            if a.low:
+                llamas["llama-q8_0"] = LlamaRunner(q8, T, n, flash_attn=fa)
             if a.kv32:
                 llamas["llama-f32-kv32"] = LlamaRunner(f32, T, n, kv_f32=True, flash_attn=False)
             runners.update(llamas)
-            inputs = {k: (ids if k == "sinklab" else id_list) for k in runners}
+            inputs = {k: (ids if k.startswith("sinklab") else id_list) for k in runners}
             load_before = load_avg()
             times, outs = time_alternating(runners, inputs, reps)
             for L in llamas.values():
@@ -327,12 +358,21 @@ def main() -> int:
             for k in runners:
                 med = row["median_s"][k]
                 line = f"  {k:16s} {med:9.4f} {row['min_s'][k]:8.4f} {T / med:8.0f}"
-                if k != "sinklab":
+                if k in llamas:
                     su = med / t_sl
                     row.setdefault("speedup", {})[k] = su
-                    line += f" {su:8.2f}x  >= {GOALS[k]}x {'met' if su >= GOALS[k] else 'NOT met'}"
+                    goal = GOALS.get(k)
+                    line += f" {su:8.2f}x" + (f"  >= {goal}x {'met' if su >= goal else 'NOT met'}" if goal else "")
                 print(line)
-            for k in llamas:
+            if a.low:   # issue 24: sinklab int8 >= 1.0x llama.cpp on the same quantized file
+                pairs = {"int8 vs llama-q4_1": ("sinklab-int8", "llama-q4_1"),
+                         "int8 vs llama-q8_0": ("sinklab-int8-q8_0", "llama-q8_0"),
+                         "bf16 vs llama-f32": ("sinklab-bf16", "llama-f32")}
+                for label, (mine, theirs) in pairs.items():
+                    su = row["median_s"][theirs] / row["median_s"][mine]
+                    row.setdefault("speedup_low", {})[label] = su
+                    print(f"  sinklab {label}: {su:.2f}x (t_llama / t_sinklab)")
+            for k in list(llamas) + [k for k in runners if k.startswith("sinklab-")]:
                 dk = float(np.max(np.abs(outs[k] - outs["sinklab"])))
                 row.setdefault("logits_max_abs_diff_vs_sinklab", {})[k] = dk
                 lo, hi = float(outs["sinklab"].min()), float(outs["sinklab"].max())
@@ -350,6 +390,11 @@ def main() -> int:
     for row in results:
         cells = " ".join(f"{v:14.2f}x" for v in row["speedup"].values())
         print(f"  {row['T']:5d} {row['threads']:7d} {cells}")
+    if a.low:
+        print("\nsummary: sinklab at low precision against llama.cpp on the same file (t_llama / t_sinklab)")
+        print(f"  {'T':>5s} {'threads':>7s} " + " ".join(f"{k:>20s}" for k in results[0]["speedup_low"]))
+        for row in results:
+            print(f"  {row['T']:5d} {row['threads']:7d} " + " ".join(f"{v:19.2f}x" for v in row["speedup_low"].values()))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"info": info, "results": results}, f, indent=1)
