@@ -47,11 +47,11 @@ class CLIError(Exception):
         self.code = code
 
 
-def _load(name: str, quiet: bool):
+def _load(name: str, quiet: bool, precision: str = "fp32"):
     """sinklab.load, with the loaders' "unsupported architecture ..." ValueError (it names the
     architecture and the supported list) turned into a CLIError of exit status 2."""
     try:
-        return sl.load(name, quiet=quiet)
+        return sl.load(name, quiet=quiet, precision=precision)
     except ValueError as e:
         _raise_if_unsupported(name, e)
         raise
@@ -88,7 +88,7 @@ def cmd_sinks(args) -> int:
 
     _check_model_arg(args.model)
     prompts = _read_prompts(args)
-    model = _load(args.model, args.quiet)
+    model = _load(args.model, args.quiet, args.precision)
     c = model.config
     bos = not args.no_bos
     if bos and c.bos_token_id is None:
@@ -107,7 +107,8 @@ def cmd_sinks(args) -> int:
     per_layer = study.layer_sink_rate(args.eps)
 
     print(f"model: {model.name} ({c.family}, {c.n_layers} layers x {c.n_heads} heads"
-          f"{', bidirectional encoder: a0 averages over all queries' if c.bidirectional else ''})")
+          f"{', bidirectional encoder: a0 averages over all queries' if c.bidirectional else ''}"
+          f"{'' if args.precision == 'fp32' else ', weight products in ' + args.precision})")
     print(f"prompts: {study.n_prompts} of {n_given}, each cut to exactly {T} tokens, "
           f"BOS: {'id %d prepended (counted in the %d)' % (c.bos_token_id, T) if bos else 'none'}")
     if dropped:
@@ -130,7 +131,8 @@ def cmd_sinks(args) -> int:
               "bos_in_T": True, "n_prompts_given": n_given, "n_prompts": study.n_prompts, "n_dropped": dropped,
               "kept_prompts": study.meta["kept_prompts"], "prompt_tokens": [T] * study.n_prompts,
               "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
-              "first_token_importance_mean": mean_imp.tolist(), "sinklab_version": sl.__version__}
+              "first_token_importance_mean": mean_imp.tolist(), "precision": args.precision,
+              "sinklab_version": sl.__version__}
     save_json(os.path.join(args.out, "sinks.json"), result)
     print(f"\nwrote {png} and {os.path.join(args.out, 'sinks.json')}")
     return 0
@@ -276,6 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="T: every prompt is cut to exactly its first T tokens, BOS included, and shorter "
                         "prompts are dropped (default 64, as Gu et al.)")
     s.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
+    s.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),
+                   help="the forward's weight products: fp32 (exact, the default), bf16 or int8 (faster; the "
+                        "README's Precision section says what each costs)")
     s.add_argument("--out", default="sinks-out", help="output folder for the heatmap and JSON")
     _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)

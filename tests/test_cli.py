@@ -110,6 +110,26 @@ def test_sinks_on_the_real_gguf(smollm2_gguf, tmp_path):
     assert imp.shape == (30, 9) and np.abs(imp - a0).max() < 1e-5
 
 
+@pytest.mark.parametrize("precision", ["bf16", "int8"])
+def test_sinks_at_low_precision_is_the_api_at_that_precision(smollm2_gguf, tmp_path, capsys, precision):
+    """--precision reaches the forward: the a_0 map equals the API's at that precision (float64
+    from the full attention matrices) and differs from fp32's; the JSON records it."""
+    prompt = sl.load_passages("sinks")[0]
+    out = tmp_path / "out"
+    rc, stdout, stderr = run_cli(["sinks", smollm2_gguf, "--prompt", prompt, "--precision", precision,
+                                  "--out", out, "--quiet"], capsys)
+    assert rc == 0, stderr
+    assert f"weight products in {precision}" in stdout
+    result = json.loads((out / "sinks.json").read_text())
+    assert result["precision"] == precision
+    model = sl.load(smollm2_gguf, quiet=True)
+    ids = model.tokenize(prompt, bos=True)[:64]
+    imp = np.array(result["first_token_importance_mean"])
+    a0 = {p: model.run(ids, capture="attn", precision=p).attn.astype(np.float64)[:, :, :, 0].mean(axis=-1)
+          for p in ("fp32", precision)}
+    assert np.abs(imp - a0[precision]).max() < 1e-5 < np.abs(imp - a0["fp32"]).max()
+
+
 # ------------------------------------------------------------------ options
 def test_version():
     from importlib.metadata import version
