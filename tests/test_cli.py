@@ -255,7 +255,12 @@ def cached_load(monkeypatch):
     """sinklab.load through the session's model cache (each real model loaded once)."""
     from tests.support.model_cache import real_model
 
-    monkeypatch.setattr(sl, "load", lambda name, quiet=False: real_model(str(name)))
+    load = sl.load
+
+    def cached(name, quiet=False, precision="fp32"):   # the cache holds fp32 models only
+        return real_model(str(name)) if precision == "fp32" else load(name, quiet=quiet, precision=precision)
+
+    monkeypatch.setattr(sl, "load", cached)
     return real_model
 
 
