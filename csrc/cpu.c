@@ -50,19 +50,6 @@ int sl_cpu_has_avx512(void) {
 #endif
 }
 
-int sl_cpu_has_avx_vnni(void) {
-#if SL_CPU_X86 && (defined(__clang__) || __GNUC__ >= 11)
-    static int cached = -1;
-    if (cached < 0) {
-        __builtin_cpu_init();
-        cached = sl_cpu_has_avx2_fma() && __builtin_cpu_supports("avxvnni");
-    }
-    return cached;
-#else
-    return 0;
-#endif
-}
-
 /* -1: not decided yet. Otherwise an sl_simd_level. */
 static int sl_simd_level_now = -1;
 
@@ -140,6 +127,17 @@ int sl_cpu_has_avx512_bf16(void) {
 #if SL_CPU_X86
     static int cached = -1;
     if (cached < 0) cached = sl_cpu_has_avx512() && os_saves_zmm() && (leaf7(1, 3) >> 5 & 1); /* 7.1:EAX[5] */
+    return cached;
+#else
+    return 0;
+#endif
+}
+
+/* read from CPUID (not __builtin_cpu_supports: clang 14 does not know "avxvnni") */
+int sl_cpu_has_avx_vnni(void) {
+#if SL_CPU_X86
+    static int cached = -1;
+    if (cached < 0) cached = sl_cpu_has_avx2_fma() && (leaf7(1, 3) >> 4 & 1); /* 7.1:EAX[4] */
     return cached;
 #else
     return 0;

@@ -435,7 +435,7 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
 
 static double now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    timespec_get(&ts, TIME_UTC); /* C11 (clock_gettime needs POSIX, absent under -std=c11 with clang) */
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
