@@ -57,7 +57,8 @@ def nll_change(bos_ppl: Any, nobos_ppl: Any) -> Interval:
     if not np.array_equal(w_b, w_n):
         raise ValueError("the two perplexities were not scored on the same predicted tokens")
     a, b = np.asarray(bos_ppl.nll) * w_b, np.asarray(nobos_ppl.nll) * w_n
-    return bootstrap(lambda i: (b[i].sum() - a[i].sum()) / w_b[i].sum(), len(w_b))
+    return bootstrap(lambda i: (b[i].sum() - a[i].sum()) / w_b[i].sum(), len(w_b),
+                     rows=lambda idx: (b[idx].sum(axis=1) - a[idx].sum(axis=1)) / w_b[idx].sum(axis=1))
 
 
 def nll_ci(ppl: Any) -> Interval:
@@ -145,4 +146,4 @@ def clustered_change(bos_correct: np.ndarray, nobos_correct: np.ndarray, cluster
     groups = [np.flatnonzero(g == c) for c in np.unique(g)]
     da = np.array([b[i].sum() - a[i].sum() for i in groups])
     n = np.array([len(i) for i in groups], float)
-    return bootstrap(lambda i: da[i].sum() / n[i].sum(), len(groups))
+    return weighted_mean_ci(da, n)

@@ -74,8 +74,8 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -86,6 +86,7 @@ from ..prompts import load_passages
 from ..results import load_tagged_json, save_tagged_json, to_jsonable
 from . import status as S
 from . import tasks
+from .quality import log_sum_exp_rows, nll_rows
 from .sinkset import key_mass_from_importance
 from .stats import Interval, bootstrap, mean_ci, weighted_mean_ci, wilson
 
@@ -449,27 +450,12 @@ def sink_location(model, seqs: Union[np.ndarray, Sequence[Sequence[int]]], text_
 
 
 # ====================================================================== scoring
-def token_nll(logits: np.ndarray, targets: np.ndarray, chunk: int = 64) -> np.ndarray:
-    """-log softmax(logits)[target] per row in nats, (N,) float64: the log-sum-exp of each float32
-    row (max subtracted, exp in float32, summed in float64), row chunks of ``chunk`` so a 262k
-    vocabulary needs no float64 copy of the logits. Agrees with a float64 log-softmax to ~1e-6."""
-    z = np.asarray(logits)
-    t = np.asarray(targets, np.int64)
-    out = np.empty(len(t), np.float64)
-    for r0 in range(0, len(t), chunk):
-        r1 = min(len(t), r0 + chunk)
-        zc = z[r0:r1]
-        mx = zc.max(axis=1, keepdims=True)
-        s = np.exp(zc - mx).sum(axis=1, dtype=np.float64)
-        out[r0:r1] = mx[:, 0].astype(np.float64) + np.log(s) - zc[np.arange(r1 - r0), t[r0:r1]].astype(np.float64)
-    return out
+token_nll = nll_rows  # -log softmax(logits)[target] per row (nats), as the quality analysis scores it
 
 
 def _log_softmax_rows(rows: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     z = np.asarray(rows, np.float32)
-    mx = z.max(axis=1, keepdims=True)
-    lse = mx[:, 0].astype(np.float64) + np.log(np.exp(z - mx).sum(axis=1, dtype=np.float64))
-    return z, lse
+    return z, log_sum_exp_rows(z)
 
 
 @dataclass
@@ -667,7 +653,11 @@ class BosControls:
         removal's loss a condition keeps)."""
         base = self._nll_sums(self.baseline)
         a, b = self._nll_sums(name) - base, self._nll_sums(ref) - base
-        return bootstrap(lambda i: a[i].sum() / b[i].sum() if b[i].sum() != 0 else float("nan"), len(a))
+        def rows(idx: np.ndarray) -> np.ndarray:
+            sa, sb = a[idx].sum(axis=1), b[idx].sum(axis=1)
+            return np.divide(sa, sb, out=np.full_like(sa, np.nan), where=sb != 0)
+
+        return bootstrap(lambda i: a[i].sum() / b[i].sum() if b[i].sum() != 0 else float("nan"), len(a), rows=rows)
 
     def heads_difference(self, sink: Optional[str] = None, random: str = "random_heads") -> Interval:
         """ΔNLL(sink-head control) − ΔNLL(random non-sink heads), paired over texts, draws averaged.
@@ -713,7 +703,12 @@ class BosControls:
         key = {"pos0": "sink0", "bos": "sink_bos", "text": "sink_text"}[where]
         num = np.mean([getattr(self.results[n].location, key) for n in self._members(name)], axis=0)
         den = self.results[self.baseline].location.sink0
-        return bootstrap(lambda i: num[i].mean() / den[i].mean() if den[i].mean() > 0 else float("nan"), len(num))
+        def rows(idx: np.ndarray) -> np.ndarray:
+            mn, md = num[idx].mean(axis=1), den[idx].mean(axis=1)
+            return np.divide(mn, md, out=np.full_like(mn, np.nan), where=md > 0)
+
+        return bootstrap(lambda i: num[i].mean() / den[i].mean() if den[i].mean() > 0 else float("nan"), len(num),
+                         rows=rows)
 
     def mean_a0(self, name: str) -> Optional[Interval]:
         return self._loc_mean(name, lambda L: L.mean_a0)

@@ -106,14 +106,22 @@ def _percentile(boot: np.ndarray, level: float) -> tuple:
     return float(np.quantile(boot, a)), float(np.quantile(boot, 1 - a))
 
 
+# resamples evaluated together by a row-wise statistic: at most this many indices at a time
+_ROWS_CHUNK = 1 << 22
+
+
 def bootstrap(stat: Callable[[np.ndarray], float], n: int, n_boot: int = N_BOOT, level: float = LEVEL,
-              seed: Optional[int] = None) -> Interval:
+              seed: Optional[int] = None,
+              rows: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> Interval:
     """Percentile bootstrap of ``stat`` over ``n`` independent units.
 
     Args:
         stat: maps an int array of unit indices (length ``n``, with repeats) to a number; it is
             called once on ``arange(n)`` for the estimate and ``n_boot`` times on resamples.
         n: number of units (prompts, trials).
+        rows: optional, the same statistic for many resamples at once: maps an (r, n) index array
+            to (r,) numbers, row k equal to ``stat(idx[k])`` (it replaces the ``n_boot`` Python
+            calls; the resamples, and so the interval, are the same).
 
     Returns:
         An :class:`Interval` (``lo = hi = NaN`` when ``n < 2``).
@@ -126,7 +134,11 @@ def bootstrap(stat: Callable[[np.ndarray], float], n: int, n_boot: int = N_BOOT,
         return Interval(value, float("nan"), float("nan"), n, level)
     rng = _rng(seed)
     idx = rng.integers(0, n, size=(int(n_boot), n))
-    boot = np.fromiter((stat(i) for i in idx), float, count=len(idx))
+    if rows is None:
+        boot = np.fromiter((stat(i) for i in idx), float, count=len(idx))
+    else:
+        step = max(1, _ROWS_CHUNK // n)
+        boot = np.concatenate([np.asarray(rows(idx[a:a + step]), np.float64) for a in range(0, len(idx), step)])
     lo, hi = _percentile(boot, level)
     return Interval(value, lo, hi, n, level)
 
@@ -149,7 +161,8 @@ def mean_ci(x: Any, n_boot: int = N_BOOT, level: float = LEVEL, seed: Optional[i
     per_unit = per_unit[ok]
     if per_unit.size == 0:
         return Interval(float("nan"), float("nan"), float("nan"), 0, level)
-    return bootstrap(lambda i: per_unit[i].mean(), per_unit.size, n_boot, level, seed)
+    return bootstrap(lambda i: per_unit[i].mean(), per_unit.size, n_boot, level, seed,
+                     rows=lambda idx: per_unit[idx].mean(axis=1))
 
 
 def paired_difference(a: Any, b: Any, n_boot: int = N_BOOT, level: float = LEVEL,
@@ -174,7 +187,12 @@ def ratio_of_means(num: Any, den: Any, log: bool = False, n_boot: int = N_BOOT, 
         r = x[i].mean() / y[i].mean()
         return math.log(r) if log else r
 
-    return bootstrap(stat, x.size, n_boot, level, seed)
+    def rows(idx: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = x[idx].mean(axis=1) / y[idx].mean(axis=1)
+            return np.log(r) if log else r
+
+    return bootstrap(stat, x.size, n_boot, level, seed, rows=rows)
 
 
 def weighted_mean_ci(values: Any, weights: Any, n_boot: int = N_BOOT, level: float = LEVEL,
@@ -182,7 +200,8 @@ def weighted_mean_ci(values: Any, weights: Any, n_boot: int = N_BOOT, level: flo
     """Interval of Σ values / Σ weights over units (e.g. a perplexity's mean NLL: per text the
     summed NLL and its number of predicted tokens), units resampled."""
     v, w = _as_units(values).reshape(-1), _as_units(weights).reshape(-1)
-    return bootstrap(lambda i: v[i].sum() / w[i].sum(), v.size, n_boot, level, seed)
+    return bootstrap(lambda i: v[i].sum() / w[i].sum(), v.size, n_boot, level, seed,
+                     rows=lambda idx: v[idx].sum(axis=1) / w[idx].sum(axis=1))
 
 
 def bootstrap_crossed(x: Any, stat: Optional[Callable[[np.ndarray], float]] = None, n_boot: int = N_BOOT,

@@ -48,10 +48,9 @@ honest one when items per passage are many).
 """
 from __future__ import annotations
 
-import math
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -61,8 +60,8 @@ from ..inputs import check_length
 from ..progress import progress_bar
 from ..prompts import load_passages
 from ..results import to_jsonable
-from .quality import FILLER
-from .stats import Interval, bootstrap, paired_difference, wilson
+from .quality import FILLER, log_sum_exp_rows
+from .stats import Interval, paired_difference, weighted_mean_ci, wilson
 
 RETRIEVAL_FORMAT = "sinklab.RetrievalResult/1"
 CLOZE_FORMAT = "sinklab.ClozeResult/1"
@@ -94,14 +93,11 @@ def _rng(seed: Any) -> np.random.Generator:
 
 
 def _log_softmax_at(logits: np.ndarray, cols: Sequence[Sequence[int]]) -> List[np.ndarray]:
-    """For each row r of ``logits`` (R, V), log softmax(logits[r])[cols[r]] in float64."""
-    out = []
-    for r, c in enumerate(cols):
-        z = np.asarray(logits[r], np.float64)
-        m = z.max()
-        lse = m + math.log(np.exp(z - m).sum())
-        out.append(z[np.asarray(c, np.int64)] - lse)
-    return out
+    """For each row r of ``logits`` (R, V), log softmax(logits[r])[cols[r]] in float64 (the
+    log-sum-exp of :func:`sinklab.analysis.quality.log_sum_exp_rows`)."""
+    z = np.asarray(logits[: len(cols)])
+    lse = log_sum_exp_rows(z)
+    return [z[r, np.asarray(c, np.int64)].astype(np.float64) - lse[r] for r, c in enumerate(cols)]
 
 
 def _intervention_name(intervene: Any) -> Optional[str]:
@@ -738,7 +734,7 @@ class ClozeResult:
         groups = [np.flatnonzero(self.passage == p) for p in ps]
         k = np.asarray([self.correct[g].sum() for g in groups], np.float64)
         n = np.asarray([len(g) for g in groups], np.float64)
-        return bootstrap(lambda i: k[i].sum() / n[i].sum(), len(ps), seed=seed)
+        return weighted_mean_ci(k, n, seed=seed)
 
     def __repr__(self) -> str:
         a = self.accuracy()
