@@ -147,6 +147,8 @@ def cmd_reproduce(args) -> int:
                            "drop --model and --eps")
         if args.training_profile is not None or args.training_root is not None:
             raise CLIError("--families trains nothing: drop --training-profile and --training-root")
+        if args.precision != "fp32":
+            raise CLIError("--families runs in fp32 only: drop --precision")
         out = args.out or "sinklab-families"
         res = report.reproduce_families(out, quick=args.quick, progress=not args.quiet)
         print(f"wrote {os.path.join(out, 'families.md')} and families.json "
@@ -156,12 +158,14 @@ def cmd_reproduce(args) -> int:
     out = args.out or "sinklab-report"
     for m in models:
         _check_model_arg(m)
-    # the pre-training section's options, passed only when given (reproduce() has the defaults)
-    training = {k: v for k, v in (("training_profile", args.training_profile),
-                                  ("training_root", args.training_root)) if v is not None}
+    # the pre-training section's options and the precision, passed only when given (reproduce() has the defaults)
+    options = {k: v for k, v in (("training_profile", args.training_profile),
+                                 ("training_root", args.training_root)) if v is not None}
+    if args.precision != "fp32":
+        options["precision"] = args.precision
     try:
         res = report.reproduce(models, out=out, quick=args.quick, progress=not args.quiet,
-                               eps=tuple(args.eps), **training)
+                               eps=tuple(args.eps), **options)
     except ValueError as e:
         for m in models:
             _raise_if_unsupported(m, e)
@@ -305,6 +309,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(`sinklab experiment fig5|table2 --profile cpu` writes them), else quick")
     r.add_argument("--training-root", default=None,
                    help="the runs' folder of `sinklab experiment` (default sinklab-experiments)")
+    r.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),
+                   help="the forward passes' weight products: fp32 (exact, the default), bf16 or int8 (faster); "
+                        "the Jacobian sections run in fp32 whatever it is")
     _global_options(r, defaults=False)
     r.set_defaults(func=cmd_reproduce)
     t = sub.add_parser("train", help="train a small LLaMA-style model from scratch (JSON config; resumable)")

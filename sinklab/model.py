@@ -1,8 +1,9 @@
 """The user-facing model: load a file or a registered name, tokenize, run with capture."""
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -140,6 +141,18 @@ class Model:
         8-bit values plus a float scale, and an offset for Q4_1/Q5_1/K-quants, per 32). They
         live as long as the model."""
         return int(_core.model_packed_bytes(self._handle))
+
+    @contextlib.contextmanager
+    def using_precision(self, precision: str) -> Iterator["Model"]:
+        """Within the ``with`` block, ``precision`` (``"fp32"``, ``"bf16"`` or ``"int8"``) is the
+        model's default (:attr:`precision`); the previous default comes back on leaving it, also
+        after an exception. E.g. the derivatives of a bf16 model: ``with m.using_precision("fp32"):
+        m.vjp(...)``. Not for models shared between threads."""
+        before, self.precision = self.precision, check_precision(precision)
+        try:
+            yield self
+        finally:
+            self.precision = before
 
     def _fp32_only(self, what: str, precision: Optional[str]) -> None:
         """Derivatives run in fp32 only for now: a bf16 or int8 request (or such a model

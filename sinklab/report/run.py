@@ -2,6 +2,7 @@
 ``results.json`` (every number, every verdict with its criterion)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import time
@@ -12,6 +13,7 @@ import numpy as np
 import sinklab
 from .. import __version__, get_num_threads, simd
 from ..io.registry import sha256_path
+from ..model import check_precision
 from ..results import save_json, to_jsonable
 from .collapse import section_collapse
 from .controls import section_controls
@@ -24,6 +26,11 @@ from .perturbation import section_perturbation
 from .quality import section_quality
 from .sinks import section_sinks
 from .training import TRAINING_PROFILES, section_training
+
+
+# sections that differentiate the model: derivatives exist in fp32 only, so these run in fp32
+# whatever precision the report's forward passes use
+FP32_SECTIONS = frozenset({"oversquashing"})
 
 
 def _sections() -> List[Tuple[str, Callable[[Context], Section]]]:
@@ -54,7 +61,8 @@ def _model_meta(m: ModelRole) -> Dict[str, Any]:
 def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "sinklab-report", quick: bool = False,
               progress: bool = True, eps: Sequence[float] = (0.3, 0.8), settings: Optional[Settings] = None,
               training_profile: Optional[str] = None, training_root: str = "sinklab-experiments",
-              sections: Optional[Sequence[str]] = None, loader: Optional[Callable[[str], Any]] = None) -> Dict[str, Any]:
+              sections: Optional[Sequence[str]] = None, loader: Optional[Callable[[str], Any]] = None,
+              precision: str = "fp32") -> Dict[str, Any]:
     """Runs every section on ``models``, writes ``out/report.md``, the figures and ``out/results.json``.
 
     Args:
@@ -75,11 +83,16 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
         training_root: the runs' folder of ``sinklab experiment``.
         sections: run only these section keys (default all; the element table marks the others).
         loader: how a name becomes a model (default :func:`sinklab.load`).
+        precision: the forward passes' weight products (:data:`sinklab.model.PRECISIONS`): ``"fp32"``
+            (exact, the default), ``"bf16"`` or ``"int8"`` (faster; the README's Precision section
+            gives what each costs). The sections in :data:`FP32_SECTIONS` (derivatives) run in fp32
+            whatever it is; ``results.json``'s meta and the report's header say which ran how.
 
     Returns:
         The JSON written to ``results.json``.
     """
     names = (models,) if isinstance(models, str) else tuple(models)
+    precision = check_precision(precision)
     if not names:
         raise ValueError("reproduce needs at least one model")
     s = settings or Settings.for_run(quick, eps=eps)
@@ -106,7 +119,10 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
         if sections is not None and key not in sections:
             continue
         t0 = time.perf_counter()
-        sec = fn(ctx)
+        with contextlib.ExitStack() as scope:            # the models' own precision comes back after
+            for r in roles:
+                scope.enter_context(r.model.using_precision("fp32" if key in FP32_SECTIONS else precision))
+            sec = fn(ctx)
         sec.seconds = time.perf_counter() - t0
         ctx.done[key] = sec
     study = ctx.study
@@ -114,6 +130,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
     rows = element_rows(ctx.done, study.name if study else None, contrasts)
     meta = {"models": [_model_meta(m) for m in roles], "study_model": study.name if study else None,
             "contrast_models": contrasts, "eps": list(s.eps), "quick": quick, "settings": vars(s),
+            "precision": precision, "fp32_sections": sorted(FP32_SECTIONS) if precision != "fp32" else [],
             "versions": versions(), "training_profile": ctx.training_profile,
             "started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "seconds_total": time.perf_counter() - t_all}
     results = to_jsonable({
@@ -145,6 +162,14 @@ def element_table(rows: List[Dict[str, Any]], study: Optional[str], contrasts: L
     return table(head, out)
 
 
+def _precision_line(meta: Dict[str, Any]) -> str:
+    p = meta.get("precision", "fp32")
+    if p == "fp32":
+        return "Forward passes in fp32 (exact). "
+    return (f"Forward passes with {p} weight products (the README's Precision section gives what that costs in "
+            f"fidelity); {', '.join(meta['fp32_sections'])} in fp32 (derivatives). ")
+
+
 def markdown(meta: Dict[str, Any], sections: Dict[str, Section], rows: List[Dict[str, Any]]) -> str:
     ms = meta["models"]
     desc = "; ".join(f"`{os.path.basename(os.path.normpath(m['source']))}` ({m['role']}: {m['config']['n_layers']} "
@@ -158,7 +183,7 @@ def markdown(meta: Dict[str, Any], sections: Dict[str, Section], rows: List[Dict
              f"where the paper predicts no ⟨bos⟩ effect.",
              f"ε = {', '.join(map(str, meta['eps']))}. {'Quick settings' if meta['quick'] else 'Full settings'}; total "
              f"{meta['seconds_total']:.0f} s ({meta['versions']['threads']} threads, {meta['versions']['simd']} "
-             f"kernels). Every number and every verdict's criterion is in `results.json`.", "",
+             f"kernels). {_precision_line(meta)}Every number and every verdict's criterion is in `results.json`.", "",
              "## The paper, element by element", "",
              "Each status comes from a criterion in code applied to a measured effect and its 95% interval: "
              "*reproduced* (the interval lies on the paper's side), *contradicted* (on the other side), *inconclusive* "

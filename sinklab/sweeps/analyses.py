@@ -37,16 +37,18 @@ Arrays = Dict[str, np.ndarray]
 MODELS_KEPT = int(os.environ.get("SINKLAB_SWEEP_MODELS", "2"))
 """Models a worker keeps loaded (least recently used dropped first); env SINKLAB_SWEEP_MODELS."""
 
-_MODELS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()
+_MODELS: "collections.OrderedDict[str, Any]" = collections.OrderedDict()  # by name and precision
 
 
-def worker_model(name: str) -> Any:
-    """The model ``name`` (registered name or path), loaded once in this process."""
-    if name in _MODELS:
-        _MODELS.move_to_end(name)
-        return _MODELS[name]
-    model = load(name, quiet=True)
-    _MODELS[name] = model
+def worker_model(name: str, precision: str = "fp32") -> Any:
+    """The model ``name`` (registered name or path) at ``precision`` (the default of its forward),
+    loaded once per (name, precision) in this process."""
+    key = f"{name}\0{precision}"
+    if key in _MODELS:
+        _MODELS.move_to_end(key)
+        return _MODELS[key]
+    model = load(name, quiet=True, precision=precision)
+    _MODELS[key] = model
     while len(_MODELS) > max(1, MODELS_KEPT):
         _MODELS.popitem(last=False)
     return model

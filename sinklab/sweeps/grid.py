@@ -22,6 +22,8 @@ intervention   ``none``, or ``KIND[@LAYERS]`` with KIND    none
                layers; every layer without ``@``)
 train          training runs: tables of TrainConfig        one run of ``[settings.train]``
                fields (``context``, ``masking``, ...)
+precision      the forward's weight products: ``fp32``     fp32
+               (exact), ``bf16`` or ``int8``
 =============  ==========================================  ===================================
 
 An analysis reads only some axes (:data:`ANALYSIS_AXES`); the values of the others do not make
@@ -29,7 +31,9 @@ more tasks for it. ``eps`` and, for ``perturbation`` and ``train``, ``bos`` are 
 task measures once and gives a row per value (a threshold or a setting read off the same
 forward passes), so the table still has one row per grid point. Grid points an analysis cannot
 take (an intervention for ``perturbation``) are listed by :meth:`Plan.not_applicable`, never
-dropped silently.
+dropped silently. ``precision`` is read by the forward-only analyses (``sensitivity`` differentiates
+and ``train`` trains in fp32); an fp32 task's key leaves it out, so a store written before the axis
+existed still holds its fp32 results.
 
 ``[settings.ANALYSIS]`` tables fix keyword arguments of one analysis (``n_prompts`` for every
 prompt-set analysis; :data:`SETTINGS_KEYS` lists the rest); they are part of every task key.
@@ -54,20 +58,21 @@ ANALYSES = ("sink_study", "sink_location", "long_context", "perturbation", "sens
 # per analysis: (task axes, row axes). A task is one value of every task axis; its rows span
 # the row axes.
 ANALYSIS_AXES: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = {
-    "sink_study": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
-    "sink_location": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
-    "long_context": (("model", "prompts", "bos", "T", "intervention"), ("eps",)),
-    "perturbation": (("model", "prompts", "T"), ("bos",)),
+    "sink_study": (("model", "prompts", "bos", "T", "intervention", "precision"), ("eps",)),
+    "sink_location": (("model", "prompts", "bos", "T", "intervention", "precision"), ("eps",)),
+    "long_context": (("model", "prompts", "bos", "T", "intervention", "precision"), ("eps",)),
+    "perturbation": (("model", "prompts", "T", "precision"), ("bos",)),
     "sensitivity": (("model", "prompts", "bos", "T", "intervention"), ()),
-    "quality": (("model", "prompts", "bos", "T", "intervention"), ()),
+    "quality": (("model", "prompts", "bos", "T", "intervention", "precision"), ()),
     "train": (("train",), ("bos", "eps")),
 }
 
-AXES = ("analysis", "model", "prompts", "bos", "eps", "T", "intervention", "train")
+AXES = ("analysis", "model", "prompts", "bos", "eps", "T", "intervention", "train", "precision")
 DEFAULTS: Dict[str, List[Any]] = {
     "analysis": ["sink_study"], "model": ["smollm2-135m-instruct"], "prompts": ["sinks"],
-    "bos": [True, False], "eps": [0.3], "T": [64], "intervention": ["none"], "train": [{}],
+    "bos": [True, False], "eps": [0.3], "T": [64], "intervention": ["none"], "train": [{}], "precision": ["fp32"],
 }
+PRECISIONS = ("fp32", "bf16", "int8")
 
 SETTINGS_KEYS: Dict[str, Tuple[str, ...]] = {
     "sink_study": ("n_prompts", "capture", "bos_in_T"),
@@ -133,6 +138,9 @@ def _check_value(axis: str, v: Any) -> Any:
             raise SpecError(f"T values are integers >= 2, got {v!r}")
     elif axis == "intervention":
         intervention_layers(v, None)
+    elif axis == "precision":
+        if v not in PRECISIONS:
+            raise SpecError(f"precision values are {', '.join(PRECISIONS)}, got {v!r}")
     elif axis in ("model", "prompts"):
         if not isinstance(v, str) or not v:
             raise SpecError(f"{axis} values are names or paths (strings), got {v!r}")
@@ -266,7 +274,8 @@ class Task:
         """Sets ``key``: the sha256 of what determines the result (the analysis, its axes, rows
         and settings, the model's and prompt set's sha256, sinklab's version and the result
         format), so equal work has one name whatever the grid it came from."""
-        self.identity = {"format": FORMAT, "analysis": self.analysis, "point": self.point, "rows": self.rows,
+        point = {k: v for k, v in self.point.items() if not (k == "precision" and v == "fp32")}  # keys as before the axis
+        self.identity = {"format": FORMAT, "analysis": self.analysis, "point": point, "rows": self.rows,
                          "settings": self.settings, "model_sha256": model_sha256,
                          "prompts_sha256": prompts_sha256, "sinklab": version}
         text = json.dumps(self.identity, sort_keys=True, separators=(",", ":"), default=_json_default)
@@ -354,6 +363,7 @@ bos = [true, false]                      # with and without the <bos> token
 eps = [0.3, 0.8]                         # sink thresholds (one measurement, a row per eps)
 T = [32, 64]                             # tokens per sequence
 intervention = ["none", "mask_first@0-2"]  # none, mask_first, zero_first_value[_all], @LAYERS
+# precision = ["fp32", "bf16"]          # the forward's weight products: fp32 (exact), bf16, int8
 # scheduler = "tcp://login-node:8786"    # an existing Dask cluster (default: a LocalCluster)
 # workers = 2                            # LocalCluster worker processes
 # threads = 1                            # OpenMP threads per task

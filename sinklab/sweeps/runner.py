@@ -50,7 +50,7 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
         if task.analysis == "train":
             rows, arrays = analyses.train(task, store.run_dir(out, task))
         else:
-            model = analyses.worker_model(task.point["model"])
+            model = analyses.worker_model(task.point["model"], task.point.get("precision", "fp32"))
             load = time.perf_counter() - t0
             rows, arrays = analyses.MODEL_ANALYSES[task.analysis](task, model)
         info = {"seconds": time.perf_counter() - t0, "load_seconds": load, "host": socket.gethostname(),
