@@ -47,6 +47,8 @@ _LAZY: Dict[str, str] = {
     "multikey_retrieval": "analysis.tasks",
     "Sensitivity": "analysis.sensitivity", "sensitivity": "analysis.sensitivity",
     "SquashingStudy": "analysis.squashing_study", "squashing_study": "analysis.squashing_study",
+    "MassiveActivations": "analysis.massive", "massive_activations": "analysis.massive",
+    "KeyGeometry": "analysis.key_geometry", "key_geometry": "analysis.key_geometry",
     "SweepResult": "sweeps.runner", "sweep": "sweeps.runner",
 }
 
@@ -60,7 +62,8 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "sensitivity", "Sensitivity", "oversquashing_bound", "OversquashingBound", "squashing_study",
            "SquashingStudy", "sweep", "SweepResult", "bos_controls", "BosControls", "sink_location",
            "mixing_measure", "MixingResult", "collapse_trend", "CollapseTrend", "thm32_bounds", "Thm32Bounds",
-           "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult"]
+           "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult",
+           "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry"]
 
 
 def __getattr__(name: str) -> Any:

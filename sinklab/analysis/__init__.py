@@ -6,4 +6,9 @@
 - ``collapse``: rank and representational collapse, Prop. 3.1 checked per layer
 - ``noop``: sinks as approximate no-ops, conditional ("apostrophe") heads
 - ``quality``: perplexity and passkey with and without ⟨bos⟩ (stand-ins for the ⟨bos⟩-removal benchmarks)
+
+Beyond the paper:
+
+- ``massive``: massive activations (Sun et al., 2024) per residual stream, the ⟨bos⟩ norm jump and the block and MLP neurons that write it
+- ``key_geometry``: the sink key's norm vs angle, an exact split of the sink's mean logit gap per head
 """

@@ -42,7 +42,7 @@ from ..batching import run_each
 from ..inputs import prepare, text_budget
 from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
-from .sinkset import _check_T, _default_prompts, _select, _token_lists
+from .sinkset import check_T, default_prompts, select_prompts, token_lists
 from .stats import Interval, mean_ci
 
 Prompt = Union[str, Sequence[int], np.ndarray]
@@ -56,10 +56,10 @@ def sequences(model, prompts: Optional[Sequence[Prompt]], T: int, bos: bool,
     description of the source. ValueError for T out of range, no BOS with ``bos=True``, or a
     prompt shorter than needed (unless ``skip_short``)."""
     model.bos_id(bos)                                   # ValueError when the model has no BOS
-    T = _check_T(model, T, 0)
-    prompts, source = _default_prompts(prompts)
-    tokens = _token_lists(model, prompts)
-    keep, _ = _select(prompts, tokens, text_budget(T, bos), T, skip_short)
+    T = check_T(model, T, 0)
+    prompts, source = default_prompts(prompts)
+    tokens = token_lists(model, prompts)
+    keep, _ = select_prompts(prompts, tokens, text_budget(T, bos), T, skip_short)
     return np.stack([prepare(model, tokens[i], bos, T) for i in keep]), keep, source
 
 

@@ -325,6 +325,10 @@ def _default_prompts(prompts: Optional[Sequence[Prompt]]) -> Tuple[Sequence[Prom
     return prompts, f"{len(prompts)} user prompts"
 
 
+# the prompt handling other prompt-set analyses share (analysis.massive, analysis.key_geometry)
+check_T, default_prompts, select_prompts, token_lists = _check_T, _default_prompts, _select, _token_lists
+
+
 def key_mass_from_importance(importance: np.ndarray, bidirectional: bool) -> np.ndarray:
     """m_k = 1/T sum_i A_{i,k} (float64, same shape) from Gu et al.'s per-key a_k = mean over the
     T - k queries i >= k (causal: a_k (T - k) / T; bidirectional: every query sees k, m_k = a_k)."""
