@@ -175,6 +175,10 @@ class KeyGeometry:
     def head_summary(self, layer: int, head: int, **kw: Any) -> Dict[str, Any]:
         """One head's numbers, means over prompts, with bootstrap intervals for a0, the gap and
         the norm share."""
+        L, H = self.a0.shape[1:]
+        for name, v, n in (("layer", layer, L), ("head", head, H)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v < n:
+                raise ValueError(f"{name} must be an integer in [0, {n}), got {v!r}")
         sl = (slice(None), int(layer), int(head))
         return {"layer": int(layer), "head": int(head), "a0": mean_ci(self.a0[sl], **kw).to_dict(),
                 "gap": mean_ci(self.gap[sl], **kw).to_dict(), "norm_share": mean_ci(self.norm_share[sl], **kw).to_dict(),

@@ -209,9 +209,16 @@ class MassiveActivations:
         """(S,) float64: fraction of prompts whose single largest entry is at position 0."""
         return (self.top_pos[..., 0] == 0).mean(axis=0)
 
+    def _stream(self, layer: Any) -> int:
+        S = self.median_abs.shape[1]
+        if isinstance(layer, bool) or not isinstance(layer, (int, np.integer)) or not 0 <= layer < S:
+            raise ValueError(f"layer must be a residual stream index in [0, {S}), got {layer!r}")
+        return int(layer)
+
     def top_dims(self, layer: int, n: int = 3) -> List[int]:
         """The n dimensions most often among stream ``layer``'s top entries, most frequent first
         (ties broken by the summed |x| of their top entries over prompts)."""
+        layer = self._stream(layer)
         f = self.dim_frequency[layer]
         w = np.zeros_like(f)
         np.add.at(w, self.top_dim[:, layer].ravel(), np.abs(self.top_value[:, layer]).ravel())
@@ -222,7 +229,7 @@ class MassiveActivations:
         """Bootstrap interval over prompts of the mean top ratio of stream ``layer`` (default:
         the stream with the largest mean ratio)."""
         r = self.top_ratio
-        l = int(np.argmax(r.mean(axis=0))) if layer is None else int(layer)
+        l = int(np.argmax(r.mean(axis=0))) if layer is None else self._stream(layer)
         return mean_ci(r[:, l], **kw)
 
     def jump_ci(self, **kw: Any) -> Interval:
