@@ -21,9 +21,46 @@ T = 16
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
+def tiny_pair(tmp_path_factory):
     hf = make_hf_model(SPECS["gqa_tied"])                # GQA: 6 query heads on 2 kv heads
-    return sl.load(str(save_hf(hf, tmp_path_factory.mktemp("gqa_tied"))))
+    return hf, sl.load(str(save_hf(hf, tmp_path_factory.mktemp("gqa_tied"))))
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_pair):
+    return tiny_pair[1]
+
+
+def hf_qk(hf, ids):
+    """transformers' q (L, H, T, hd) and k (L, G, T, hd) after RoPE, float64: the q_proj / k_proj
+    outputs (forward hooks) rotated by HF's own rotary embedding and apply_rotary_pos_emb."""
+    from transformers.models.llama import modeling_llama as ml
+
+    cfg = hf.config
+    H, G = cfg.num_attention_heads, cfg.num_key_value_heads
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+    got, hooks = {}, []
+    for l, layer in enumerate(hf.model.layers):
+        a = layer.self_attn
+        hooks.append(a.q_proj.register_forward_hook(lambda m, i, o, l=l: got.__setitem__(("q", l), o)))
+        hooks.append(a.k_proj.register_forward_hook(lambda m, i, o, l=l: got.__setitem__(("k", l), o)))
+    try:
+        x = torch.from_numpy(np.asarray(ids, np.int64))[None]
+        with torch.no_grad():
+            hf(input_ids=x, use_cache=False)
+            pos = torch.arange(x.shape[1])[None]
+            cos, sin = hf.model.rotary_emb(got[("q", 0)], pos)
+            qs, ks = [], []
+            for l in range(len(hf.model.layers)):
+                q = got[("q", l)].view(1, -1, H, hd).transpose(1, 2)
+                k = got[("k", l)].view(1, -1, G, hd).transpose(1, 2)
+                q, k = ml.apply_rotary_pos_emb(q, k, cos, sin)
+                qs.append(q[0].double().numpy())
+                ks.append(k[0].double().numpy())
+    finally:
+        for h in hooks:
+            h.remove()
+    return np.stack(qs), np.stack(ks)
 
 
 def prompts(vocab, n=4, t=T):
@@ -78,6 +115,24 @@ def test_definitions_identity_and_attention_smollm2(smollm2_model):
     r = check_model(m, seqs, [(0, 0), (18, 8), (29, 8)])
     l, h = r.strongest(1)[0]
     assert r.a0[:, l, h].mean() > 0.9                                  # SmolLM2 has strong sink heads
+
+
+def test_matches_transformers_q_and_k(tiny_pair):
+    """Every quantity from sinklab's captures equals the same definitions applied to
+    transformers' own post-RoPE q and k (float64 recomputation) to 1e-4 relative."""
+    hf, model = tiny_pair
+    seqs = prompts(model.config.vocab_size, 3)
+    r = key_geometry(model, seqs, T=T, progress=False)
+    for p, s in enumerate(seqs):
+        q, k = hf_qk(hf, np.concatenate([[BOS_ID], s[:T - 1]]))
+        ref = geometry_of(q, k, model.config.head_dim ** -0.5)
+        for name, v in ref.items():
+            got = getattr(r, name)[p]
+            assert np.abs(got - v).max() <= 1e-4 * max(1.0, np.abs(v).max()), name
+        c = model.config
+        for l, h in ((0, 1), (2, 3), (3, 5)):                     # and by the loops, on HF's q/k
+            for name, v in loop_definitions(q, k, c.head_dim ** -0.5, l, h, c.n_heads, c.n_kv_heads).items():
+                assert abs(getattr(r, name)[p, l, h] - v) <= 1e-4 * max(1.0, abs(v)), (name, l, h)
 
 
 def test_scaling_k0_raises_norm_share(tiny):
