@@ -39,18 +39,30 @@ def test_using_precision_sets_the_default_and_restores_it(smollm2_model):
     assert m.precision == "fp32"
 
 
-@pytest.mark.slow  # the oversquashing section on SmolLM2, ~40 s
-def test_report_forward_at_bf16_and_derivatives_in_fp32(smollm2_model, tmp_path):
-    """The sinks section's numbers at bf16 are those of sink_study at bf16 (and not fp32's); the
-    oversquashing section (Jacobians) runs: it would raise at bf16."""
+def test_report_forward_at_bf16_and_derivatives_in_fp32(smollm2_model, tmp_path, monkeypatch):
+    """The sinks section's numbers at bf16 are those of compare_bos at bf16 (and not fp32's); a
+    section in FP32_SECTIONS differentiates the model (it would raise at bf16), here a stand-in
+    for the oversquashing section that records the precision it ran at."""
+    import sinklab.report.run as run
     from sinklab.analysis.sinkset import compare_bos
     from sinklab.prompts import load_passages
+    from sinklab.report.core import Section
 
+    seen = []
+
+    def differentiating_section(ctx):
+        for r in ctx.models:
+            ids = np.arange(4, dtype=np.int64)
+            r.model.vjp(ids, np.ones((4, r.model.config.d_model), np.float32), at=r.model.config.n_layers)
+            seen.append(r.model.precision)
+        return Section("stand-in", "paper", "here", "body", "a reading long enough to be a reading here")
+
+    monkeypatch.setattr(run, "section_oversquashing", differentiating_section)
     m = smollm2_model
     res = reproduce(["smollm2-135m-instruct"], out=str(tmp_path), progress=False, settings=TINY,
                     sections=["sinks", "oversquashing"], training_profile="none", loader=lambda n: m,
                     precision="bf16")
-    assert m.precision == "fp32"
+    assert seen == ["fp32"] and m.precision == "fp32"
     assert res["meta"]["precision"] == "bf16" and res["meta"]["fp32_sections"] == ["oversquashing"]
     md = (tmp_path / "report.md").read_text()
     assert "bf16 weight products" in md and "oversquashing in fp32" in md
@@ -62,7 +74,6 @@ def test_report_forward_at_bf16_and_derivatives_in_fp32(smollm2_model, tmp_path)
         want = compare_bos(m, texts, **kw).bos.importance.mean()
     fp32 = compare_bos(m, texts, **kw).bos.importance.mean()
     assert got == want != fp32
-    assert res["oversquashing"]["numbers"]
 
 
 def test_sweep_precision_axis_keys_and_checks(smollm2_gguf):
