@@ -1156,7 +1156,9 @@ static PyMethodDef methods[] = {
      "(64-byte aligned): flat parameters, gradients and Adam moments."},
     {"train_step", (PyCFunction)(void (*)(void))sl_py_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(handle, grads, params, flat_grads, mom, vel, decay, ids, targets, key_start, keep_first, lr, "
-     "beta1, beta2, eps, weight_decay, grad_clip, step) -> (loss, grad_norm): one AdamW step on a (B, T) batch."},
+     "beta1, beta2, eps, weight_decay, grad_clip, step, group_grads=None, precision=0) -> (loss, grad_norm): one "
+     "AdamW step on a (B, T) batch; precision 0 fp32 (exact), 1 bf16 (weight products of forward and backward in "
+     "bf16, fp32 master weights and AdamW)."},
     {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "model_loss_grad(handle, ids, targets, grads: dict, mask_first=None, zero_first_value=None, head_scale=None) "
      "-> mean cross-entropy (nats); gradients are added into grads"},

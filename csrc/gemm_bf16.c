@@ -323,6 +323,51 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     return SL_OK;
 }
 
+/* Panel pi of Bᵀ (see sl_bf16_pack_t) into data: zero past n and past k. */
+static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int64_t kp, int64_t pi, sl_bf16 *data) {
+    sl_bf16 *dst = data + pi * kp * SL_BF16_NR;
+    const int64_t j0 = pi * SL_BF16_NR, nj = min64(SL_BF16_NR, n - j0);
+    memset(dst, 0, (size_t)(kp * SL_BF16_NR) * sizeof(sl_bf16));
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *row = B + kk * ldb + j0;
+        sl_bf16 *d = dst + (kk / 2) * 2 * SL_BF16_NR + (kk & 1);
+        for (int64_t j = 0; j < nj; j++) d[(j / 16) * 32 + 2 * (j % 16)] = sl_bf16_from_f32(row[j]);
+    }
+}
+
+int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out) {
+    if (!out) return sl_fail(SL_ERR_VALUE, "bf16: NULL output");
+    *out = NULL;
+    if (!B) return sl_fail(SL_ERR_VALUE, "bf16: NULL matrix");
+    if (k <= 0 || n <= 0 || ldb < n || k > (INT64_MAX >> 8) || n > (INT64_MAX >> 8))
+        return sl_fail(SL_ERR_VALUE, "bf16: bad transposed matrix %lld x %lld (row stride %lld)", (long long)k,
+                       (long long)n, (long long)ldb);
+    int64_t span;
+    if (!sl_mul_size(k - 1, ldb, &span)) return sl_fail(SL_ERR_VALUE, "bf16: matrix too large");
+    const int64_t kp = k + (k & 1), np = ceil_div(n, SL_BF16_NR);
+    int64_t elems, bytes;
+    if (!sl_mul_size(np * SL_BF16_NR, kp, &elems) || !sl_mul_size(elems, 2, &bytes) || bytes > INT64_MAX - 64)
+        return sl_fail(SL_ERR_MEMORY, "bf16: panels of a %lld x %lld matrix overflow", (long long)k, (long long)n);
+    sl_bf16_panels *p = calloc(1, sizeof *p);
+    if (!p) return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate panels");
+    p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
+    p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!p->data) {
+        sl_bf16_panels_free(p);
+        return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
+    }
+    int nthr = 1;
+#if SL_BF16_OMP
+    if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
+#else
+    (void)parallel;
+#endif
+#pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
+    for (int64_t pi = 0; pi < np; pi++) pack_t_panel(B, k, n, ldb, kp, pi, p->data);
+    *out = p;
+    return SL_OK;
+}
+
 /* ------------------------------------------------------------------------------------------
  * The product. */
 
@@ -371,21 +416,38 @@ static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_
     if (kp > k) Ab[i * ldb + k] = 0;
 }
 
-int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
-                      int accumulate, int parallel, int path) {
-    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
+/* Rows [i0, i1) of the transposed A (A (K, M), row stride lda) rounded into the bf16 block: 16
+ * rows at a time, so the reads of each K row are contiguous. */
+static void round_rows_t(const float *A, int64_t lda, int64_t k, int64_t kp, int64_t ldb, int64_t i0, int64_t i1,
+                         sl_bf16 *Ab) {
+    for (int64_t b0 = i0; b0 < i1; b0 += 16) {
+        const int64_t b1 = min64(b0 + 16, i1);
+        for (int64_t kk = 0; kk < k; kk++) {
+            const float *a = A + kk * lda;
+            for (int64_t i = b0; i < b1; i++) Ab[i * ldb + kk] = sl_bf16_from_f32(a[i]);
+        }
+        if (kp > k)
+            for (int64_t i = b0; i < b1; i++) Ab[i * ldb + k] = 0;
+    }
+}
+
+/* sl_bf16_linear_nt (trans == 0) and sl_bf16_linear_tn (trans != 0): only the reading of A
+ * differs; the rounded block, and so every result bit, is the same. */
+static int linear_bf16(const char *what, int trans, int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W,
+                       float *C, int64_t ldc, int accumulate, int parallel, int path) {
+    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "%s: NULL panels", what);
     const int64_t N = W->n, K = W->k, kp = W->kp;
-    if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "bf16 linear: bad row count %lld", (long long)M);
-    if (lda < K || ldc < N)
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)K, (long long)ldc, (long long)N);
-    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "bf16 linear: inconsistent panels");
+    if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "%s: bad row count %lld", what, (long long)M);
+    if ((trans ? lda < M : lda < K) || ldc < N)
+        return sl_fail(SL_ERR_VALUE, "%s: lda %lld < %s %lld or ldc %lld < N %lld", what, (long long)lda,
+                       trans ? "M" : "K", (long long)(trans ? M : K), (long long)ldc, (long long)N);
+    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "%s: inconsistent panels", what);
     SL_TRY(resolve_path(path, &path));
     if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "bf16 linear: A or C is NULL");
+    if (!A || !C) return sl_fail(SL_ERR_VALUE, "%s: A or C is NULL", what);
     int64_t span;
-    if (!sl_mul_size(M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: matrix too large");
+    if (!sl_mul_size(trans ? K - 1 : M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
+        return sl_fail(SL_ERR_VALUE, "%s: matrix too large", what);
     /* Rows of the bf16 A block an odd number of cache lines apart: with a stride that is a
      * multiple of 4 KiB (K = 2048) the 14 rows a tile broadcasts from share one L1 set, more than
      * its ways, and each step would miss (measured: 2048^3 at 71 % of the peak before). */
@@ -393,9 +455,9 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     if ((ldb / 32) % 2 == 0) ldb += 32;
     int64_t ab_elems;
     if (!sl_mul_size(M, ldb, &ab_elems) || ab_elems > (INT64_MAX >> 2))
-        return sl_fail(SL_ERR_MEMORY, "bf16 linear: A block overflows");
+        return sl_fail(SL_ERR_MEMORY, "%s: A block overflows", what);
     sl_bf16 *Ab = aligned_alloc(64, (size_t)((ab_elems * 2 + 63) / 64 * 64));
-    if (!Ab) return sl_fail(SL_ERR_MEMORY, "bf16 linear: cannot allocate %lld bf16 values", (long long)ab_elems);
+    if (!Ab) return sl_fail(SL_ERR_MEMORY, "%s: cannot allocate %lld bf16 values", what, (long long)ab_elems);
 
     const int64_t np = ceil_div(N, SL_BF16_NR);
     /* Taller tasks read each panel from memory fewer times (the LM head's 49152 × 576 panels are
@@ -412,22 +474,41 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
 #endif
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
+    const int64_t nrb = ceil_div(M, 16); /* row blocks of the transposed rounding */
     if (nthr <= 1) {
-        for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+        if (trans)
+            round_rows_t(A, lda, K, kp, ldb, 0, M, Ab);
+        else
+            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
         for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
          * process on its core takes fewer) */
 #pragma omp parallel num_threads(nthr)
         {
+            if (trans) {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+                for (int64_t r = 0; r < nrb; r++) round_rows_t(A, lda, K, kp, ldb, 16 * r, min64(16 * r + 16, M), Ab);
+            } else {
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+            }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
         }
     }
     free(Ab);
     return SL_OK;
+}
+
+int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path) {
+    return linear_bf16("bf16 linear", 0, M, A, lda, W, C, ldc, accumulate, parallel, path);
+}
+
+int sl_bf16_linear_tn(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path) {
+    return linear_bf16("bf16 linear (A transposed)", 1, M, A, lda, W, C, ldc, accumulate, parallel, path);
 }
 
 /* ------------------------------------------------------------------------------------------
