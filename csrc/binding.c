@@ -1123,6 +1123,9 @@ static PyMethodDef methods[] = {
     {"_bf16_round", (PyCFunction)(void (*)(void))sl_py_bf16_round, METH_VARARGS | METH_KEYWORDS,
      "_bf16_round(x float32 (n,), path=0) -> uint16 (n,) bf16 bits (round to nearest even, as vcvtneps2bf16). "
      "Test-only; path 0 auto, 1 portable, 2 AVX512-BF16."},
+    {"_bf16_linear_tn", (PyCFunction)(void (*)(void))sl_py_bf16_linear_tn, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_linear_tn(At float32 (K,M), B float32 (K,N), path=0) -> C (M,N) = bf16(At)^T bf16(B) (sl_bf16_pack_t, "
+     "sl_bf16_linear_tn). Test-only."},
     {"_bf16_linear", (PyCFunction)(void (*)(void))sl_py_bf16_linear, METH_VARARGS | METH_KEYWORDS,
      "_bf16_linear(A float32 (M,K), W float32 (N,K) | uint8 raw, type=0, rows=0, C=None, accumulate=False, "
      "path=0) -> C = bf16(A) @ bf16(W).T (+ C), fp32 accumulation in vdpbf16ps order. Test-only."},
