@@ -323,15 +323,36 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     return SL_OK;
 }
 
-/* Panel pi of Bᵀ (see sl_bf16_pack_t) into data: zero past n and past k. */
-static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int64_t kp, int64_t pi, sl_bf16 *data) {
+/* n values of src rounded into dst (n <= 64): AVX512-BF16 when the path has it (the same bits). */
+static void round_short(const float *src, sl_bf16 *dst, int64_t n, int path) {
+#if SL_BF16_X86
+    if (path == SL_BF16_AVX512) {
+        round_avx512(src, dst, n);
+        return;
+    }
+#endif
+    (void)path;
+    round_portable(src, dst, n);
+}
+
+/* Panel pi of Bᵀ (see sl_bf16_pack_t) into data, zero past n and past k: each pair of B's rows
+ * (k pair q) rounded, then interleaved into the panel's 64 values of that pair. */
+static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int64_t kp, int64_t pi, sl_bf16 *data,
+                         int path) {
     sl_bf16 *dst = data + pi * kp * SL_BF16_NR;
     const int64_t j0 = pi * SL_BF16_NR, nj = min64(SL_BF16_NR, n - j0);
-    memset(dst, 0, (size_t)(kp * SL_BF16_NR) * sizeof(sl_bf16));
-    for (int64_t kk = 0; kk < k; kk++) {
-        const float *row = B + kk * ldb + j0;
-        sl_bf16 *d = dst + (kk / 2) * 2 * SL_BF16_NR + (kk & 1);
-        for (int64_t j = 0; j < nj; j++) d[(j / 16) * 32 + 2 * (j % 16)] = sl_bf16_from_f32(row[j]);
+    sl_bf16 r[2][SL_BF16_NR];
+    for (int64_t q = 0; q < kp / 2; q++) {
+        for (int e = 0; e < 2; e++) {
+            memset(r[e], 0, sizeof r[e]);
+            if (2 * q + e < k) round_short(B + (2 * q + e) * ldb + j0, r[e], nj, path);
+        }
+        sl_bf16 *d = dst + q * 2 * SL_BF16_NR;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 16; j++) {
+                d[32 * h + 2 * j] = r[0][16 * h + j];
+                d[32 * h + 2 * j + 1] = r[1][16 * h + j];
+            }
     }
 }
 
@@ -362,8 +383,10 @@ int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parall
 #else
     (void)parallel;
 #endif
+    if ((double)k * (double)n < 1e5) nthr = 1;
+    const int path = sl_bf16_path(SL_BF16_AUTO);
 #pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
-    for (int64_t pi = 0; pi < np; pi++) pack_t_panel(B, k, n, ldb, kp, pi, p->data);
+    for (int64_t pi = 0; pi < np; pi++) pack_t_panel(B, k, n, ldb, kp, pi, p->data, path);
     *out = p;
     return SL_OK;
 }
@@ -416,18 +439,25 @@ static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_
     if (kp > k) Ab[i * ldb + k] = 0;
 }
 
-/* Rows [i0, i1) of the transposed A (A (K, M), row stride lda) rounded into the bf16 block: 16
- * rows at a time, so the reads of each K row are contiguous. */
+/* Rows [i0, i1) of the transposed A (A (K, M), row stride lda) rounded into the bf16 block, in
+ * tiles of 64 rows × 32 k: each K row's 64 values rounded at once (256 contiguous bytes read),
+ * the tile then written row by row from L1. */
 static void round_rows_t(const float *A, int64_t lda, int64_t k, int64_t kp, int64_t ldb, int64_t i0, int64_t i1,
-                         sl_bf16 *Ab) {
-    for (int64_t b0 = i0; b0 < i1; b0 += 16) {
-        const int64_t b1 = min64(b0 + 16, i1);
-        for (int64_t kk = 0; kk < k; kk++) {
-            const float *a = A + kk * lda;
-            for (int64_t i = b0; i < b1; i++) Ab[i * ldb + kk] = sl_bf16_from_f32(a[i]);
+                         sl_bf16 *Ab, int path) {
+    enum { TI = 64, TK = 32 };
+    sl_bf16 tile[TK][TI];
+    for (int64_t b0 = i0; b0 < i1; b0 += TI) {
+        const int64_t ib = min64(TI, i1 - b0);
+        for (int64_t k0 = 0; k0 < k; k0 += TK) {
+            const int64_t kb = min64(TK, k - k0);
+            for (int64_t kk = 0; kk < kb; kk++) round_short(A + (k0 + kk) * lda + b0, tile[kk], ib, path);
+            for (int64_t i = 0; i < ib; i++) {
+                sl_bf16 *out = Ab + (b0 + i) * ldb + k0;
+                for (int64_t kk = 0; kk < kb; kk++) out[kk] = tile[kk][i];
+            }
         }
         if (kp > k)
-            for (int64_t i = b0; i < b1; i++) Ab[i * ldb + k] = 0;
+            for (int64_t i = b0; i < b0 + ib; i++) Ab[i * ldb + k] = 0;
     }
 }
 
@@ -474,10 +504,10 @@ static int linear_bf16(const char *what, int trans, int64_t M, const float *A, i
 #endif
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
-    const int64_t nrb = ceil_div(M, 16); /* row blocks of the transposed rounding */
+    const int64_t nrb = ceil_div(M, 64); /* row blocks of the transposed rounding */
     if (nthr <= 1) {
         if (trans)
-            round_rows_t(A, lda, K, kp, ldb, 0, M, Ab);
+            round_rows_t(A, lda, K, kp, ldb, 0, M, Ab, path);
         else
             for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
         for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
@@ -488,7 +518,8 @@ static int linear_bf16(const char *what, int trans, int64_t M, const float *A, i
         {
             if (trans) {
 #pragma omp for schedule(static)
-                for (int64_t r = 0; r < nrb; r++) round_rows_t(A, lda, K, kp, ldb, 16 * r, min64(16 * r + 16, M), Ab);
+                for (int64_t r = 0; r < nrb; r++)
+                    round_rows_t(A, lda, K, kp, ldb, 64 * r, min64(64 * r + 64, M), Ab, path);
             } else {
 #pragma omp for schedule(static)
                 for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
