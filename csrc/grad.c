@@ -268,11 +268,13 @@ static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const floa
     return rc;
 }
 
-/* The bf16 weight gradient: dW (out x in) += bf16(dY)^T bf16(X) over `rows` rows, X packed into
- * panels per K block of SL_GRAD_K_BLOCK rows, each block one fp32 chain (vdpbf16ps's order); one
- * block continues dW's chain, several are summed (with dW) in double in order, as sgemm_long_k.
- * Output rows go in chunks of SL_GRAD_M_BLOCK (each element's sum unchanged). */
-static int weight_grad_bf16(float *dw, int64_t out, int64_t in, int64_t rows, const float *dy, const float *x) {
+/* The bf16 weight gradients of n weights that read the same input X: dW_i (out_i x in) +=
+ * bf16(dY_i)^T bf16(X) over `rows` rows, X packed once into panels per K block of SL_GRAD_K_BLOCK
+ * rows, each block one fp32 chain (vdpbf16ps's order); one block continues dW's chain, several
+ * are summed (with dW) in double in order, as sgemm_long_k. Output rows go in chunks of
+ * SL_GRAD_M_BLOCK (each element's sum unchanged). */
+static int weight_grads_bf16(int n, float *const *dws, const int64_t *outs, int64_t in, int64_t rows,
+                             const float *const *dys, const float *x) {
     const int64_t nb = (rows + SL_GRAD_K_BLOCK - 1) / SL_GRAD_K_BLOCK;
     if (rows <= 0) return SL_OK;
     sl_bf16_panels **px = calloc((size_t)nb, sizeof *px);
@@ -283,27 +285,34 @@ static int weight_grad_bf16(float *dw, int64_t out, int64_t in, int64_t rows, co
     }
     float *part = NULL;
     double *acc = NULL;
-    const int64_t mb_max = out < SL_GRAD_M_BLOCK ? out : SL_GRAD_M_BLOCK;
-    int64_t n = 0;
+    int64_t mb_max = 0, cnt = 0;
+    for (int w = 0; w < n; w++)
+        if (outs[w] > mb_max) mb_max = outs[w] < SL_GRAD_M_BLOCK ? outs[w] : SL_GRAD_M_BLOCK;
     if (rc == SL_OK && nb > 1) {
-        if (!sl_mul_size(mb_max, in, &n)) rc = sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
-        part = rc == SL_OK ? sl_alloc_floats_uninit(n) : NULL;
-        acc = rc == SL_OK ? (double *)sl_alloc_floats_uninit(2 * n) : NULL;
+        if (!sl_mul_size(mb_max, in, &cnt)) rc = sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
+        part = rc == SL_OK ? sl_alloc_floats_uninit(cnt) : NULL;
+        acc = rc == SL_OK ? (double *)sl_alloc_floats_uninit(2 * cnt) : NULL;
         if (rc == SL_OK && (!part || !acc))
-            rc = sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld floats", (long long)(3 * n));
+            rc = sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld floats", (long long)(3 * cnt));
     }
-    for (int64_t m0 = 0; m0 < out && rc == SL_OK; m0 += SL_GRAD_M_BLOCK) {
-        const int64_t mb = out - m0 < SL_GRAD_M_BLOCK ? out - m0 : SL_GRAD_M_BLOCK;
-        if (nb == 1) {
-            rc = sl_bf16_linear_tn(mb, dy + m0, out, px[0], dw + m0 * in, in, 1, 1, SL_BF16_AUTO);
-            continue;
+    for (int w = 0; w < n && rc == SL_OK; w++) {
+        const int64_t out = outs[w];
+        float *dw = dws[w];
+        const float *dy = dys[w];
+        for (int64_t m0 = 0; m0 < out && rc == SL_OK; m0 += SL_GRAD_M_BLOCK) {
+            const int64_t mb = out - m0 < SL_GRAD_M_BLOCK ? out - m0 : SL_GRAD_M_BLOCK;
+            if (nb == 1) {
+                rc = sl_bf16_linear_tn(mb, dy + m0, out, px[0], dw + m0 * in, in, 1, 1, SL_BF16_AUTO);
+                continue;
+            }
+            for (int64_t i = 0; i < mb * in; i++) acc[i] = dw[m0 * in + i];
+            for (int64_t b = 0; b < nb && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; b++) {
+                rc = sl_bf16_linear_tn(mb, dy + b * SL_GRAD_K_BLOCK * out + m0, out, px[b], part, in, 0, 1,
+                                       SL_BF16_AUTO);
+                for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) acc[i] += part[i];
+            }
+            for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) dw[m0 * in + i] = (float)acc[i];
         }
-        for (int64_t i = 0; i < mb * in; i++) acc[i] = dw[m0 * in + i];
-        for (int64_t b = 0; b < nb && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; b++) {
-            rc = sl_bf16_linear_tn(mb, dy + b * SL_GRAD_K_BLOCK * out + m0, out, px[b], part, in, 0, 1, SL_BF16_AUTO);
-            for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) acc[i] += part[i];
-        }
-        for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) dw[m0 * in + i] = (float)acc[i];
     }
     for (int64_t b = 0; px && b < nb; b++) sl_bf16_panels_free(px[b]);
     free(px);
@@ -312,12 +321,26 @@ static int weight_grad_bf16(float *dw, int64_t out, int64_t in, int64_t rows, co
     return rc;
 }
 
-/* dW (out x in) += dY^T X over `rows` rows: a weight's gradient, at the model's precision (fp32:
- * sgemm_long_k; bf16: weight_grad_bf16). */
+/* dW_i (out_i x in) += dY_i^T X over `rows` rows for n weights reading the same X (n <= 3; a NULL
+ * dW_i is skipped): the weights' gradients, at the model's precision (fp32: sgemm_long_k each;
+ * bf16: weight_grads_bf16, X packed once). */
+static int weight_grads(const sl_model *m, int n, float *const *dws, const int64_t *outs, int64_t in, int64_t rows,
+                        const float *const *dys, const float *x) {
+    float *dw[3];
+    int64_t out[3];
+    const float *dy[3];
+    int k = 0;
+    for (int i = 0; i < n && i < 3; i++)
+        if (dws[i]) dw[k] = dws[i], out[k] = outs[i], dy[k] = dys[i], k++;
+    if (m->precision == SL_PREC_BF16) return weight_grads_bf16(k, dw, out, in, rows, dy, x);
+    for (int i = 0; i < k; i++) SL_TRY(sgemm_long_k(1, out[i], in, rows, dy[i], out[i], x, NULL, in, dw[i], in, 1));
+    return SL_OK;
+}
+
+/* dW (out x in) += dY^T X over `rows` rows: one weight's gradient (weight_grads). */
 static int weight_grad(const sl_model *m, float *dw, int64_t out, int64_t in, int64_t rows, const float *dy,
                        const float *x) {
-    if (m->precision == SL_PREC_BF16) return weight_grad_bf16(dw, out, in, rows, dy, x);
-    return sgemm_long_k(1, out, in, rows, dy, out, x, NULL, in, dw, in, 1);
+    return weight_grads(m, 1, &dw, &out, in, rows, &dy, x);
 }
 
 /* dx (rows, w->cols) (+)= dy (rows, w->rows) · W, W being layer l's product `which` (l < 0: the
@@ -377,8 +400,10 @@ static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw
         SL_TRY(sl_check_interrupt());
         SL_TRY(product_nn(m, l, SL_SLOT_UP, rows, g->du, &lw->w_up, dxn, gated));
         if (lg) {
-            if (gated) SL_TRY(weight_grad(m, lg->w_gate, F, d, rows, g->dg, lt->xn2));
-            SL_TRY(weight_grad(m, lg->w_up, F, d, rows, g->du, lt->xn2));
+            float *const dws[] = {gated ? lg->w_gate : NULL, lg->w_up};
+            const int64_t outs[] = {F, F};
+            const float *const dys[] = {g->dg, g->du};
+            SL_TRY(weight_grads(m, 2, dws, outs, d, rows, dys, lt->xn2));
             if (lg->b_gate) sl_bias_backward(lg->b_gate, g->dg, rows, F, F);
             if (lg->b_up) sl_bias_backward(lg->b_up, g->du, rows, F, F);
         }
@@ -419,9 +444,10 @@ static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weigh
     SL_TRY(product_nn(m, l, SL_SLOT_K, rows, g->dk, &lw->wk, g->dxn, 1));
     SL_TRY(product_nn(m, l, SL_SLOT_V, rows, g->dv, &lw->wv, g->dxn, 1));
     if (lg) {
-        SL_TRY(weight_grad(m, lg->wq, qd, d, rows, g->dq, lt->xn1));
-        SL_TRY(weight_grad(m, lg->wk, kvd, d, rows, g->dk, lt->xn1));
-        SL_TRY(weight_grad(m, lg->wv, kvd, d, rows, g->dv, lt->xn1));
+        float *const dws[] = {lg->wq, lg->wk, lg->wv};
+        const int64_t outs[] = {qd, kvd, kvd};
+        const float *const dys[] = {g->dq, g->dk, g->dv};
+        SL_TRY(weight_grads(m, 3, dws, outs, d, rows, dys, lt->xn1));
         if (lg->bq) sl_bias_backward(lg->bq, g->dq, rows, qd, qd);
         if (lg->bk) sl_bias_backward(lg->bk, g->dk, rows, kvd, kvd);
         if (lg->bv) sl_bias_backward(lg->bv, g->dv, rows, kvd, kvd);
