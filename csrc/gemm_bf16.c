@@ -387,6 +387,7 @@ int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parall
     const int path = sl_bf16_path(SL_BF16_AUTO);
 #pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
     for (int64_t pi = 0; pi < np; pi++) pack_t_panel(B, k, n, ldb, kp, pi, p->data, path);
+    (void)nthr; /* unused when OpenMP is off */
     *out = p;
     return SL_OK;
 }
