@@ -96,6 +96,18 @@ SL_AVX512BF16 static void round_avx512(const float *src, sl_bf16 *dst, int64_t n
 }
 #endif
 
+/* n values of src rounded into dst: AVX512-BF16 when the path has it (the same bits). */
+static void round_short(const float *src, sl_bf16 *dst, int64_t n, int path) {
+#if SL_BF16_X86
+    if (path == SL_BF16_AVX512) {
+        round_avx512(src, dst, n);
+        return;
+    }
+#endif
+    (void)path;
+    round_portable(src, dst, n);
+}
+
 int sl_bf16_path(int requested) {
 #if SL_BF16_X86
     const int have = sl_cpu_has_avx512_bf16();
@@ -253,13 +265,13 @@ void sl_bf16_panels_free(sl_bf16_panels *p) {
 
 /* Row r of W as bf16 into t16 (kp values, the last one zero when k is odd); f: k floats of scratch. */
 static void weight_row_bf16(const sl_weight *W, sl_dequant_fn dec, int64_t nblocks, int64_t r, float *f,
-                            sl_bf16 *t16, int64_t kp) {
+                            sl_bf16 *t16, int64_t kp, int path) {
     const uint8_t *src = (const uint8_t *)W->data + r * W->row_bytes;
     if (W->type == SL_GGML_BF16) {
         memcpy(t16, src, (size_t)W->cols * sizeof(sl_bf16)); /* little-endian bf16, as the file holds it */
     } else {
         dec(src, f, nblocks);
-        round_portable(f, t16, W->cols);
+        round_short(f, t16, W->cols, path);
     }
     if (kp > W->cols) t16[W->cols] = 0;
 }
@@ -298,6 +310,7 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
         return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
     }
     const int64_t nblocks = k / be;
+    const int path = sl_bf16_path(SL_BF16_AUTO);
 #pragma omp parallel for num_threads(nthr) schedule(dynamic, 1) if (nthr > 1)
     for (int64_t pi = 0; pi < np; pi++) {
         int t = 0;
@@ -309,7 +322,7 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
         sl_bf16 *dst = p->data + pi * kp * SL_BF16_NR;
         memset(dst, 0, (size_t)(kp * SL_BF16_NR) * sizeof(sl_bf16));
         for (int64_t r = 0; r < SL_BF16_NR && pi * SL_BF16_NR + r < n; r++) {
-            weight_row_bf16(W, dec, nblocks, pi * SL_BF16_NR + r, f, t16, kp);
+            weight_row_bf16(W, dec, nblocks, pi * SL_BF16_NR + r, f, t16, kp, path);
             const int64_t h = r / 16, j = r % 16;
             sl_bf16 *d = dst + h * 32 + 2 * j;
             for (int64_t q = 0; q < kp / 2; q++) {
@@ -321,18 +334,6 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     free(scratch);
     *out = p;
     return SL_OK;
-}
-
-/* n values of src rounded into dst (n <= 64): AVX512-BF16 when the path has it (the same bits). */
-static void round_short(const float *src, sl_bf16 *dst, int64_t n, int path) {
-#if SL_BF16_X86
-    if (path == SL_BF16_AVX512) {
-        round_avx512(src, dst, n);
-        return;
-    }
-#endif
-    (void)path;
-    round_portable(src, dst, n);
 }
 
 /* Panel pi of Bᵀ (see sl_bf16_pack_t) into data, zero past n and past k: each pair of B's rows
