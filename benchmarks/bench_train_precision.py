@@ -15,11 +15,12 @@ Loss (--loss): --loss-steps optimizer steps (default 300) on the real training c
 (sinklab.train.corpus, packed intra-document with a fixed <bos>, the 7.4M shape with the
 corpus's vocabulary, T 256, batch 8, lr 3e-3 warmup 30 then cosine to 3e-4), fp32 and bf16 from
 the same seed on the same batches: the final losses (the last step's, and the mean of the last
-20) and the largest gap over the curve.
+20) and the largest gap over the curve; --seed-control adds an fp32 run from another seed on the
+same batches, for scale.
 
 Usage:
   python benchmarks/bench_train_precision.py [--config a|b|all] [--threads 1,2] [--steps 5]
-  python benchmarks/bench_train_precision.py --loss [--loss-steps 300] [--threads 2]
+  python benchmarks/bench_train_precision.py --loss [--loss-steps 300] [--threads 2] [--seed-control]
   python benchmarks/bench_train_precision.py --quick    # tiny shapes: a smoke test
 """
 from __future__ import annotations
@@ -107,7 +108,7 @@ def bench_config(key: str, s: Any, threads: List[int], steps: int, warmup: int, 
     return out
 
 
-def loss_curves(steps: int, threads: int, sl: Any, T: int = 256, B: int = 8) -> Dict[str, Any]:
+def loss_curves(steps: int, threads: int, sl: Any, T: int = 256, B: int = 8, control: bool = False) -> Dict[str, Any]:
     from sinklab.train import Packer, Trainer, llama_config, lr_schedule
     from sinklab.train import corpus as C
 
@@ -116,8 +117,9 @@ def loss_curves(steps: int, threads: int, sl: Any, T: int = 256, B: int = 8) -> 
     cfg = llama_config(corpus.vocab_size, d_model=256, n_layers=4, n_heads=4, context_length=T)
     packer = Packer(corpus.train_tokens, corpus.train_doc_offsets, T, True, corpus.bos_id, True)
     curves, secs = {}, {}
-    for p in PRECISIONS:
-        tr = Trainer(cfg, seed=0, precision=p)
+    runs = [(p, p, 0) for p in PRECISIONS] + ([("fp32_seed1", "fp32", 1)] if control else [])
+    for p, prec, seed in runs:
+        tr = Trainer(cfg, seed=seed, precision=prec)
         losses = []
         t0 = time.perf_counter()
         for s in range(steps):
@@ -136,6 +138,12 @@ def loss_curves(steps: int, threads: int, sl: Any, T: int = 256, B: int = 8) -> 
            "final_diff": float(d[-1]), "last20_diff": float(d[-20:].mean()),
            "max_abs_gap": float(np.abs(d).max()), "max_abs_gap_step": int(np.abs(d).argmax()) + 1,
            "curves": {p: c.tolist() for p, c in curves.items()}}
+    if control:  # what another initial seed alone moves the loss by, same batches
+        c = curves["fp32_seed1"] - curves["fp32"]
+        res["seed_control"] = {"final_diff": float(c[-1]), "last20_diff": float(c[-20:].mean()),
+                               "max_abs_gap": float(np.abs(c).max())}
+        print(f"  fp32 seed 1 - fp32 seed 0: last step {c[-1]:+.4f} nats, mean of the last 20 {c[-20:].mean():+.4f}, "
+              f"largest gap {np.abs(c).max():.4f}")
     print(f"  bf16 - fp32: last step {res['final_diff']:+.4f} nats, mean of the last 20 {res['last20_diff']:+.4f}, "
           f"largest gap {res['max_abs_gap']:.4f} (step {res['max_abs_gap_step']}); unigram entropy "
           f"{res['unigram_entropy']:.3f}")
@@ -151,6 +159,8 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--loss", action="store_true", help="the loss-curve comparison on the real corpus only")
     ap.add_argument("--loss-steps", type=int, default=300)
+    ap.add_argument("--seed-control", action="store_true",
+                    help="with --loss: also fp32 from seed 1, to show what the initial seed alone moves the loss by")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     import sinklab as sl
@@ -159,7 +169,7 @@ def main() -> int:
     result: Dict[str, Any] = {"machine": machine(sl), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     if a.loss:
         print(f"\nloss curves on the real corpus, {a.loss_steps} steps, {threads[-1]} threads:")
-        result["loss"] = loss_curves(a.loss_steps, threads[-1], sl)
+        result["loss"] = loss_curves(a.loss_steps, threads[-1], sl, control=a.seed_control)
     else:
         shapes = QUICK if a.quick else CONFIGS
         keys = ["a", "b"] if a.config == "all" else [a.config]
