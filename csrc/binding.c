@@ -273,6 +273,7 @@ static void handle_destroy(PyObject *capsule) {
     if (!h) return;
     sl_ws_cache_clear(&h->cache); /* no call can be running: each holds a reference */
     sl_packed_cache_clear(&h->packed);
+    sl_packed_cache_clear(&h->train_packed);
     Py_XDECREF(h->keep);
     PyMem_Free(h->layers);
     PyMem_Free(h);

@@ -183,9 +183,15 @@ PyObject *sl_py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     }
     sl_train_state st = {PyArray_DATA(pa), PyArray_DATA(ga), PyArray_DATA(ma), PyArray_DATA(va), n,
                          PyArray_DATA(da), PyArray_DIM(da, 0), gga ? PyArray_DATA(gga) : NULL,
-                         gga ? 1 + PyArray_DIM(gga, 0) : 1, precision};
+                         gga ? 1 + PyArray_DIM(gga, 0) : 1, precision, NULL};
     sl_train_batch b = {bdims[0], bdims[1], PyArray_DATA(ids), PyArray_DATA(tg), ks ? PyArray_DATA(ks) : NULL,
                         keep_first};
+    if (ok && precision == SL_PREC_BF16 && !h->train_packed.bf16 &&
+        sl_packed_cache_init(&h->train_packed, m->n_layers) != SL_OK) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    st.panels = precision == SL_PREC_BF16 ? &h->train_packed : NULL;
     train_call c = {m, &pg, &st, &b, &hp, 0.0, 0.0};
     ok = ok && sl_py_call(run_train_step, &c, 1) == 0;
     PyMem_Free(lg);

@@ -276,7 +276,9 @@ static void weight_row_bf16(const sl_weight *W, sl_dequant_fn dec, int64_t nbloc
     if (kp > W->cols) t16[W->cols] = 0;
 }
 
-int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
+/* sl_bf16_pack (reuse NULL: new panels into *out) and sl_bf16_repack (into reuse, whose shape
+ * must be W's). */
+static int pack_impl(const sl_weight *W, int parallel, sl_bf16_panels *reuse, sl_bf16_panels **out) {
     if (!out) return sl_fail(SL_ERR_VALUE, "bf16: NULL output");
     *out = NULL;
     if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16: NULL weight");
@@ -291,10 +293,15 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     int64_t elems, bytes;
     if (!sl_mul_size(np * SL_BF16_NR, kp, &elems) || !sl_mul_size(elems, 2, &bytes) || bytes > INT64_MAX - 64)
         return sl_fail(SL_ERR_MEMORY, "bf16: panels of a %lld x %lld weight overflow", (long long)n, (long long)k);
-    sl_bf16_panels *p = calloc(1, sizeof *p);
+    if (reuse && (reuse->n != n || reuse->k != k || reuse->bytes != bytes || !reuse->data))
+        return sl_fail(SL_ERR_VALUE, "bf16: repacking a %lld x %lld weight into %lld x %lld panels", (long long)n,
+                       (long long)k, (long long)reuse->n, (long long)reuse->k);
+    sl_bf16_panels *p = reuse ? reuse : calloc(1, sizeof *p);
     if (!p) return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate panels");
-    p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
-    p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!reuse) {
+        p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
+        p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    }
     int nthr = 1;
 #if SL_BF16_OMP
     if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
@@ -306,7 +313,7 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     char *scratch = p->data ? aligned_alloc(64, (size_t)(per * nthr)) : NULL;
     if (!p->data || !scratch) {
         free(scratch);
-        sl_bf16_panels_free(p);
+        if (!reuse) sl_bf16_panels_free(p);
         return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
     }
     const int64_t nblocks = k / be;
@@ -336,6 +343,14 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     return SL_OK;
 }
 
+int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) { return pack_impl(W, parallel, NULL, out); }
+
+int sl_bf16_repack(const sl_weight *W, int parallel, sl_bf16_panels *p) {
+    sl_bf16_panels *out;
+    if (!p) return sl_fail(SL_ERR_VALUE, "bf16: NULL panels to repack");
+    return pack_impl(W, parallel, p, &out);
+}
+
 /* Panel pi of Bᵀ (see sl_bf16_pack_t) into data, zero past n and past k: each pair of B's rows
  * (k pair q) rounded, then interleaved into the panel's 64 values of that pair. */
 static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int64_t kp, int64_t pi, sl_bf16 *data,
@@ -357,7 +372,8 @@ static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int6
     }
 }
 
-int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out) {
+static int pack_t_impl(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *reuse,
+                       sl_bf16_panels **out) {
     if (!out) return sl_fail(SL_ERR_VALUE, "bf16: NULL output");
     *out = NULL;
     if (!B) return sl_fail(SL_ERR_VALUE, "bf16: NULL matrix");
@@ -370,12 +386,17 @@ int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parall
     int64_t elems, bytes;
     if (!sl_mul_size(np * SL_BF16_NR, kp, &elems) || !sl_mul_size(elems, 2, &bytes) || bytes > INT64_MAX - 64)
         return sl_fail(SL_ERR_MEMORY, "bf16: panels of a %lld x %lld matrix overflow", (long long)k, (long long)n);
-    sl_bf16_panels *p = calloc(1, sizeof *p);
+    if (reuse && (reuse->n != n || reuse->k != k || reuse->bytes != bytes || !reuse->data))
+        return sl_fail(SL_ERR_VALUE, "bf16: repacking a transposed %lld x %lld matrix into %lld x %lld panels",
+                       (long long)k, (long long)n, (long long)reuse->k, (long long)reuse->n);
+    sl_bf16_panels *p = reuse ? reuse : calloc(1, sizeof *p);
     if (!p) return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate panels");
-    p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
-    p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!reuse) {
+        p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
+        p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    }
     if (!p->data) {
-        sl_bf16_panels_free(p);
+        if (!reuse) sl_bf16_panels_free(p);
         return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
     }
     int nthr = 1;
@@ -391,6 +412,16 @@ int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parall
     (void)nthr; /* unused when OpenMP is off */
     *out = p;
     return SL_OK;
+}
+
+int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out) {
+    return pack_t_impl(B, k, n, ldb, parallel, NULL, out);
+}
+
+int sl_bf16_repack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *p) {
+    sl_bf16_panels *out;
+    if (!p) return sl_fail(SL_ERR_VALUE, "bf16: NULL panels to repack");
+    return pack_t_impl(B, k, n, ldb, parallel, p, &out);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -63,6 +63,10 @@ void sl_bf16_panels_free(sl_bf16_panels *p);
  * weight gradient dYᵀ·X reads the activations X (rows, in) as (k, n). OpenMP over panels when
  * parallel != 0. */
 int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out);
+/* The same into panels already allocated for this shape (an error otherwise): a training step
+ * repacks the weights it changed without new memory (and its page faults). */
+int sl_bf16_repack(const sl_weight *W, int parallel, sl_bf16_panels *p);
+int sl_bf16_repack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *p);
 
 /* C[M×n] = bf16(A[M×k]) · Wᵀ (+ C when accumulate), summed as above; A (M, k) with row stride
  * lda, C (M, n) with row stride ldc. parallel != 0: OpenMP over output tiles (from outside a

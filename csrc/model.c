@@ -587,12 +587,32 @@ int sl_model_product_nn_bf16(const sl_model *m, int64_t slot, int64_t rows, cons
     return rc;
 }
 
+/* Slot `slot`'s forward (transposed == 0) or Wᵀ panels packed from w: into the panels the slot
+ * holds (same shape: the weights are the same tensors), else new ones. */
+static int repack_slot(const sl_model *mc, _Atomic(void *) *slots, int64_t slot, const sl_weight *w,
+                       int transposed) {
+    void *p = atomic_load(&slots[slot]);
+    const void *q;
+    if (!p)
+        return transposed ? cached_panel(mc, slots, slot, w, tblocks_pack, tblocks_drop, &q)
+                          : cached_panel(mc, slots, slot, w, bf16_pack, bf16_panels_drop, &q);
+    if (!transposed) return sl_bf16_repack(w, 1, p);
+    tblocks *t = p;
+    const float *W = (const float *)w->data;
+    if (w->type != SL_GGML_F32 || t->nb != (w->rows + SL_BF16_KBLOCK - 1) / SL_BF16_KBLOCK)
+        return sl_fail(SL_ERR_VALUE, "bf16 backward: slot %lld holds panels of another weight", (long long)slot);
+    for (int64_t b = 0; b < t->nb; b++) {
+        const int64_t k0 = b * SL_BF16_KBLOCK, kb = w->rows - k0 < SL_BF16_KBLOCK ? w->rows - k0 : SL_BF16_KBLOCK;
+        SL_TRY(sl_bf16_repack_t(W + k0 * w->cols, kb, w->cols, w->cols, 1, t->blk[b]));
+    }
+    return SL_OK;
+}
+
 int sl_model_pack_bf16(const sl_model *m) {
     if (!m->packed || m->packed->n_slots != head_slot(m) + 1)
         return sl_fail(SL_ERR_INTERNAL, "bf16: the model's panel cache does not match its %lld layers",
                        (long long)m->n_layers);
     const sl_model mc = (sl_model){.n_layers = m->n_layers, .precision = SL_PREC_BF16, .packed = m->packed};
-    const void *p;
     for (int64_t l = 0; l <= m->n_layers; l++) {
         const sl_layer_weights *lw = l < m->n_layers ? &m->layers[l] : NULL;
         const sl_weight *ws[SL_SLOTS_PER_LAYER] = {NULL};
@@ -606,8 +626,8 @@ int sl_model_pack_bf16(const sl_model *m) {
             if (!ws[which] || !ws[which]->data) continue;
             const int64_t slot = lw ? layer_slot(l, which) : head_slot(m);
             SL_TRY(sl_check_interrupt());
-            SL_TRY(cached_panel(&mc, m->packed->bf16, slot, ws[which], bf16_pack, bf16_panels_drop, &p));
-            SL_TRY(cached_panel(&mc, m->packed->bf16_t, slot, ws[which], tblocks_pack, tblocks_drop, &p));
+            SL_TRY(repack_slot(&mc, m->packed->bf16, slot, ws[which], 0));
+            SL_TRY(repack_slot(&mc, m->packed->bf16_t, slot, ws[which], 1));
         }
     }
     return SL_OK;

@@ -257,8 +257,9 @@ int sl_model_product_nn_bf16(const sl_model *m, int64_t slot, int64_t rows, cons
                              const sl_weight *w, float *dx, int64_t lddx, int accumulate);
 
 /* Packs every weight product's bf16 panels (forward, and Wᵀ for the backward) into m->packed
- * now, each pack parallel over its panels: a training step at bf16 packs its fp32 master weights
- * once, before its windows run in parallel. */
+ * now, each pack parallel over its panels, into the panels a slot already holds (repacked in
+ * place: no new memory) or new ones: a training step at bf16 packs its fp32 master weights once,
+ * before its windows run in parallel. */
 int sl_model_pack_bf16(const sl_model *m);
 
 /* Runs the model on ids[0..T) (each checked to be in [0, vocab)). cap and iv may be NULL. */

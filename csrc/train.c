@@ -179,15 +179,15 @@ int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *s
     double sum = 0.0;
     if (st->precision == SL_PREC_BF16) {
         /* this step's descriptor: bf16 products through panels of the current weights, packed
-         * here once for every window and group, freed before the update changes the weights */
+         * here once for every window and group (into st->panels' buffers when it has them) */
         sl_model mc = *m;
         sl_packed_cache pc;
-        SL_TRY(sl_packed_cache_init(&pc, m->n_layers));
+        if (!st->panels) SL_TRY(sl_packed_cache_init(&pc, m->n_layers));
         mc.precision = SL_PREC_BF16;
-        mc.packed = &pc;
+        mc.packed = st->panels ? st->panels : &pc;
         int rc = sl_model_pack_bf16(&mc);
         if (rc == SL_OK) rc = batch_gradient(&mc, pg, st, b, (double)n_targets, &sum);
-        sl_packed_cache_clear(&pc);
+        if (!st->panels) sl_packed_cache_clear(&pc);
         SL_TRY(rc);
     } else {
         SL_TRY(batch_gradient(m, pg, st, b, (double)n_targets, &sum));

@@ -48,6 +48,10 @@ typedef struct {
      * attention, norms, activations, the loss, the gradient sums across windows and groups,
      * clipping and AdamW stay fp32, the parameters and moments fp32 master copies. */
     int precision;
+    /* bf16: where the step's panels are kept between steps, repacked in place at each step (no new
+     * memory after the first); NULL: a cache of the step's own, freed before the update. Not
+     * shared by concurrent steps. */
+    sl_packed_cache *panels;
 } sl_train_state;
 
 /* sqrt(sum of x^2) over n floats, summed in double over fixed blocks added in order, so the
