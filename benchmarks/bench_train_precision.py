@@ -3,7 +3,9 @@
 
 Step time: Trainer(precision="fp32") and Trainer(precision="bf16") from the same weights on the
 same batch, their steps alternating (the first of each pair alternating too, with a short pause
-before each), the median of --steps; ratio = fp32 median / bf16 median. Configurations as in
+before each), the median of --steps; ratio = fp32 median / bf16 median, in wall time and in the
+process's CPU time (time.process_time: on a machine shared with other jobs it leaves out the time
+the process waited for a core; with 2 threads it sums both, idle spinning included). Configurations as in
 bench_train.py: (a) the 7.4M model (d 256, 4 layers, vocab 8192, T 256, batch 8) and (b) the
 SmolLM2-135M shape (d 576, 30 layers, 9 heads / 3 kv, d_ff 1536, vocab 49152, tied, T 256,
 batch 4). GFLOP/s counts 6 N_mm + 6 L T H hd per token (bench_train.py's docstring); "of the bf16
@@ -80,17 +82,21 @@ def bench_config(key: str, s: Any, threads: List[int], steps: int, warmup: int, 
             for p in PRECISIONS:
                 trs[p].step(ids, targets, 1e-4)
         times: Dict[str, List[float]] = {p: [] for p in PRECISIONS}
+        cpu: Dict[str, List[float]] = {p: [] for p in PRECISIONS}
         for r in range(steps):
             order = PRECISIONS if r % 2 == 0 else PRECISIONS[::-1]
             for p in order:
                 time.sleep(PAUSE_S)
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 trs[p].step(ids, targets, 1e-4)
                 times[p].append(time.perf_counter() - t0)
+                cpu[p].append(time.process_time() - c0)
         med = {p: statistics.median(times[p]) for p in PRECISIONS}
+        cmed = {p: statistics.median(cpu[p]) for p in PRECISIONS}
         tok = s.B * s.T
         row = {"config": key, "threads": n, "steps": steps, "first_loss": first,
-               "step_s": med, "all_s": times, "ratio": med["fp32"] / med["bf16"]}
+               "step_s": med, "all_s": times, "ratio": med["fp32"] / med["bf16"],
+               "cpu_s": cmed, "all_cpu_s": cpu, "cpu_ratio": cmed["fp32"] / cmed["bf16"]}
         print(f"    first step's loss: fp32 {first['fp32']:.6f}, bf16 {first['bf16']:.6f} "
               f"(diff {first['bf16'] - first['fp32']:+.2e})")
         for p in PRECISIONS:
@@ -102,7 +108,8 @@ def bench_config(key: str, s: Any, threads: List[int], steps: int, warmup: int, 
                 row["bf16_matmul_fraction_of_peak"] = frac
                 line += f"  (weight products at {100 * frac:.1f}% of the bf16 peak x {n})"
             print(line)
-        print(f"    {n} thread{'s' if n > 1 else ' '} bf16 / fp32 speed-up = {row['ratio']:.2f}x")
+        print(f"    {n} thread{'s' if n > 1 else ' '} bf16 / fp32 speed-up = {row['ratio']:.2f}x   (process CPU time: "
+              f"fp32 {cmed['fp32'] * 1e3:.1f} ms, bf16 {cmed['bf16'] * 1e3:.1f} ms, {row['cpu_ratio']:.2f}x)")
         out.append(row)
         del trs
     return out
