@@ -289,3 +289,29 @@ def test_train_config_takes_precision():
     assert TrainConfig.from_dict({"precision": "bf16"}).precision == "bf16"
     with pytest.raises(ConfigError, match="precision"):
         TrainConfig.from_dict({"precision": "int8"})
+
+
+@pytest.mark.parametrize("bad", ["int8", {"x": 1}, 3])
+def test_checkpoint_with_a_bad_precision_is_a_checkpoint_error(tmp_path, bad):
+    """A state (with a valid checksum) naming a precision the engine cannot train, or not a
+    string at all: CheckpointError naming the field; a state without the field reads as fp32."""
+    import json
+    import os
+
+    cfg = llama_config(vocab_size=64, d_model=32, n_layers=1, n_heads=2, context_length=8)
+    folder = ckpt_io.save_checkpoint(Trainer(cfg, seed=1), str(tmp_path / "run"))
+    path = os.path.join(folder, ckpt_io.STATE_FILE)
+
+    def write(state):
+        state["state_sha256"] = ckpt_io._state_digest(state)
+        with open(path, "w") as f:
+            json.dump(state, f)
+
+    state = ckpt_io.read_state(folder)
+    del state["precision"]
+    write(state)
+    assert ckpt_io.load_checkpoint(folder).precision == "fp32"
+    state["precision"] = bad
+    write(state)
+    with pytest.raises(ckpt_io.CheckpointError, match="precision"):
+        ckpt_io.load_checkpoint(folder)

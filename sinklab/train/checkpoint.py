@@ -374,7 +374,8 @@ def _check_state(folder: str, state: Dict[str, Any]) -> None:
     bad = {k: v for k, v in state["optimizer"].items() if type(v) not in (int, float)}
     if bad:
         raise CheckpointError(f"{where}: optimizer hyperparameters should be numbers, got {bad!r:.120}")
-    if state.get("precision", "fp32") not in TRAIN_PRECISIONS:
+    precision = state.get("precision", "fp32")
+    if not (isinstance(precision, str) and precision in TRAIN_PRECISIONS):
         raise CheckpointError(f"{where}: 'precision' should be one of {sorted(TRAIN_PRECISIONS)}, holds "
                               f"{state.get('precision')!r:.80}")
 
