@@ -184,30 +184,34 @@ def test_bf16_weight_gradient_over_several_k_blocks():
 
 # ------------------------------------------------------------------ determinism, fp32 unchanged
 
-def _run(cfg, precision, threads, steps=3):
+def _run(cfg, precision, threads, steps=3, groups=2, T=32):
     saved = sinklab.get_num_threads()
     sinklab.set_num_threads(threads)
     try:
-        tr = Trainer(cfg, seed=5, init_std=0.05, grad_groups=2, precision=precision)
+        tr = Trainer(cfg, seed=5, init_std=0.05, grad_groups=groups, precision=precision)
         rng = np.random.default_rng(11)
         out = []
         for _ in range(steps):
-            ids = rng.integers(0, cfg.vocab_size, (4, 32))
+            ids = rng.integers(0, cfg.vocab_size, (4, T))
             out.append(tr.step(ids, np.roll(ids, -1, 1), 3e-3))
         return out, tr.params.copy(), tr.mom.copy(), tr.vel.copy()
     finally:
         sinklab.set_num_threads(saved)
 
 
-def test_bf16_steps_have_the_same_bits_for_any_thread_count():
-    """(b) 1 and 2 threads: losses, norms, weights and moments bitwise equal after 3 steps."""
-    cfg = llama_config(vocab_size=300, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context_length=32)
-    a, b = _run(cfg, "bf16", 1), _run(cfg, "bf16", 2)
+@pytest.mark.parametrize("groups", [1, 2])
+def test_bf16_steps_have_the_same_bits_for_any_thread_count(groups):
+    """(b) 1 and 2 threads: losses, norms, weights and moments bitwise equal after 3 steps; with
+    one group the 2 threads share each product (its tiles split between them), with two each group
+    runs on one thread."""
+    d, T = (128, 128) if groups == 1 else (64, 32)  # one group: products large enough to be split
+    cfg = llama_config(vocab_size=300, d_model=d, n_layers=2, n_heads=4, n_kv_heads=2, context_length=T)
+    a, b = _run(cfg, "bf16", 1, groups=groups, T=T), _run(cfg, "bf16", 2, groups=groups, T=T)
     assert a[0] == b[0]
     for x, y in zip(a[1:], b[1:]):
         assert np.array_equal(bits(x), bits(y))
     # and bf16 is not fp32 in disguise
-    c = _run(cfg, "fp32", 2)
+    c = _run(cfg, "fp32", 2, groups=groups, T=T)
     assert not np.array_equal(bits(a[1]), bits(c[1]))
     assert abs(a[0][-1][0] - c[0][-1][0]) < 0.02
 
