@@ -273,6 +273,7 @@ static void handle_destroy(PyObject *capsule) {
     if (!h) return;
     sl_ws_cache_clear(&h->cache); /* no call can be running: each holds a reference */
     sl_packed_cache_clear(&h->packed);
+    sl_packed_cache_clear(&h->train_packed);
     Py_XDECREF(h->keep);
     PyMem_Free(h->layers);
     PyMem_Free(h);
@@ -1123,6 +1124,9 @@ static PyMethodDef methods[] = {
     {"_bf16_round", (PyCFunction)(void (*)(void))sl_py_bf16_round, METH_VARARGS | METH_KEYWORDS,
      "_bf16_round(x float32 (n,), path=0) -> uint16 (n,) bf16 bits (round to nearest even, as vcvtneps2bf16). "
      "Test-only; path 0 auto, 1 portable, 2 AVX512-BF16."},
+    {"_bf16_linear_tn", (PyCFunction)(void (*)(void))sl_py_bf16_linear_tn, METH_VARARGS | METH_KEYWORDS,
+     "_bf16_linear_tn(At float32 (K,M), B float32 (K,N), path=0) -> C (M,N) = bf16(At)^T bf16(B) (sl_bf16_pack_t, "
+     "sl_bf16_linear_tn). Test-only."},
     {"_bf16_linear", (PyCFunction)(void (*)(void))sl_py_bf16_linear, METH_VARARGS | METH_KEYWORDS,
      "_bf16_linear(A float32 (M,K), W float32 (N,K) | uint8 raw, type=0, rows=0, C=None, accumulate=False, "
      "path=0) -> C = bf16(A) @ bf16(W).T (+ C), fp32 accumulation in vdpbf16ps order. Test-only."},
@@ -1156,7 +1160,9 @@ static PyMethodDef methods[] = {
      "(64-byte aligned): flat parameters, gradients and Adam moments."},
     {"train_step", (PyCFunction)(void (*)(void))sl_py_train_step, METH_VARARGS | METH_KEYWORDS,
      "train_step(handle, grads, params, flat_grads, mom, vel, decay, ids, targets, key_start, keep_first, lr, "
-     "beta1, beta2, eps, weight_decay, grad_clip, step) -> (loss, grad_norm): one AdamW step on a (B, T) batch."},
+     "beta1, beta2, eps, weight_decay, grad_clip, step, group_grads=None, precision=0) -> (loss, grad_norm): one "
+     "AdamW step on a (B, T) batch; precision 0 fp32 (exact), 1 bf16 (weight products of forward and backward in "
+     "bf16, fp32 master weights and AdamW)."},
     {"model_loss_grad", (PyCFunction)(void (*)(void))py_model_loss_grad, METH_VARARGS | METH_KEYWORDS,
      "model_loss_grad(handle, ids, targets, grads: dict, mask_first=None, zero_first_value=None, head_scale=None) "
      "-> mean cross-entropy (nats); gradients are added into grads"},

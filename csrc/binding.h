@@ -30,6 +30,8 @@ typedef struct {
     PyObject *keep;     /* list of the arrays */
     sl_ws_cache cache;  /* the forward's activations, kept between calls (model.h) */
     sl_packed_cache packed; /* bf16 weight panels, built at their first bf16 use (model.h) */
+    sl_packed_cache train_packed; /* a bf16 training step's panels, repacked in place every step
+                                     (allocated at the first one; zeroed: none yet) */
 } sl_py_model;
 
 /* The handle inside a "sinklab.model" capsule, or NULL with an exception set. */
@@ -65,6 +67,7 @@ PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args);
 PyObject *sl_py_int8_usable(PyObject *self, PyObject *args);
 PyObject *sl_py_bf16_round(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_bf16_linear_tn(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg);
 PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg);
 

@@ -482,6 +482,48 @@ PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw) {
     return (PyObject *)out;
 }
 
+typedef struct {
+    const float *at, *b;
+    float *c;
+    int64_t M, N, K;
+    int path;
+} bf16_tn_call;
+
+static int run_bf16_tn(void *p) {
+    const bf16_tn_call *c = p;
+    sl_bf16_panels *pan;
+    SL_TRY(sl_bf16_pack_t(c->b, c->K, c->N, c->N, 1, &pan));
+    const int rc = sl_bf16_linear_tn(c->M, c->at, c->M, pan, c->c, c->N, 0, 1, c->path);
+    sl_bf16_panels_free(pan);
+    return rc;
+}
+
+/* _bf16_linear_tn(At float32 (K, M), B float32 (K, N), path=0) -> C (M, N) = bf16(At)ᵀ · bf16(B): B
+ * packed by sl_bf16_pack_t, the product by sl_bf16_linear_tn (the backward's layouts). Test-only. */
+PyObject *sl_py_bf16_linear_tn(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"At", "B", "path", NULL};
+    PyObject *ao, *bo;
+    int path = SL_BF16_AUTO;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|i", kwlist, &ao, &bo, &path)) return NULL;
+    PyArrayObject *a = sl_py_check_array(ao, "At", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    npy_intp bd[2] = {PyArray_DIM(a, 0), -1};
+    PyArrayObject *b = sl_py_check_array(bo, "B", NPY_FLOAT32, 2, bd, 0);
+    if (!b) return NULL;
+    const npy_intp K = PyArray_DIM(a, 0), M = PyArray_DIM(a, 1), N = PyArray_DIM(b, 1);
+    if (K < 1 || M < 1 || N < 1) return PyErr_Format(PyExc_ValueError, "At and B must be non-empty");
+    npy_intp dims[2] = {M, N};
+    PyArrayObject *out = (PyArrayObject *)PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+    if (!out) return NULL;
+    bf16_tn_call c = {PyArray_DATA(a), PyArray_DATA(b), PyArray_DATA(out), M, N, K, path};
+    if (sl_py_call(run_bf16_tn, &c, 0) < 0) {
+        Py_DECREF(out);
+        return NULL;
+    }
+    return (PyObject *)out;
+}
+
 /* _bf16_path(requested) -> "avx512_bf16" | "portable" | None: what a kernel path request resolves to. */
 PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg) {
     (void)self;

@@ -136,15 +136,20 @@ PyObject *sl_py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "grads", "params", "flat_grads", "mom", "vel", "decay", "ids", "targets",
                              "key_start", "keep_first", "lr", "beta1", "beta2", "eps", "weight_decay", "grad_clip",
-                             "step", "group_grads", NULL};
+                             "step", "group_grads", "precision", NULL};
     PyObject *capsule, *grads, *p_o, *g_o, *m_o, *v_o, *dec_o, *ids_o, *tg_o, *ks_o = Py_None, *gg_o = Py_None;
     int keep_first = 0;
     sl_adamw hp = {0};
     long long step = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL|O", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
+    int precision = SL_PREC_FP32;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO!OOOOOOOOpddddddL|Oi", kwlist, &capsule, &PyDict_Type, &grads, &p_o,
                                      &g_o, &m_o, &v_o, &dec_o, &ids_o, &tg_o, &ks_o, &keep_first, &hp.lr, &hp.beta1,
-                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step, &gg_o))
+                                     &hp.beta2, &hp.eps, &hp.weight_decay, &hp.grad_clip, &step, &gg_o,
+                                     &precision))
         return NULL;
+    if (precision != SL_PREC_FP32 && precision != SL_PREC_BF16)
+        return PyErr_Format(PyExc_ValueError, "train_step: precision %d (%s) is not available for training: 0 (fp32) "
+                            "or 1 (bf16)", precision, sl_precision_name(precision));
     hp.step = step;
     sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
@@ -178,9 +183,15 @@ PyObject *sl_py_train_step(PyObject *self, PyObject *args, PyObject *kw) {
     }
     sl_train_state st = {PyArray_DATA(pa), PyArray_DATA(ga), PyArray_DATA(ma), PyArray_DATA(va), n,
                          PyArray_DATA(da), PyArray_DIM(da, 0), gga ? PyArray_DATA(gga) : NULL,
-                         gga ? 1 + PyArray_DIM(gga, 0) : 1};
+                         gga ? 1 + PyArray_DIM(gga, 0) : 1, precision, NULL};
     sl_train_batch b = {bdims[0], bdims[1], PyArray_DATA(ids), PyArray_DATA(tg), ks ? PyArray_DATA(ks) : NULL,
                         keep_first};
+    if (ok && precision == SL_PREC_BF16 && !h->train_packed.bf16 &&
+        sl_packed_cache_init(&h->train_packed, m->n_layers) != SL_OK) {
+        PyErr_NoMemory();
+        ok = 0;
+    }
+    st.panels = precision == SL_PREC_BF16 ? &h->train_packed : NULL;
     train_call c = {m, &pg, &st, &b, &hp, 0.0, 0.0};
     ok = ok && sl_py_call(run_train_step, &c, 1) == 0;
     PyMem_Free(lg);

@@ -96,6 +96,18 @@ SL_AVX512BF16 static void round_avx512(const float *src, sl_bf16 *dst, int64_t n
 }
 #endif
 
+/* n values of src rounded into dst: AVX512-BF16 when the path has it (the same bits). */
+static void round_short(const float *src, sl_bf16 *dst, int64_t n, int path) {
+#if SL_BF16_X86
+    if (path == SL_BF16_AVX512) {
+        round_avx512(src, dst, n);
+        return;
+    }
+#endif
+    (void)path;
+    round_portable(src, dst, n);
+}
+
 int sl_bf16_path(int requested) {
 #if SL_BF16_X86
     const int have = sl_cpu_has_avx512_bf16();
@@ -253,18 +265,20 @@ void sl_bf16_panels_free(sl_bf16_panels *p) {
 
 /* Row r of W as bf16 into t16 (kp values, the last one zero when k is odd); f: k floats of scratch. */
 static void weight_row_bf16(const sl_weight *W, sl_dequant_fn dec, int64_t nblocks, int64_t r, float *f,
-                            sl_bf16 *t16, int64_t kp) {
+                            sl_bf16 *t16, int64_t kp, int path) {
     const uint8_t *src = (const uint8_t *)W->data + r * W->row_bytes;
     if (W->type == SL_GGML_BF16) {
         memcpy(t16, src, (size_t)W->cols * sizeof(sl_bf16)); /* little-endian bf16, as the file holds it */
     } else {
         dec(src, f, nblocks);
-        round_portable(f, t16, W->cols);
+        round_short(f, t16, W->cols, path);
     }
     if (kp > W->cols) t16[W->cols] = 0;
 }
 
-int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
+/* sl_bf16_pack (reuse NULL: new panels into *out) and sl_bf16_repack (into reuse, whose shape
+ * must be W's). */
+static int pack_impl(const sl_weight *W, int parallel, sl_bf16_panels *reuse, sl_bf16_panels **out) {
     if (!out) return sl_fail(SL_ERR_VALUE, "bf16: NULL output");
     *out = NULL;
     if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16: NULL weight");
@@ -279,10 +293,15 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     int64_t elems, bytes;
     if (!sl_mul_size(np * SL_BF16_NR, kp, &elems) || !sl_mul_size(elems, 2, &bytes) || bytes > INT64_MAX - 64)
         return sl_fail(SL_ERR_MEMORY, "bf16: panels of a %lld x %lld weight overflow", (long long)n, (long long)k);
-    sl_bf16_panels *p = calloc(1, sizeof *p);
+    if (reuse && (reuse->n != n || reuse->k != k || reuse->bytes != bytes || !reuse->data))
+        return sl_fail(SL_ERR_VALUE, "bf16: repacking a %lld x %lld weight into %lld x %lld panels", (long long)n,
+                       (long long)k, (long long)reuse->n, (long long)reuse->k);
+    sl_bf16_panels *p = reuse ? reuse : calloc(1, sizeof *p);
     if (!p) return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate panels");
-    p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
-    p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    if (!reuse) {
+        p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
+        p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    }
     int nthr = 1;
 #if SL_BF16_OMP
     if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
@@ -294,10 +313,11 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     char *scratch = p->data ? aligned_alloc(64, (size_t)(per * nthr)) : NULL;
     if (!p->data || !scratch) {
         free(scratch);
-        sl_bf16_panels_free(p);
+        if (!reuse) sl_bf16_panels_free(p);
         return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
     }
     const int64_t nblocks = k / be;
+    const int path = sl_bf16_path(SL_BF16_AUTO);
 #pragma omp parallel for num_threads(nthr) schedule(dynamic, 1) if (nthr > 1)
     for (int64_t pi = 0; pi < np; pi++) {
         int t = 0;
@@ -309,7 +329,7 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
         sl_bf16 *dst = p->data + pi * kp * SL_BF16_NR;
         memset(dst, 0, (size_t)(kp * SL_BF16_NR) * sizeof(sl_bf16));
         for (int64_t r = 0; r < SL_BF16_NR && pi * SL_BF16_NR + r < n; r++) {
-            weight_row_bf16(W, dec, nblocks, pi * SL_BF16_NR + r, f, t16, kp);
+            weight_row_bf16(W, dec, nblocks, pi * SL_BF16_NR + r, f, t16, kp, path);
             const int64_t h = r / 16, j = r % 16;
             sl_bf16 *d = dst + h * 32 + 2 * j;
             for (int64_t q = 0; q < kp / 2; q++) {
@@ -321,6 +341,87 @@ int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) {
     free(scratch);
     *out = p;
     return SL_OK;
+}
+
+int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out) { return pack_impl(W, parallel, NULL, out); }
+
+int sl_bf16_repack(const sl_weight *W, int parallel, sl_bf16_panels *p) {
+    sl_bf16_panels *out;
+    if (!p) return sl_fail(SL_ERR_VALUE, "bf16: NULL panels to repack");
+    return pack_impl(W, parallel, p, &out);
+}
+
+/* Panel pi of Bᵀ (see sl_bf16_pack_t) into data, zero past n and past k: each pair of B's rows
+ * (k pair q) rounded, then interleaved into the panel's 64 values of that pair. */
+static void pack_t_panel(const float *B, int64_t k, int64_t n, int64_t ldb, int64_t kp, int64_t pi, sl_bf16 *data,
+                         int path) {
+    sl_bf16 *dst = data + pi * kp * SL_BF16_NR;
+    const int64_t j0 = pi * SL_BF16_NR, nj = min64(SL_BF16_NR, n - j0);
+    sl_bf16 r[2][SL_BF16_NR];
+    for (int64_t q = 0; q < kp / 2; q++) {
+        for (int e = 0; e < 2; e++) {
+            memset(r[e], 0, sizeof r[e]);
+            if (2 * q + e < k) round_short(B + (2 * q + e) * ldb + j0, r[e], nj, path);
+        }
+        sl_bf16 *d = dst + q * 2 * SL_BF16_NR;
+        for (int h = 0; h < 2; h++)
+            for (int j = 0; j < 16; j++) {
+                d[32 * h + 2 * j] = r[0][16 * h + j];
+                d[32 * h + 2 * j + 1] = r[1][16 * h + j];
+            }
+    }
+}
+
+static int pack_t_impl(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *reuse,
+                       sl_bf16_panels **out) {
+    if (!out) return sl_fail(SL_ERR_VALUE, "bf16: NULL output");
+    *out = NULL;
+    if (!B) return sl_fail(SL_ERR_VALUE, "bf16: NULL matrix");
+    if (k <= 0 || n <= 0 || ldb < n || k > (INT64_MAX >> 8) || n > (INT64_MAX >> 8))
+        return sl_fail(SL_ERR_VALUE, "bf16: bad transposed matrix %lld x %lld (row stride %lld)", (long long)k,
+                       (long long)n, (long long)ldb);
+    int64_t span;
+    if (!sl_mul_size(k - 1, ldb, &span)) return sl_fail(SL_ERR_VALUE, "bf16: matrix too large");
+    const int64_t kp = k + (k & 1), np = ceil_div(n, SL_BF16_NR);
+    int64_t elems, bytes;
+    if (!sl_mul_size(np * SL_BF16_NR, kp, &elems) || !sl_mul_size(elems, 2, &bytes) || bytes > INT64_MAX - 64)
+        return sl_fail(SL_ERR_MEMORY, "bf16: panels of a %lld x %lld matrix overflow", (long long)k, (long long)n);
+    if (reuse && (reuse->n != n || reuse->k != k || reuse->bytes != bytes || !reuse->data))
+        return sl_fail(SL_ERR_VALUE, "bf16: repacking a transposed %lld x %lld matrix into %lld x %lld panels",
+                       (long long)k, (long long)n, (long long)reuse->k, (long long)reuse->n);
+    sl_bf16_panels *p = reuse ? reuse : calloc(1, sizeof *p);
+    if (!p) return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate panels");
+    if (!reuse) {
+        p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
+        p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
+    }
+    if (!p->data) {
+        if (!reuse) sl_bf16_panels_free(p);
+        return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
+    }
+    int nthr = 1;
+#if SL_BF16_OMP
+    if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
+#else
+    (void)parallel;
+#endif
+    if ((double)k * (double)n < 1e5) nthr = 1;
+    const int path = sl_bf16_path(SL_BF16_AUTO);
+#pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
+    for (int64_t pi = 0; pi < np; pi++) pack_t_panel(B, k, n, ldb, kp, pi, p->data, path);
+    (void)nthr; /* unused when OpenMP is off */
+    *out = p;
+    return SL_OK;
+}
+
+int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out) {
+    return pack_t_impl(B, k, n, ldb, parallel, NULL, out);
+}
+
+int sl_bf16_repack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *p) {
+    sl_bf16_panels *out;
+    if (!p) return sl_fail(SL_ERR_VALUE, "bf16: NULL panels to repack");
+    return pack_t_impl(B, k, n, ldb, parallel, p, &out);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -371,21 +472,45 @@ static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_
     if (kp > k) Ab[i * ldb + k] = 0;
 }
 
-int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
-                      int accumulate, int parallel, int path) {
-    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
+/* Rows [i0, i1) of the transposed A (A (K, M), row stride lda) rounded into the bf16 block, in
+ * tiles of 64 rows × 32 k: each K row's 64 values rounded at once (256 contiguous bytes read),
+ * the tile then written row by row from L1. */
+static void round_rows_t(const float *A, int64_t lda, int64_t k, int64_t kp, int64_t ldb, int64_t i0, int64_t i1,
+                         sl_bf16 *Ab, int path) {
+    enum { TI = 64, TK = 32 };
+    sl_bf16 tile[TK][TI];
+    for (int64_t b0 = i0; b0 < i1; b0 += TI) {
+        const int64_t ib = min64(TI, i1 - b0);
+        for (int64_t k0 = 0; k0 < k; k0 += TK) {
+            const int64_t kb = min64(TK, k - k0);
+            for (int64_t kk = 0; kk < kb; kk++) round_short(A + (k0 + kk) * lda + b0, tile[kk], ib, path);
+            for (int64_t i = 0; i < ib; i++) {
+                sl_bf16 *out = Ab + (b0 + i) * ldb + k0;
+                for (int64_t kk = 0; kk < kb; kk++) out[kk] = tile[kk][i];
+            }
+        }
+        if (kp > k)
+            for (int64_t i = b0; i < b0 + ib; i++) Ab[i * ldb + k] = 0;
+    }
+}
+
+/* sl_bf16_linear_nt (trans == 0) and sl_bf16_linear_tn (trans != 0): only the reading of A
+ * differs; the rounded block, and so every result bit, is the same. */
+static int linear_bf16(const char *what, int trans, int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W,
+                       float *C, int64_t ldc, int accumulate, int parallel, int path) {
+    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "%s: NULL panels", what);
     const int64_t N = W->n, K = W->k, kp = W->kp;
-    if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "bf16 linear: bad row count %lld", (long long)M);
-    if (lda < K || ldc < N)
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)K, (long long)ldc, (long long)N);
-    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "bf16 linear: inconsistent panels");
+    if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "%s: bad row count %lld", what, (long long)M);
+    if ((trans ? lda < M : lda < K) || ldc < N)
+        return sl_fail(SL_ERR_VALUE, "%s: lda %lld < %s %lld or ldc %lld < N %lld", what, (long long)lda,
+                       trans ? "M" : "K", (long long)(trans ? M : K), (long long)ldc, (long long)N);
+    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "%s: inconsistent panels", what);
     SL_TRY(resolve_path(path, &path));
     if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "bf16 linear: A or C is NULL");
+    if (!A || !C) return sl_fail(SL_ERR_VALUE, "%s: A or C is NULL", what);
     int64_t span;
-    if (!sl_mul_size(M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: matrix too large");
+    if (!sl_mul_size(trans ? K - 1 : M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
+        return sl_fail(SL_ERR_VALUE, "%s: matrix too large", what);
     /* Rows of the bf16 A block an odd number of cache lines apart: with a stride that is a
      * multiple of 4 KiB (K = 2048) the 14 rows a tile broadcasts from share one L1 set, more than
      * its ways, and each step would miss (measured: 2048^3 at 71 % of the peak before). */
@@ -393,9 +518,9 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     if ((ldb / 32) % 2 == 0) ldb += 32;
     int64_t ab_elems;
     if (!sl_mul_size(M, ldb, &ab_elems) || ab_elems > (INT64_MAX >> 2))
-        return sl_fail(SL_ERR_MEMORY, "bf16 linear: A block overflows");
+        return sl_fail(SL_ERR_MEMORY, "%s: A block overflows", what);
     sl_bf16 *Ab = aligned_alloc(64, (size_t)((ab_elems * 2 + 63) / 64 * 64));
-    if (!Ab) return sl_fail(SL_ERR_MEMORY, "bf16 linear: cannot allocate %lld bf16 values", (long long)ab_elems);
+    if (!Ab) return sl_fail(SL_ERR_MEMORY, "%s: cannot allocate %lld bf16 values", what, (long long)ab_elems);
 
     const int64_t np = ceil_div(N, SL_BF16_NR);
     /* Taller tasks read each panel from memory fewer times (the LM head's 49152 × 576 panels are
@@ -412,22 +537,42 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
 #endif
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
+    const int64_t nrb = ceil_div(M, 64); /* row blocks of the transposed rounding */
     if (nthr <= 1) {
-        for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+        if (trans)
+            round_rows_t(A, lda, K, kp, ldb, 0, M, Ab, path);
+        else
+            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
         for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
          * process on its core takes fewer) */
 #pragma omp parallel num_threads(nthr)
         {
+            if (trans) {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+                for (int64_t r = 0; r < nrb; r++)
+                    round_rows_t(A, lda, K, kp, ldb, 64 * r, min64(64 * r + 64, M), Ab, path);
+            } else {
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+            }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
         }
     }
     free(Ab);
     return SL_OK;
+}
+
+int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path) {
+    return linear_bf16("bf16 linear", 0, M, A, lda, W, C, ldc, accumulate, parallel, path);
+}
+
+int sl_bf16_linear_tn(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path) {
+    return linear_bf16("bf16 linear (A transposed)", 1, M, A, lda, W, C, ldc, accumulate, parallel, path);
 }
 
 /* ------------------------------------------------------------------------------------------

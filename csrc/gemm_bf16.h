@@ -57,11 +57,28 @@ typedef struct {
  * parallel != 0. */
 int sl_bf16_pack(const sl_weight *W, int parallel, sl_bf16_panels **out);
 void sl_bf16_panels_free(sl_bf16_panels *p);
+/* Packs the panels of Bᵀ: B (k, n) float32, row-major with row stride ldb >= n, read as the
+ * weight of n outputs × k inputs whose output j is column j of B, each value rounded by
+ * sl_bf16_from_f32. The backward's products use it: dX = dY·W reads W (out, in) as (k, n), and a
+ * weight gradient dYᵀ·X reads the activations X (rows, in) as (k, n). OpenMP over panels when
+ * parallel != 0. */
+int sl_bf16_pack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels **out);
+/* The same into panels already allocated for this shape (an error otherwise): a training step
+ * repacks the weights it changed without new memory (and its page faults). */
+int sl_bf16_repack(const sl_weight *W, int parallel, sl_bf16_panels *p);
+int sl_bf16_repack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int parallel, sl_bf16_panels *p);
 
 /* C[M×n] = bf16(A[M×k]) · Wᵀ (+ C when accumulate), summed as above; A (M, k) with row stride
  * lda, C (M, n) with row stride ldc. parallel != 0: OpenMP over output tiles (from outside a
  * parallel region); path: SL_BF16_*. */
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path);
+
+/* The same with A stored transposed: A (k, M) row-major with row stride lda >= M, so that
+ * C[i][j] = sum_kk bf16(A[kk][i]) · W[j][kk], in the same order and with the same rounding as
+ * sl_bf16_linear_nt on the transposed matrix (the same bits). A weight gradient dW (out × in) +=
+ * dYᵀ X over `rows` rows is sl_bf16_linear_tn(out, dY, out, panels of X by sl_bf16_pack_t, dW, in, 1, ...). */
+int sl_bf16_linear_tn(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path);
 
 /* The register-only vdpbf16ps rate of the calling thread (GFLOP/s, 2 flops per bf16 product)

@@ -19,6 +19,7 @@
 #include <string.h>
 
 #include "attention.h"
+#include "gemm_bf16.h"
 #include "jacobian.h"
 #include "quant.h"
 #include "ops.h"
@@ -267,9 +268,88 @@ static int sgemm_long_k(int trans_a, int64_t M, int64_t N, int64_t K, const floa
     return rc;
 }
 
-/* dW (out x in) += dY^T X over `rows` rows: a weight's gradient. */
-static int weight_grad(float *dw, int64_t out, int64_t in, int64_t rows, const float *dy, const float *x) {
-    return sgemm_long_k(1, out, in, rows, dy, out, x, NULL, in, dw, in, 1);
+/* The bf16 weight gradients of n weights that read the same input X: dW_i (out_i x in) +=
+ * bf16(dY_i)^T bf16(X) over `rows` rows, X packed once into panels per K block of SL_GRAD_K_BLOCK
+ * rows, each block one fp32 chain (vdpbf16ps's order); one block continues dW's chain, several
+ * are summed (with dW) in double in order, as sgemm_long_k. Output rows go in chunks of
+ * SL_GRAD_M_BLOCK (each element's sum unchanged). */
+static int weight_grads_bf16(int n, float *const *dws, const int64_t *outs, int64_t in, int64_t rows,
+                             const float *const *dys, const float *x) {
+    const int64_t nb = (rows + SL_GRAD_K_BLOCK - 1) / SL_GRAD_K_BLOCK;
+    if (rows <= 0) return SL_OK;
+    sl_bf16_panels **px = calloc((size_t)nb, sizeof *px);
+    int rc = px ? SL_OK : sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld panel blocks", (long long)nb);
+    for (int64_t b = 0; b < nb && rc == SL_OK; b++) {
+        const int64_t k0 = b * SL_GRAD_K_BLOCK, kb = rows - k0 < SL_GRAD_K_BLOCK ? rows - k0 : SL_GRAD_K_BLOCK;
+        rc = sl_bf16_pack_t(x + k0 * in, kb, in, in, 1, &px[b]);
+    }
+    float *part = NULL;
+    double *acc = NULL;
+    int64_t mb_max = 0, cnt = 0;
+    for (int w = 0; w < n; w++)
+        if (outs[w] > mb_max) mb_max = outs[w] < SL_GRAD_M_BLOCK ? outs[w] : SL_GRAD_M_BLOCK;
+    if (rc == SL_OK && nb > 1) {
+        if (!sl_mul_size(mb_max, in, &cnt)) rc = sl_fail(SL_ERR_MEMORY, "gradient: size overflow");
+        part = rc == SL_OK ? sl_alloc_floats_uninit(cnt) : NULL;
+        acc = rc == SL_OK ? (double *)sl_alloc_floats_uninit(2 * cnt) : NULL;
+        if (rc == SL_OK && (!part || !acc))
+            rc = sl_fail(SL_ERR_MEMORY, "gradient: cannot allocate %lld floats", (long long)(3 * cnt));
+    }
+    for (int w = 0; w < n && rc == SL_OK; w++) {
+        const int64_t out = outs[w];
+        float *dw = dws[w];
+        const float *dy = dys[w];
+        for (int64_t m0 = 0; m0 < out && rc == SL_OK; m0 += SL_GRAD_M_BLOCK) {
+            const int64_t mb = out - m0 < SL_GRAD_M_BLOCK ? out - m0 : SL_GRAD_M_BLOCK;
+            if (nb == 1) {
+                rc = sl_bf16_linear_tn(mb, dy + m0, out, px[0], dw + m0 * in, in, 1, 1, SL_BF16_AUTO);
+                continue;
+            }
+            for (int64_t i = 0; i < mb * in; i++) acc[i] = dw[m0 * in + i];
+            for (int64_t b = 0; b < nb && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; b++) {
+                rc = sl_bf16_linear_tn(mb, dy + b * SL_GRAD_K_BLOCK * out + m0, out, px[b], part, in, 0, 1,
+                                       SL_BF16_AUTO);
+                for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) acc[i] += part[i];
+            }
+            for (int64_t i = 0; i < mb * in && rc == SL_OK; i++) dw[m0 * in + i] = (float)acc[i];
+        }
+    }
+    for (int64_t b = 0; px && b < nb; b++) sl_bf16_panels_free(px[b]);
+    free(px);
+    sl_free(part);
+    sl_free(acc);
+    return rc;
+}
+
+/* dW_i (out_i x in) += dY_i^T X over `rows` rows for n weights reading the same X (n <= 3; a NULL
+ * dW_i is skipped): the weights' gradients, at the model's precision (fp32: sgemm_long_k each;
+ * bf16: weight_grads_bf16, X packed once). */
+static int weight_grads(const sl_model *m, int n, float *const *dws, const int64_t *outs, int64_t in, int64_t rows,
+                        const float *const *dys, const float *x) {
+    float *dw[3];
+    int64_t out[3];
+    const float *dy[3];
+    int k = 0;
+    for (int i = 0; i < n && i < 3; i++)
+        if (dws[i]) dw[k] = dws[i], out[k] = outs[i], dy[k] = dys[i], k++;
+    if (m->precision == SL_PREC_BF16) return weight_grads_bf16(k, dw, out, in, rows, dy, x);
+    for (int i = 0; i < k; i++) SL_TRY(sgemm_long_k(1, out[i], in, rows, dy[i], out[i], x, NULL, in, dw[i], in, 1));
+    return SL_OK;
+}
+
+/* dW (out x in) += dY^T X over `rows` rows: one weight's gradient (weight_grads). */
+static int weight_grad(const sl_model *m, float *dw, int64_t out, int64_t in, int64_t rows, const float *dy,
+                       const float *x) {
+    return weight_grads(m, 1, &dw, &out, in, rows, &dy, x);
+}
+
+/* dx (rows, w->cols) (+)= dy (rows, w->rows) · W, W being layer l's product `which` (l < 0: the
+ * LM head), at the model's precision: fp32 sl_linear_nn, bf16 sl_model_product_nn_bf16. */
+static int product_nn(const sl_model *m, int64_t l, int which, int64_t rows, const float *dy, const sl_weight *w,
+                      float *dx, int accumulate) {
+    if (m->precision == SL_PREC_BF16)
+        return sl_model_product_nn_bf16(m, sl_model_slot(m, l, which), rows, dy, w->rows, w, dx, w->cols, accumulate);
+    return sl_linear_nn(rows, dy, w->rows, w, dx, w->cols, accumulate, 1);
 }
 
 /* ------------------------------------------------------------------------------------------
@@ -295,8 +375,8 @@ static float *block_output_backward(const sl_model *m, const sl_norm *post, cons
     return dxn;
 }
 
-static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
-                        sl_layer_grads *lg) {
+static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                        grad_bufs *g, sl_layer_grads *lg) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
     const int gated = lw->w_gate.data != NULL;
     const float *gate = gated ? lt->gate : NULL;
@@ -311,17 +391,19 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
             lg ? lg->ffn_res_norm : NULL, lg ? lg->ffn_res_norm_b : NULL);
         /* Ctrl-C checks between the products: with many directions (B * T rows) each is long */
         SL_TRY(sl_check_interrupt());
-        SL_TRY(sl_linear_nn(rows, dm, d, &lw->w_down, g->dact, F, 0, 1));
-        if (lg) SL_TRY(weight_grad(lg->w_down, d, F, rows, dm, g->act));
+        SL_TRY(product_nn(m, l, SL_SLOT_DOWN, rows, dm, &lw->w_down, g->dact, 0));
+        if (lg) SL_TRY(weight_grad(m, lg->w_down, d, F, rows, dm, g->act));
         if (lg && lg->b_down) sl_bias_backward(lg->b_down, dm, rows, d, d);
         sl_swiglu_backward(gated ? g->dg : NULL, g->du, g->dact, gated ? g->dh_dg : NULL, g->dh_du, rows * F, T * F);
         SL_TRY(sl_check_interrupt());
-        if (gated) SL_TRY(sl_linear_nn(rows, g->dg, F, &lw->w_gate, dxn, d, 0, 1));
+        if (gated) SL_TRY(product_nn(m, l, SL_SLOT_GATE, rows, g->dg, &lw->w_gate, dxn, 0));
         SL_TRY(sl_check_interrupt());
-        SL_TRY(sl_linear_nn(rows, g->du, F, &lw->w_up, dxn, d, gated, 1));
+        SL_TRY(product_nn(m, l, SL_SLOT_UP, rows, g->du, &lw->w_up, dxn, gated));
         if (lg) {
-            if (gated) SL_TRY(weight_grad(lg->w_gate, F, d, rows, g->dg, lt->xn2));
-            SL_TRY(weight_grad(lg->w_up, F, d, rows, g->du, lt->xn2));
+            float *const dws[] = {gated ? lg->w_gate : NULL, lg->w_up};
+            const int64_t outs[] = {F, F};
+            const float *const dys[] = {g->dg, g->du};
+            SL_TRY(weight_grads(m, 2, dws, outs, d, rows, dys, lt->xn2));
             if (lg->b_gate) sl_bias_backward(lg->b_gate, g->dg, rows, F, F);
             if (lg->b_up) sl_bias_backward(lg->b_up, g->du, rows, F, F);
         }
@@ -335,7 +417,7 @@ static int mlp_backward(const sl_model *m, const sl_layer_weights *lw, const sl_
     return SL_OK;
 }
 
-static int attention_backward(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt,
+static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
                               grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model;
     const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
@@ -346,8 +428,8 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
         lt->hr_mean, lt->hr_rstd, lg ? lg->attn_post_norm : NULL, lg ? lg->attn_post_norm_b : NULL,
         lg ? lg->attn_res_norm : NULL, lg ? lg->attn_res_norm_b : NULL);
     SL_TRY(sl_check_interrupt()); /* between the products, as in mlp_backward */
-    SL_TRY(sl_linear_nn(rows, dout, d, &lw->wo, g->dz, qd, 0, 1));
-    if (lg) SL_TRY(weight_grad(lg->wo, d, qd, rows, dout, lt->z));
+    SL_TRY(product_nn(m, l, SL_SLOT_O, rows, dout, &lw->wo, g->dz, 0));
+    if (lg) SL_TRY(weight_grad(m, lg->wo, d, qd, rows, dout, lt->z));
     if (lg && lg->bo) sl_bias_backward(lg->bo, dout, rows, d, d);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
@@ -357,14 +439,15 @@ static int attention_backward(const sl_model *m, const sl_layer_weights *lw, con
     qk_norm(m, g, g->dq, lw->attn_q_norm, lg ? lg->attn_q_norm : NULL, lt->qr, lt->q_rstd, H, 1);
     qk_norm(m, g, g->dk, lw->attn_k_norm, lg ? lg->attn_k_norm : NULL, lt->kr, lt->k_rstd, G, 1);
     SL_TRY(sl_check_interrupt());
-    SL_TRY(sl_linear_nn(rows, g->dq, qd, &lw->wq, g->dxn, d, 0, 1));
+    SL_TRY(product_nn(m, l, SL_SLOT_Q, rows, g->dq, &lw->wq, g->dxn, 0));
     SL_TRY(sl_check_interrupt());
-    SL_TRY(sl_linear_nn(rows, g->dk, kvd, &lw->wk, g->dxn, d, 1, 1));
-    SL_TRY(sl_linear_nn(rows, g->dv, kvd, &lw->wv, g->dxn, d, 1, 1));
+    SL_TRY(product_nn(m, l, SL_SLOT_K, rows, g->dk, &lw->wk, g->dxn, 1));
+    SL_TRY(product_nn(m, l, SL_SLOT_V, rows, g->dv, &lw->wv, g->dxn, 1));
     if (lg) {
-        SL_TRY(weight_grad(lg->wq, qd, d, rows, g->dq, lt->xn1));
-        SL_TRY(weight_grad(lg->wk, kvd, d, rows, g->dk, lt->xn1));
-        SL_TRY(weight_grad(lg->wv, kvd, d, rows, g->dv, lt->xn1));
+        float *const dws[] = {lg->wq, lg->wk, lg->wv};
+        const int64_t outs[] = {qd, kvd, kvd};
+        const float *const dys[] = {g->dq, g->dk, g->dv};
+        SL_TRY(weight_grads(m, 3, dws, outs, d, rows, dys, lt->xn1));
         if (lg->bq) sl_bias_backward(lg->bq, g->dq, rows, qd, qd);
         if (lg->bk) sl_bias_backward(lg->bk, g->dk, rows, kvd, kvd);
         if (lg->bv) sl_bias_backward(lg->bv, g->dv, rows, kvd, kvd);
@@ -381,8 +464,8 @@ static int layer_backward(const sl_model *m, const sl_intervention *iv, int64_t 
                           sl_layer_grads *lg) {
     sl_attn_intervention aiv;
     sl_layer_intervention(m, iv, l, &aiv);
-    SL_TRY(mlp_backward(m, &m->layers[l], &g->tapes[l], g, lg));
-    return attention_backward(m, &m->layers[l], &g->tapes[l], g, &aiv, lg);
+    SL_TRY(mlp_backward(m, l, &m->layers[l], &g->tapes[l], g, lg));
+    return attention_backward(m, l, &m->layers[l], &g->tapes[l], g, &aiv, lg);
 }
 
 /* Copies and reduces the gradient w.r.t. resid[l] as out asks. */
@@ -567,7 +650,10 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
         for (int64_t r0 = 0; r0 < T && rc == SL_OK; r0 += SL_HEAD_ROWS) {
             const int64_t n = T - r0 < SL_HEAD_ROWS ? T - r0 : SL_HEAD_ROWS;
             rc = sl_check_interrupt();
-            if (rc == SL_OK) rc = sl_linear_nt(n, xf + r0 * d, d, &m->lm_head, logits + r0 * V, V, 0, 1);
+            if (rc == SL_OK && m->precision == SL_PREC_BF16)
+                rc = sl_model_product_nt(m, sl_model_slot(m, -1, 0), n, xf + r0 * d, d, &m->lm_head, logits + r0 * V, V);
+            else if (rc == SL_OK)
+                rc = sl_linear_nt(n, xf + r0 * d, d, &m->lm_head, logits + r0 * V, V, 0, 1);
         }
     }
     if (rc == SL_OK && capped) {
@@ -577,9 +663,11 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
     if (rc == SL_OK) rc = cross_entropy(logits, targets, T, V, denom, loss_sum);
     if (rc == SL_OK && capped) sl_softcap_backward(logits, logits, capped, T * V, cap);
     if (rc == SL_OK) rc = sl_check_interrupt();
-    if (rc == SL_OK) rc = weight_grad(pg->lm_head, V, d, T, logits, xf);
+    if (rc == SL_OK) rc = weight_grad(m, pg->lm_head, V, d, T, logits, xf);
     if (rc == SL_OK) rc = sl_check_interrupt();
-    if (rc == SL_OK) {
+    if (rc == SL_OK && m->precision == SL_PREC_BF16) {
+        rc = sl_model_product_nn_bf16(m, sl_model_slot(m, -1, 0), T, logits, V, &m->lm_head, g.dxn, d, 0);
+    } else if (rc == SL_OK) {
         const int f32 = m->lm_head.type == SL_GGML_F32;
         rc = sgemm_long_k(0, T, d, V, logits, V, f32 ? (const float *)m->lm_head.data : NULL,
                           f32 ? NULL : &m->lm_head, d, g.dxn, d, 0);

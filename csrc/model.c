@@ -376,17 +376,30 @@ static void slots_free(_Atomic(void *) *s, int64_t n, void (*drop)(void *)) {
 
 static void bf16_panels_drop(void *p) { sl_bf16_panels_free(p); }
 
+/* The Wᵀ panels of one weight in K blocks (sl_packed_cache.bf16_t). */
+typedef struct {
+    int64_t nb;
+    sl_bf16_panels *blk[];
+} tblocks;
+
+static void tblocks_drop(void *p) {
+    tblocks *t = p;
+    for (int64_t b = 0; t && b < t->nb; b++) sl_bf16_panels_free(t->blk[b]);
+    free(t);
+}
+
 int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers) {
     c->n_slots = 0;
-    c->bf16 = c->int8 = NULL;
+    c->bf16 = c->int8 = c->bf16_t = NULL;
     if (n_layers < 0 || n_layers > (INT64_MAX / SL_SLOTS_PER_LAYER) - 1)
         return sl_fail(SL_ERR_VALUE, "packed cache: bad layer count %lld", (long long)n_layers);
     const int64_t n = n_layers * SL_SLOTS_PER_LAYER + 1;
     c->bf16 = slots_new(n);
     c->int8 = slots_new(n);
-    if (!c->bf16 || !c->int8) {
-        free((void *)c->bf16), free((void *)c->int8);
-        c->bf16 = c->int8 = NULL;
+    c->bf16_t = slots_new(n);
+    if (!c->bf16 || !c->int8 || !c->bf16_t) {
+        free((void *)c->bf16), free((void *)c->int8), free((void *)c->bf16_t);
+        c->bf16 = c->int8 = c->bf16_t = NULL;
         return sl_fail(SL_ERR_MEMORY, "packed cache: cannot allocate %lld slots", (long long)n);
     }
     c->n_slots = n;
@@ -397,8 +410,17 @@ void sl_packed_cache_clear(sl_packed_cache *c) {
     if (!c || !c->bf16) return;
     slots_free(c->bf16, c->n_slots, bf16_panels_drop);
     slots_free(c->int8, c->n_slots, int8_weight_drop);
-    c->bf16 = c->int8 = NULL;
+    slots_free(c->bf16_t, c->n_slots, tblocks_drop);
+    c->bf16 = c->int8 = c->bf16_t = NULL;
     c->n_slots = 0;
+}
+
+void sl_packed_cache_invalidate(sl_packed_cache *c) {
+    for (int64_t i = 0; c && c->bf16 && i < c->n_slots; i++) {
+        bf16_panels_drop(atomic_exchange(&c->bf16[i], NULL));
+        int8_weight_drop(atomic_exchange(&c->int8[i], NULL));
+        tblocks_drop(atomic_exchange(&c->bf16_t[i], NULL));
+    }
 }
 
 /* Bytes of one packed int8 weight: its bytes, scales and offsets. */
@@ -412,14 +434,17 @@ int64_t sl_packed_cache_bytes(sl_packed_cache *c) {
     for (int64_t i = 0; c && c->bf16 && i < c->n_slots; i++) {
         const sl_bf16_panels *p = atomic_load(&c->bf16[i]);
         const sl_int8_weight *q = atomic_load(&c->int8[i]);
+        const tblocks *t = atomic_load(&c->bf16_t[i]);
         if (p) total += p->bytes;
         if (q) total += int8_weight_bytes(q);
+        for (int64_t b = 0; t && b < t->nb; b++) total += t->blk[b]->bytes;
     }
     return total;
 }
 
 /* Weight product slots: layer l's matrices, then the LM head. */
-enum { SLOT_Q, SLOT_K, SLOT_V, SLOT_O, SLOT_GATE, SLOT_UP, SLOT_DOWN };
+enum { SLOT_Q = SL_SLOT_Q, SLOT_K = SL_SLOT_K, SLOT_V = SL_SLOT_V, SLOT_O = SL_SLOT_O, SLOT_GATE = SL_SLOT_GATE,
+       SLOT_UP = SL_SLOT_UP, SLOT_DOWN = SL_SLOT_DOWN };
 _Static_assert(SLOT_DOWN + 1 == SL_SLOTS_PER_LAYER, "one slot per weight product of a layer");
 static int64_t layer_slot(int64_t l, int which) { return l * SL_SLOTS_PER_LAYER + which; }
 static int64_t head_slot(const sl_model *m) { return m->n_layers * SL_SLOTS_PER_LAYER; }
@@ -489,6 +514,123 @@ static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const f
         return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0), bf16 (1) or int8 (2)",
                        m->precision, sl_precision_name(m->precision));
     }
+}
+
+int64_t sl_model_slot(const sl_model *m, int64_t layer, int which) {
+    return layer < 0 ? head_slot(m) : layer_slot(layer, which);
+}
+
+int sl_model_product_nt(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                        const sl_weight *w, float *y, int64_t ldy) {
+    return weight_product(m, slot, rows, x, ldx, w, y, ldy);
+}
+
+/* Packs Wᵀ's panels (W float32) in K blocks of SL_BF16_KBLOCK rows of W. */
+static int tblocks_pack(const sl_weight *w, void **out) {
+    if (w->type != SL_GGML_F32 || w->row_bytes != w->cols * (int64_t)sizeof(float))
+        return sl_fail(SL_ERR_VALUE, "bf16 backward: the weight must be float32 (type %d)", w->type);
+    const int64_t nb = (w->rows + SL_BF16_KBLOCK - 1) / SL_BF16_KBLOCK;
+    if (w->rows <= 0 || w->cols <= 0) return sl_fail(SL_ERR_VALUE, "bf16 backward: empty weight");
+    tblocks *t = calloc(1, sizeof *t + (size_t)nb * sizeof(sl_bf16_panels *));
+    if (!t) return sl_fail(SL_ERR_MEMORY, "bf16 backward: cannot allocate panels");
+    t->nb = nb;
+    const float *W = (const float *)w->data;
+    for (int64_t b = 0; b < nb; b++) {
+        const int64_t k0 = b * SL_BF16_KBLOCK, kb = w->rows - k0 < SL_BF16_KBLOCK ? w->rows - k0 : SL_BF16_KBLOCK;
+        const int rc = sl_bf16_pack_t(W + k0 * w->cols, kb, w->cols, w->cols, 1, &t->blk[b]);
+        if (rc != SL_OK) {
+            tblocks_drop(t);
+            return rc;
+        }
+    }
+    *out = t;
+    return SL_OK;
+}
+
+/* Output rows per chunk of the multi-block product (bounds its double accumulators). */
+#define SL_BF16_NN_ROWS 2016
+
+int sl_model_product_nn_bf16(const sl_model *m, int64_t slot, int64_t rows, const float *dy, int64_t lddy,
+                             const sl_weight *w, float *dx, int64_t lddx, int accumulate) {
+    if (m->precision != SL_PREC_BF16 || !m->packed)
+        return sl_fail(SL_ERR_INTERNAL, "bf16 backward: the call's precision is %s, or it has no panel cache",
+                       sl_precision_name(m->precision));
+    const void *p = NULL;
+    SL_TRY(cached_panel(m, m->packed->bf16_t, slot, w, tblocks_pack, tblocks_drop, &p));
+    const tblocks *t = p;
+    const int64_t n = w->cols;
+    if (rows < 0 || lddy < w->rows || lddx < n)
+        return sl_fail(SL_ERR_VALUE, "bf16 backward: %lld rows, strides %lld, %lld for a %lld x %lld weight",
+                       (long long)rows, (long long)lddy, (long long)lddx, (long long)w->rows, (long long)n);
+    if (t->nb == 1) return sl_bf16_linear_nt(rows, dy, lddy, t->blk[0], dx, lddx, accumulate, 1, SL_BF16_AUTO);
+    const int64_t mb_max = rows < SL_BF16_NN_ROWS ? rows : SL_BF16_NN_ROWS;
+    int64_t cnt;
+    if (!sl_mul_size(mb_max > 0 ? mb_max : 1, n, &cnt)) return sl_fail(SL_ERR_MEMORY, "bf16 backward: size overflow");
+    float *part = sl_alloc_floats_uninit(cnt);
+    double *acc = (double *)sl_alloc_floats_uninit(2 * cnt);
+    int rc = part && acc ? SL_OK : sl_fail(SL_ERR_MEMORY, "bf16 backward: cannot allocate %lld floats",
+                                           (long long)(3 * cnt));
+    for (int64_t m0 = 0; m0 < rows && rc == SL_OK; m0 += SL_BF16_NN_ROWS) {
+        const int64_t mb = rows - m0 < SL_BF16_NN_ROWS ? rows - m0 : SL_BF16_NN_ROWS;
+        for (int64_t i = 0; i < mb; i++)
+            for (int64_t j = 0; j < n; j++) acc[i * n + j] = accumulate ? dx[(m0 + i) * lddx + j] : 0.0;
+        for (int64_t b = 0; b < t->nb && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; b++) {
+            rc = sl_bf16_linear_nt(mb, dy + m0 * lddy + b * SL_BF16_KBLOCK, lddy, t->blk[b], part, n, 0, 1,
+                                   SL_BF16_AUTO);
+            for (int64_t i = 0; i < mb * n && rc == SL_OK; i++) acc[i] += part[i];
+        }
+        for (int64_t i = 0; i < mb && rc == SL_OK; i++)
+            for (int64_t j = 0; j < n; j++) dx[(m0 + i) * lddx + j] = (float)acc[i * n + j];
+    }
+    sl_free(part);
+    sl_free(acc);
+    return rc;
+}
+
+/* Slot `slot`'s forward (transposed == 0) or Wᵀ panels packed from w: into the panels the slot
+ * holds (same shape: the weights are the same tensors), else new ones. */
+static int repack_slot(const sl_model *mc, _Atomic(void *) *slots, int64_t slot, const sl_weight *w,
+                       int transposed) {
+    void *p = atomic_load(&slots[slot]);
+    const void *q;
+    if (!p)
+        return transposed ? cached_panel(mc, slots, slot, w, tblocks_pack, tblocks_drop, &q)
+                          : cached_panel(mc, slots, slot, w, bf16_pack, bf16_panels_drop, &q);
+    if (!transposed) return sl_bf16_repack(w, 1, p);
+    tblocks *t = p;
+    const float *W = (const float *)w->data;
+    if (w->type != SL_GGML_F32 || t->nb != (w->rows + SL_BF16_KBLOCK - 1) / SL_BF16_KBLOCK)
+        return sl_fail(SL_ERR_VALUE, "bf16 backward: slot %lld holds panels of another weight", (long long)slot);
+    for (int64_t b = 0; b < t->nb; b++) {
+        const int64_t k0 = b * SL_BF16_KBLOCK, kb = w->rows - k0 < SL_BF16_KBLOCK ? w->rows - k0 : SL_BF16_KBLOCK;
+        SL_TRY(sl_bf16_repack_t(W + k0 * w->cols, kb, w->cols, w->cols, 1, t->blk[b]));
+    }
+    return SL_OK;
+}
+
+int sl_model_pack_bf16(const sl_model *m) {
+    if (!m->packed || m->packed->n_slots != head_slot(m) + 1)
+        return sl_fail(SL_ERR_INTERNAL, "bf16: the model's panel cache does not match its %lld layers",
+                       (long long)m->n_layers);
+    const sl_model mc = (sl_model){.n_layers = m->n_layers, .precision = SL_PREC_BF16, .packed = m->packed};
+    for (int64_t l = 0; l <= m->n_layers; l++) {
+        const sl_layer_weights *lw = l < m->n_layers ? &m->layers[l] : NULL;
+        const sl_weight *ws[SL_SLOTS_PER_LAYER] = {NULL};
+        if (lw) {
+            ws[SLOT_Q] = &lw->wq, ws[SLOT_K] = &lw->wk, ws[SLOT_V] = &lw->wv, ws[SLOT_O] = &lw->wo;
+            ws[SLOT_GATE] = &lw->w_gate, ws[SLOT_UP] = &lw->w_up, ws[SLOT_DOWN] = &lw->w_down;
+        } else {
+            ws[0] = &m->lm_head;
+        }
+        for (int which = 0; which < SL_SLOTS_PER_LAYER; which++) {
+            if (!ws[which] || !ws[which]->data) continue;
+            const int64_t slot = lw ? layer_slot(l, which) : head_slot(m);
+            SL_TRY(sl_check_interrupt());
+            SL_TRY(repack_slot(&mc, m->packed->bf16, slot, ws[which], 0));
+            SL_TRY(repack_slot(&mc, m->packed->bf16_t, slot, ws[which], 1));
+        }
+    }
+    return SL_OK;
 }
 
 /* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`. */

@@ -129,14 +129,23 @@ const char *sl_precision_name(int precision);
  * then the LM head), each NULL until its first use; a slot is filled once, by compare-and-swap, so
  * concurrent forwards may race to build a panel but only one is kept. */
 enum { SL_SLOTS_PER_LAYER = 7 };
+/* Layer l's weight products are slots l * SL_SLOTS_PER_LAYER + SL_SLOT_*; the LM head's is
+ * n_layers * SL_SLOTS_PER_LAYER (sl_model_slot). */
+enum { SL_SLOT_Q, SL_SLOT_K, SL_SLOT_V, SL_SLOT_O, SL_SLOT_GATE, SL_SLOT_UP, SL_SLOT_DOWN };
 typedef struct {
     int64_t n_slots;
-    _Atomic(void *) *bf16; /* sl_bf16_panels * */
-    _Atomic(void *) *int8; /* sl_int8_weight * */
+    _Atomic(void *) *bf16;   /* sl_bf16_panels * */
+    _Atomic(void *) *int8;   /* sl_int8_weight * */
+    _Atomic(void *) *bf16_t; /* Wᵀ's bf16 panels in K blocks of SL_BF16_KBLOCK rows of W: the
+                                backward's dX = dY·W at bf16 (training) */
 } sl_packed_cache;
 /* Allocates the (empty) slots for m; sl_packed_cache_clear frees every panel and the slots. */
 int sl_packed_cache_init(sl_packed_cache *c, int64_t n_layers);
 void sl_packed_cache_clear(sl_packed_cache *c);
+/* Frees every panel and empties the slots (kept allocated): after the weights change (a training
+ * step), so that the next low-precision product packs the new weights. Not while a call that reads
+ * the cache runs on the model. */
+void sl_packed_cache_invalidate(sl_packed_cache *c);
 /* Bytes of the panels built so far. */
 int64_t sl_packed_cache_bytes(sl_packed_cache *c);
 
@@ -226,6 +235,32 @@ typedef struct {
 
 /* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */
 void sl_layer_intervention(const sl_model *m, const sl_intervention *iv, int64_t l, sl_attn_intervention *aiv);
+
+/* The slot of layer `layer`'s product `which` (SL_SLOT_*), or of the LM head when layer < 0. */
+int64_t sl_model_slot(const sl_model *m, int64_t layer, int which);
+
+/* y (rows, w->rows; row stride ldy) = x (rows, w->cols; row stride ldx) · Wᵀ at m->precision, W
+ * being slot `slot`: the forward's weight product (weight_product in model.c), for the loss's LM
+ * head. */
+int sl_model_product_nt(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                        const sl_weight *w, float *y, int64_t ldy);
+
+/* Reduction length of each K block of the bf16 backward products (as grad.c's fp32 long-K sums). */
+#define SL_BF16_KBLOCK 2048
+
+/* The backward's dx (rows, w->cols; row stride lddx) (+)= dy (rows, w->rows; row stride lddy) · W
+ * in bf16 (m->precision must be SL_PREC_BF16; W float32): dy rounded to bf16, Wᵀ's panels taken
+ * from m->packed (packed at first use), fp32 accumulation within each K block of SL_BF16_KBLOCK,
+ * the blocks (and dx when accumulating) summed in double in order when there are several (the LM
+ * head's K = vocab); one block continues dx's fp32 chain. The same bits for any thread count. */
+int sl_model_product_nn_bf16(const sl_model *m, int64_t slot, int64_t rows, const float *dy, int64_t lddy,
+                             const sl_weight *w, float *dx, int64_t lddx, int accumulate);
+
+/* Packs every weight product's bf16 panels (forward, and Wᵀ for the backward) into m->packed
+ * now, each pack parallel over its panels, into the panels a slot already holds (repacked in
+ * place: no new memory) or new ones: a training step at bf16 packs its fp32 master weights once,
+ * before its windows run in parallel. */
+int sl_model_pack_bf16(const sl_model *m);
 
 /* Runs the model on ids[0..T) (each checked to be in [0, vocab)). cap and iv may be NULL. */
 int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_capture *cap,

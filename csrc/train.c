@@ -172,9 +172,26 @@ int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *s
     int64_t n_targets = 0;
     for (int64_t i = 0; i < b->B * b->T; i++) n_targets += b->targets[i] >= 0;
     if (n_targets == 0) return sl_fail(SL_ERR_VALUE, "train: no position of the batch has a target");
+    if (st->precision != SL_PREC_FP32 && st->precision != SL_PREC_BF16)
+        return sl_fail(SL_ERR_VALUE, "train: precision %d (%s) is not available for training: fp32 (0) or bf16 (1)",
+                       st->precision, sl_precision_name(st->precision));
     zero_floats(st->grads, st->n);
     double sum = 0.0;
-    SL_TRY(batch_gradient(m, pg, st, b, (double)n_targets, &sum));
+    if (st->precision == SL_PREC_BF16) {
+        /* this step's descriptor: bf16 products through panels of the current weights, packed
+         * here once for every window and group (into st->panels' buffers when it has them) */
+        sl_model mc = *m;
+        sl_packed_cache pc;
+        if (!st->panels) SL_TRY(sl_packed_cache_init(&pc, m->n_layers));
+        mc.precision = SL_PREC_BF16;
+        mc.packed = st->panels ? st->panels : &pc;
+        int rc = sl_model_pack_bf16(&mc);
+        if (rc == SL_OK) rc = batch_gradient(&mc, pg, st, b, (double)n_targets, &sum);
+        if (!st->panels) sl_packed_cache_clear(&pc);
+        SL_TRY(rc);
+    } else {
+        SL_TRY(batch_gradient(m, pg, st, b, (double)n_targets, &sum));
+    }
     const double norm = sl_global_norm(st->grads, st->n);
     if (!isfinite(norm))
         return sl_fail(SL_ERR_VALUE, "train: the gradient's norm is %g (loss %g): not applying this update", norm,
@@ -185,6 +202,7 @@ int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *s
         if (coef < 1.0) scale_floats(st->grads, st->n, (float)coef);
     }
     SL_TRY(sl_adamw_update(st, hp));
+    sl_packed_cache_invalidate(m->packed); /* panels of the old weights */
     *loss = sum / (double)n_targets;
     *grad_norm = norm;
     return SL_OK;

@@ -42,6 +42,16 @@ typedef struct {
      * the thread count, and there is no barrier inside a window's work for a busy core to stall. */
     float *group_grads;
     int64_t n_groups;
+    /* SL_PREC_FP32 (0: the exact engine) or SL_PREC_BF16: the weight products of the forward and
+     * of the backward (dX = dY·W, dW = dYᵀ·X) take bf16-rounded inputs with fp32 accumulation
+     * (gemm_bf16.h), every weight packed into bf16 panels from the fp32 parameters once per step;
+     * attention, norms, activations, the loss, the gradient sums across windows and groups,
+     * clipping and AdamW stay fp32, the parameters and moments fp32 master copies. */
+    int precision;
+    /* bf16: where the step's panels are kept between steps, repacked in place at each step (no new
+     * memory after the first); NULL: a cache of the step's own, freed before the update. Not
+     * shared by concurrent steps. */
+    sl_packed_cache *panels;
 } sl_train_state;
 
 /* sqrt(sum of x^2) over n floats, summed in double over fixed blocks added in order, so the
@@ -52,8 +62,9 @@ double sl_global_norm(const float *x, int64_t n);
 int sl_adamw_update(sl_train_state *st, const sl_adamw *hp);
 
 /* Zeroes the gradients, adds each window's loss gradient (the batch's mean cross-entropy over
- * its targets), clips to hp->grad_clip and applies AdamW. *loss: the batch mean (nats);
- * *grad_norm: the global norm before clipping. */
+ * its targets), clips to hp->grad_clip and applies AdamW, at st->precision. *loss: the batch mean
+ * (nats); *grad_norm: the global norm before clipping. Afterwards m->packed (the model's inference
+ * panels, if any) is emptied: they were packed from weights the update has changed. */
 int sl_train_step(const sl_model *m, const sl_model_grads *pg, sl_train_state *st, const sl_train_batch *b,
                   const sl_adamw *hp, double *loss, double *grad_norm);
 

@@ -43,7 +43,7 @@ from ..families.config import ModelConfig
 from ..io.hf_loader import SafetensorsError, read_safetensors
 from ..runtime import __version__
 from ..system import clean_stale, fsync_dir, write_text_atomic
-from .engine import AdamW, Trainer, llama_config
+from .engine import TRAIN_PRECISIONS, AdamW, Trainer, check_train_precision, llama_config
 
 FORMAT = "sinklab.TrainCheckpoint/1"
 LATEST = "latest"
@@ -277,6 +277,7 @@ def save_checkpoint(trainer: Trainer, run_dir: str, run_state: Optional[Dict[str
         state = dict(run_state or {})
         state.update({"format": FORMAT, "step": step, "data_position": step, "sinklab_version": __version__,
                       "model": model_kwargs(cfg), "optimizer": asdict(trainer.optimizer),
+                      "precision": trainer.precision,
                       "n_params": int(trainer.n_params), "n_flat": int(trainer.params.size),
                       "layout": [[s.name, list(s.shape), int(s.offset)] for s in trainer.layout],
                       "rng": "none kept: the weights are drawn from PCG64(seed) at step 0 and every batch is a "
@@ -309,6 +310,8 @@ class Checkpoint:
             :func:`sinklab.train.run.train`, metrics under ``"metrics"``).
         config: the model's :class:`ModelConfig`.
         optimizer: the AdamW hyperparameters.
+        precision: the training precision of the run (``"fp32"`` or ``"bf16"``; ``"fp32"`` for a
+            checkpoint written before trainer_state.json recorded it).
         tensors: Hugging Face name -> float32 array (read-only memory maps of model.safetensors).
         mom, vel: (n_flat,) float32 Adam moments (memory maps of optimizer.safetensors).
         tokenizer_path: its tokenizer.json, or None.
@@ -323,6 +326,7 @@ class Checkpoint:
     mom: np.ndarray
     vel: np.ndarray
     tokenizer_path: Optional[str]
+    precision: str = "fp32"
 
 
 def read_state(folder: str) -> Dict[str, Any]:
@@ -370,6 +374,10 @@ def _check_state(folder: str, state: Dict[str, Any]) -> None:
     bad = {k: v for k, v in state["optimizer"].items() if type(v) not in (int, float)}
     if bad:
         raise CheckpointError(f"{where}: optimizer hyperparameters should be numbers, got {bad!r:.120}")
+    precision = state.get("precision", "fp32")
+    if not (isinstance(precision, str) and precision in TRAIN_PRECISIONS):
+        raise CheckpointError(f"{where}: 'precision' should be one of {sorted(TRAIN_PRECISIONS)}, holds "
+                              f"{state.get('precision')!r:.80}")
 
 
 def _model_config(folder: str, state: Dict[str, Any]) -> Tuple[ModelConfig, AdamW]:
@@ -470,11 +478,13 @@ def load_checkpoint(path: str, verify: bool = True) -> Checkpoint:
     tok = os.path.join(folder, TOKENIZER_FILE)
     return Checkpoint(path=folder, step=int(state["step"]), state=state, config=cfg,
                       optimizer=optimizer, tensors=tensors, mom=opt["mom"], vel=opt["vel"],
-                      tokenizer_path=tok if TOKENIZER_FILE in files else None)
+                      tokenizer_path=tok if TOKENIZER_FILE in files else None,
+                      precision=str(state.get("precision", "fp32")))
 
 
 def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
-    """Copies the checkpoint's weights, Adam moments and step into ``trainer`` (bitwise).
+    """Copies the checkpoint's weights, Adam moments, step and training precision into ``trainer``
+    (bitwise).
 
     Raises:
         CheckpointError: the trainer's parameter layout differs from the checkpoint's.
@@ -498,10 +508,12 @@ def restore(trainer: Trainer, ckpt: Checkpoint) -> None:
     trainer.grads[:] = 0.0
     trainer.optimizer = AdamW(**asdict(ckpt.optimizer))
     trainer.step_count = ckpt.step
+    trainer.precision = check_train_precision(ckpt.precision)
 
 
 def trainer_from_checkpoint(ckpt: Checkpoint, tokenizer: Any = None) -> Trainer:
     """A :class:`Trainer` holding the checkpoint's state, ready to take step ``ckpt.step + 1``."""
-    t = Trainer(ckpt.config, tokenizer=tokenizer, optimizer=AdamW(**asdict(ckpt.optimizer)), init=False)
+    t = Trainer(ckpt.config, tokenizer=tokenizer, optimizer=AdamW(**asdict(ckpt.optimizer)), init=False,
+                precision=ckpt.precision)
     restore(t, ckpt)
     return t

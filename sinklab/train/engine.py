@@ -25,6 +25,18 @@ from ..system import available_memory
 ROPE_HALF_SPLIT = 0  # Hugging Face's rotate-half layout: checkpoints are plain HF LLaMA folders
 
 
+# Precisions of a training step, numbered as the C core's sl_precision (csrc/model.h).
+TRAIN_PRECISIONS = {"fp32": 0, "bf16": 1}
+
+
+def check_train_precision(precision: Any) -> str:
+    """``precision`` checked: ``"fp32"`` or ``"bf16"``; ValueError naming the choices otherwise."""
+    if isinstance(precision, str) and precision in TRAIN_PRECISIONS:
+        return precision
+    raise ValueError(f"unknown training precision {precision!r}; choose 'fp32' (exact, the default) or 'bf16' "
+                     "(bf16 weight products, fp32 master weights and AdamW)")
+
+
 def llama_config(vocab_size: int, d_model: int = 256, n_layers: int = 4, n_heads: int = 4,
                  n_kv_heads: Optional[int] = None, d_ff: Optional[int] = None, context_length: int = 1024,
                  rope_theta: float = 10000.0, norm_eps: float = 1e-5, tied_embeddings: bool = False,
@@ -138,10 +150,18 @@ class Trainer:
             the same over ``grads``.
         model: a :class:`sinklab.Model` over ``weights``: every analysis runs on the live weights.
         step_count: optimizer steps taken.
+        precision: ``"fp32"`` (the exact engine, the default) or ``"bf16"``: the weight products
+            of the forward and the backward (dX = dY·W, dW = dYᵀ·X) with bf16-rounded inputs and
+            fp32 accumulation, every weight packed to bf16 from the fp32 parameters once per step;
+            attention, norms, the loss, gradient sums, clipping and AdamW stay fp32 and the
+            parameters and moments are fp32 master copies (csrc/train.h). A step gives the same
+            bits for any thread count at either precision.
     """
 
     def __init__(self, config: ModelConfig, seed: int = 0, init_std: float = 0.02, tokenizer: Any = None,
-                 optimizer: Optional[AdamW] = None, init: bool = True, grad_groups: int = 2) -> None:
+                 optimizer: Optional[AdamW] = None, init: bool = True, grad_groups: int = 2,
+                 precision: str = "fp32") -> None:
+        self.precision = check_train_precision(precision)
         if config.family != "llama" or config.biases or config.norm_kind != "rmsnorm" or config.act != "swiglu":
             raise ValueError("the trainer builds LLaMA-style decoders (RMSNorm, RoPE, SwiGLU, no biases); "
                              f"got family {config.family!r}")
@@ -230,6 +250,7 @@ class Trainer:
                                           self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
                                           float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,
                                           self.step_count + 1,
-                                          self._group_grads[:groups - 1] if groups > 1 else None)
+                                          self._group_grads[:groups - 1] if groups > 1 else None,
+                                          TRAIN_PRECISIONS[self.precision])
             self.step_count += 1
         return float(loss), float(norm)

@@ -105,6 +105,8 @@ def run_config(profile_name: str, context: int, masking: str = "causal", fixed_b
                       eval_every=p["eval_every"], eval_docs=p["eval_docs"], eval_windows=p["eval_windows"],
                       keep_last=1, seed=int(seed), threads=threads)
     key = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "threads", "keep_last", "keep_steps")}
+    if key.get("precision") == "fp32":  # fp32 runs keep the names they had before the field existed
+        del key["precision"]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     name = f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}{f'-s{seed}' if seed else ''}-{digest}"
     return dataclasses.replace(cfg, out_dir=os.path.join(root, name))

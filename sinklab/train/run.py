@@ -32,7 +32,7 @@ from ..system import clean_stale, write_text_atomic
 from ..tokenizer import Tokenizer
 from . import checkpoint as ckpt_io
 from .corpus import prepare_corpus
-from .engine import AdamW, Trainer, llama_config, lr_schedule
+from .engine import TRAIN_PRECISIONS, AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
 from .packing import Packer
 
@@ -98,6 +98,8 @@ class TrainConfig:
         warmup_steps: optimizer steps of linear warmup.
         beta1, beta2, adam_eps, weight_decay: AdamW (decoupled decay on matrices and embedding).
         grad_clip: largest global gradient L2 norm (<= 0: no clipping).
+        precision: ``"fp32"`` (the exact engine) or ``"bf16"`` (bf16 weight products in the
+            forward and backward, fp32 master weights and AdamW; :class:`Trainer`).
         seed: the initial weights and the data order (batch = f(seed, step)).
 
     Evaluation and checkpoints (:mod:`.evaluate`):
@@ -140,6 +142,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     weight_decay: float = 0.1
     grad_clip: float = 1.0
+    precision: str = "fp32"
     seed: int = 0
     eval_every: int = 100
     checkpoint_every: int = 0
@@ -192,6 +195,8 @@ class TrainConfig:
              f"give exactly one of steps and total_tokens (got steps={self.steps}, total_tokens={self.total_tokens})")
         need(self.n_steps >= 1, f"total_tokens={self.total_tokens} is less than one step of "
                                 f"{self.tokens_per_step} tokens")
+        need(self.precision in TRAIN_PRECISIONS,
+             f"precision must be one of {sorted(TRAIN_PRECISIONS)}, got {self.precision!r}")
         need(self.masking in MASKINGS, f"masking must be one of {MASKINGS}, got {self.masking!r}")
         for k in ("fixed_bos", "tied_embeddings"):
             need(isinstance(getattr(self, k), bool), f"{k} must be true or false, got {getattr(self, k)!r}")
@@ -339,6 +344,7 @@ def _start_over(out_dir: str) -> None:
 
 def _check_same_run(config: TrainConfig, saved: Dict[str, Any], where: str) -> None:
     now = config.to_dict()
+    saved = {"precision": "fp32", **saved}  # runs saved before the field existed trained in fp32
     diff = [k for k in now if k not in TrainConfig.FREE_ON_RESUME and saved.get(k) != now[k]]
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in diff[:4])
@@ -460,7 +466,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     else:
         if not resume:
             _start_over(out)
-        trainer = Trainer(mcfg, seed=config.seed, init_std=config.init_std, tokenizer=tok, optimizer=opt)
+        trainer = Trainer(mcfg, seed=config.seed, init_std=config.init_std, tokenizer=tok, optimizer=opt,
+                          precision=config.precision)
         records = []
     _write_log(log_path, records)  # lines after the checkpoint (a killed run's) are dropped
     intra = config.masking == "intra_doc"
