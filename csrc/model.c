@@ -95,6 +95,7 @@ typedef struct {
     float *cosb, *sinb;                                        /* (T, hd/2): positions 0..T-1 */
     float *freq;                                               /* (hd/2): what cosb/sinb were made of */
     int freq_valid;
+    int xb_normed; /* xb already holds the next block's pre-norm of x (see block_output) */
     sl_attn_batch ab;                                          /* B, T_pad, off, len, scratch */
     float **lists;                                             /* 4*B: ab's per-layer pointers */
 } acts;
@@ -499,21 +500,54 @@ static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x,
     return SL_OK;
 }
 
+/* x += y, then out = the norm n of x: a residual add and the next block's pre-norm in one
+ * parallel region (bitwise the two ops in turn). */
+static void residual_norm(const sl_model *m, const sl_norm *n, float *x, const float *y, float *out, int64_t rows,
+                          int64_t d) {
+    if (m->norm_kind == SL_NORM_LAYER)
+        sl_residual_layernorm(x, y, out, NULL, NULL, n->w, n->b, rows, d, m->norm_eps);
+    else
+        sl_residual_rmsnorm(x, y, out, NULL, n->w, rows, d, m->norm_eps);
+}
+
+/* Whether the residual add that closes a block may also compute the next block's pre-norm `next`
+ * into xb, over the block's output: not when that output is captured (it is read from xb after
+ * the add), nor with a tape (it copies each norm's input, output and statistics), nor when a
+ * residual norm comes between the add and the next block. */
+static const sl_norm *fusable_next(const sl_norm *next, const sl_norm *res, int captured, const sl_layer_tape *lt) {
+    return next && next->w && !res->w && !captured && !lt ? next : NULL;
+}
+
+/* Whether any sequence of the batch asks for layer l's entry of a capture list. */
+static int captures_layer(float **list, int64_t n_list, int64_t l, const acts *a) {
+    for (int64_t b = 0; b < a->ab.B && list; b++)
+        if (cap_at(list, n_list, b, l)) return 1;
+    return 0;
+}
+
 /* The end of a block: s = the block's output in `out` (rows, d); out = post_norm(out); x += out;
- * x = res_norm(x), saving each norm's input and statistics when a tape asks. */
-static void block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
-                         int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
-                         float *r_rstd) {
+ * x = res_norm(x), saving each norm's input and statistics when a tape asks. With `next` (from
+ * fusable_next) the add also leaves next(x) in out, and this returns 1; the next block then skips
+ * its pre-norm: one parallel region fewer per block (two on a short sequence, whose add alone runs
+ * on one thread). */
+static int block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
+                        int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
+                        float *r_rstd, const sl_norm *next) {
     const int64_t d = m->d_model;
     if (post->w) {
         tape_copy(t_in, out, rows, d);
         norm_rows(m, post, out, t_mean, t_rstd, out, rows, d);
+    }
+    if (next) {
+        residual_norm(m, next, x, out, out, rows, d);
+        return 1;
     }
     sl_add_inplace(x, out, rows * d);
     if (res->w) {
         tape_copy(r_in, x, rows, d);
         norm_rows(m, res, x, r_mean, r_rstd, x, rows, d);
     }
+    return 0;
 }
 
 /* RoPE tables for each packed row from this layer's frequencies, rebuilt only when they differ
@@ -531,16 +565,25 @@ static void rope_for_layer(const sl_model *m, const sl_layer_weights *lw, acts *
     }
 }
 
-/* q (rows, heads*hd) after its bias: the QK-norm per head (when norm_w), then RoPE (when the
- * layer has frequencies), saving the pre-norm rows and statistics when a tape asks. */
-static void position_heads(const sl_model *m, const sl_layer_weights *lw, acts *w, float *q, int64_t heads,
-                           const float *norm_w, float *t_pre, float *t_rstd) {
+/* q (rows, heads*hd) after its bias: the QK-norm per head (when norm_w), saving the pre-norm
+ * rows and statistics when a tape asks. */
+static void qk_norm(const sl_model *m, const acts *w, float *q, int64_t heads, const float *norm_w, float *t_pre,
+                    float *t_rstd) {
     const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim;
-    if (norm_w) {
-        tape_copy(t_pre, q, rows, heads * hd);
-        sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
-    }
-    if (lw->rope_inv_freq) sl_rope_apply(q, rows, heads * hd, heads, hd, w->cosv, w->sinv, m->rope_layout);
+    if (!norm_w) return;
+    tape_copy(t_pre, q, rows, heads * hd);
+    sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
+}
+
+/* q and k after their biases: the QK-norms, then RoPE of both in one parallel region (when the
+ * layer has frequencies). q and k are independent, so normalising k before rotating q changes no
+ * bit. */
+static void position_qk(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_layer_tape *lt) {
+    const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads;
+    qk_norm(m, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
+    qk_norm(m, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
+    if (lw->rope_inv_freq)
+        sl_rope_apply_qk(w->q, H * hd, H, w->k, G * hd, G, rows, hd, w->cosv, w->sinv, m->rope_layout);
 }
 
 /* Head h's share of the W_O product (z_h W_O[:, h]ᵀ, no bias) for all rows into xb, for every head
@@ -576,7 +619,11 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const int64_t d = m->d_model, hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads, L = m->n_layers;
     const int64_t qd = H * hd, kvd = G * hd, rows = w->ab.off[w->ab.B];
     const int adjacent = m->rope_layout == SL_ROPE_ADJACENT;
-    acts view = *w;
+    acts *const w0 = w, view = *w;
+    const int normed = w->xb_normed; /* the previous block's add left n1(x) in xb */
+    w->xb_normed = 0;
+    const sl_norm *next = fusable_next(&lw->ffn_norm, &lw->attn_res_norm,
+                                     captures_layer(cap ? cap->attn_out : NULL, L, l, w), lt);
     sl_layer_tape none = {0};
     if (lt) {
         view.q = lt->q, view.k = lt->k, view.v = lt->v, view.att = lt->z;
@@ -587,7 +634,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     }
     const float *a = w->x;
     if (lw->attn_norm.w) {
-        norm_rows(m, &lw->attn_norm, w->xb, lt->mean1, lt->rstd1, w->x, rows, d);
+        if (!normed) norm_rows(m, &lw->attn_norm, w->xb, lt->mean1, lt->rstd1, w->x, rows, d);
         if (lt->xn1 != lt->x) tape_copy(lt->xn1, w->xb, rows, d);
         a = w->xb;
     }
@@ -595,8 +642,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     SL_TRY(linear(m, layer_slot(l, SLOT_K), rows, a, &lw->wk, lw->bk, w->k));
     SL_TRY(linear(m, layer_slot(l, SLOT_V), rows, a, &lw->wv, lw->bv, w->v));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
-    position_heads(m, lw, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
-    position_heads(m, lw, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
+    position_qk(m, lw, w, lt);
     if (cap) {
         capture_heads(cap->q, L, l, w, w->q, qd, H, hd, adjacent);
         capture_heads(cap->k, L, l, w, w->k, kvd, G, hd, adjacent);
@@ -610,23 +656,28 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
     SL_TRY(linear(m, layer_slot(l, SLOT_O), rows, w->att, &lw->wo, lw->bo, w->xb));
-    block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean, lt->o_rstd,
-                 lt->hr, lt->hr_mean, lt->hr_rstd);
+    w0->xb_normed = block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean,
+                                 lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd, next);
     /* What the block adds to the stream (after the post-norm; before a residual norm). */
     if (cap) capture_rows(cap->attn_out, L, l, 0, w, w->xb, d);
     tape_copy(lt->h, w->x, rows, d);
     return SL_OK;
 }
 
+/* next_norm: the next layer's pre-norm (NULL after the last layer run), for block_output. */
 static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap, int64_t l,
-                     sl_layer_tape *lt) {
+                     sl_layer_tape *lt, const sl_norm *next_norm) {
     const int64_t d = m->d_model, F = m->d_ff, rows = w->ab.off[w->ab.B];
+    const int normed = w->xb_normed; /* the attention block's add left n2(x) in xb */
+    w->xb_normed = 0;
+    const sl_norm *next = fusable_next(next_norm, &lw->ffn_res_norm,
+                                     captures_layer(cap ? cap->mlp_out : NULL, m->n_layers, l, w), lt);
     sl_layer_tape none = {0};
     if (!lt) lt = &none;
     float *gate = lt->gate ? lt->gate : w->gate, *up = lt->up ? lt->up : w->up;
     const float *a = w->x;
     if (lw->ffn_norm.w) {
-        norm_rows(m, &lw->ffn_norm, w->xb, lt->mean2, lt->rstd2, w->x, rows, d);
+        if (!normed) norm_rows(m, &lw->ffn_norm, w->xb, lt->mean2, lt->rstd2, w->x, rows, d);
         if (lt->xn2 != lt->h) tape_copy(lt->xn2, w->xb, rows, d);
         a = w->xb;
     }
@@ -635,8 +686,8 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, con
     /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up). */
     sl_mlp_act(m->act, w->gate, lw->w_gate.data ? gate : NULL, up, rows * F);
     SL_TRY(linear(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb));
-    block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean, lt->mo_rstd,
-                 lt->yr, lt->yr_mean, lt->yr_rstd);
+    w->xb_normed = block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean,
+                                lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, next);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);
     return SL_OK;
 }
@@ -696,6 +747,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
                       const sl_intervention *iv, sl_layer_tape *tapes, sl_embd_tape *et) {
     const int64_t d = m->d_model;
     w->freq_valid = 0;
+    w->xb_normed = 0;
     for (int64_t b = 0; b < w->ab.B; b++)
         SL_TRY(embed(m, w->x + w->ab.off[b] * d, ids + b * w->ab.T_pad, w->ab.len[b], et));
     for (int64_t l = 0; l < n_run; l++) {
@@ -706,7 +758,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
         sl_layer_tape *lt = tapes ? &tapes[l] : NULL;
         SL_TRY(attention_block(m, &m->layers[l], w, cap, l, &aiv, lt));
         SL_TRY(sl_check_interrupt()); /* the MLP's three products are the layer's longest stretch */
-        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt));
+        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt, l + 1 < n_run ? &m->layers[l + 1].attn_norm : NULL));
     }
     return SL_OK;
 }
