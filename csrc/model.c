@@ -575,15 +575,29 @@ static void qk_norm(const sl_model *m, const acts *w, float *q, int64_t heads, c
     sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
 }
 
-/* q and k after their biases: the QK-norms, then RoPE of both in one parallel region (when the
- * layer has frequencies). q and k are independent, so normalising k before rotating q changes no
- * bit. */
-static void position_qk(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_layer_tape *lt) {
+/* q and k after their biases: the QK-norms, then (with `rope`) RoPE of both in one parallel
+ * region. q and k are independent, so normalising k before rotating q changes no bit. */
+static void position_qk(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_layer_tape *lt, int rope) {
     const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads;
     qk_norm(m, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
     qk_norm(m, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
-    if (lw->rope_inv_freq)
-        sl_rope_apply_qk(w->q, H * hd, H, w->k, G * hd, G, rows, hd, w->cosv, w->sinv, m->rope_layout);
+    if (rope) sl_rope_apply_qk(w->q, H * hd, H, w->k, G * hd, G, rows, hd, w->cosv, w->sinv, m->rope_layout);
+}
+
+/* RoPE of one packed row of q and of k, as the attention's prologue (sl_attn_batch): the rows
+ * sl_rope_apply_qk would rotate, in the attention's parallel region instead of one of their own. */
+typedef struct {
+    float *q, *k;
+    const float *cosv, *sinv; /* (rows, hd/2) */
+    int64_t q_heads, k_heads, hd;
+    int layout;
+} rope_rows;
+
+static void rope_row_qk(void *arg, int64_t r) {
+    const rope_rows *a = arg;
+    const int64_t half = a->hd / 2;
+    sl_rope_row(a->q + r * a->q_heads * a->hd, a->q_heads, a->hd, a->cosv + r * half, a->sinv + r * half, a->layout);
+    sl_rope_row(a->k + r * a->k_heads * a->hd, a->k_heads, a->hd, a->cosv + r * half, a->sinv + r * half, a->layout);
 }
 
 /* Head h's share of the W_O product (z_h W_O[:, h]ᵀ, no bias) for all rows into xb, for every head
@@ -642,7 +656,11 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     SL_TRY(linear(m, layer_slot(l, SLOT_K), rows, a, &lw->wk, lw->bk, w->k));
     SL_TRY(linear(m, layer_slot(l, SLOT_V), rows, a, &lw->wv, lw->bv, w->v));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
-    position_qk(m, lw, w, lt);
+    /* RoPE goes into the attention's parallel region, unless q or k is captured: the captures are
+     * copied before the attention, and after RoPE. */
+    const int rope_in_attention = lw->rope_inv_freq && !captures_layer(cap ? cap->q : NULL, L, l, w) &&
+                                  !captures_layer(cap ? cap->k : NULL, L, l, w);
+    position_qk(m, lw, w, lt, lw->rope_inv_freq && !rope_in_attention);
     if (cap) {
         capture_heads(cap->q, L, l, w, w->q, qd, H, hd, adjacent);
         capture_heads(cap->k, L, l, w, w->k, kvd, G, hd, adjacent);
@@ -652,7 +670,12 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd,
                              .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
                              .softcap = m->attn_softcap};
-    SL_TRY(sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv));
+    rope_rows rr = {w->q, w->k, w->cosv, w->sinv, H, G, hd, m->rope_layout};
+    w->ab.prologue = rope_in_attention ? rope_row_qk : NULL;
+    w->ab.prologue_arg = rope_in_attention ? &rr : NULL;
+    const int rc = sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv);
+    w->ab.prologue = NULL, w->ab.prologue_arg = NULL;
+    SL_TRY(rc);
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
     SL_TRY(linear(m, layer_slot(l, SLOT_O), rows, w->att, &lw->wo, lw->bo, w->xb));

@@ -631,6 +631,10 @@ void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t
     rope_rotate(x, T, stride, n_heads, head_dim, cosv, sinv, layout, 1.0f);
 }
 
+void sl_rope_row(float *x, int64_t n_heads, int64_t head_dim, const float *cosv, const float *sinv, int layout) {
+    rope_row(x, n_heads, head_dim, cosv, sinv, layout, 1.0f);
+}
+
 /* RoPE of a layer's queries and keys in one parallel region (two with sl_rope_apply): row t of
  * q, then row t of k, by one thread; each element is rotated by the same two products as in
  * sl_rope_apply, so the bits are the same. */

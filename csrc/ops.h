@@ -68,6 +68,9 @@ enum { SL_ROPE_HALF_SPLIT = 0, /* pairs (i, i+hd/2): Hugging Face layout */
 /* Rotates n_heads heads of head_dim in each of T rows (row stride `stride` floats) in place. */
 void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                    const float *cosv, const float *sinv, int layout);
+/* One row of sl_rope_apply: n_heads heads of head_dim at x, by the angles of one position
+ * (cos and sin, head_dim/2 each). */
+void sl_rope_row(float *x, int64_t n_heads, int64_t head_dim, const float *cosv, const float *sinv, int layout);
 /* sl_rope_apply on q (q_heads per row) and on k (k_heads per row) of the same T positions, in
  * one parallel region: the same bits as two calls. */
 void sl_rope_apply_qk(float *q, int64_t q_stride, int64_t q_heads, float *k, int64_t k_stride, int64_t k_heads,
