@@ -371,8 +371,9 @@ static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_
     if (kp > k) Ab[i * ldb + k] = 0;
 }
 
-int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
-                      int accumulate, int parallel, int path) {
+/* pro (NULL: none) writes row i of A just before that row is rounded, by the same thread. */
+static int bf16_linear(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                       int accumulate, int parallel, int path, const sl_row_prologue *pro) {
     if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
     const int64_t N = W->n, K = W->k, kp = W->kp;
     if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "bf16 linear: bad row count %lld", (long long)M);
@@ -413,7 +414,10 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
     if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
     if (nthr <= 1) {
-        for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+        for (int64_t i = 0; i < M; i++) {
+            if (pro) pro->fn(pro->arg, i);
+            round_row(A, lda, K, kp, ldb, i, Ab, path);
+        }
         for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
@@ -421,13 +425,26 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
 #pragma omp parallel num_threads(nthr)
         {
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+            for (int64_t i = 0; i < M; i++) {
+                if (pro) pro->fn(pro->arg, i);
+                round_row(A, lda, K, kp, ldb, i, Ab, path);
+            }
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
         }
     }
     free(Ab);
     return SL_OK;
+}
+
+int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                      int accumulate, int parallel, int path) {
+    return bf16_linear(M, A, lda, W, C, ldc, accumulate, parallel, path, NULL);
+}
+
+int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                               int path, const sl_row_prologue *pro) {
+    return bf16_linear(M, A, lda, W, C, ldc, 0, 1, path, pro);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -63,6 +63,10 @@ void sl_bf16_panels_free(sl_bf16_panels *p);
  * parallel region); path: SL_BF16_*. */
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path);
+/* sl_bf16_linear_nt(M, A, lda, W, C, ldc, 0, 1, path) after pro (sgemm.h; NULL: none) has written
+ * A's rows: each row in the product's own region, just before it is rounded to bf16. */
+int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                               int path, const sl_row_prologue *pro);
 
 /* The register-only vdpbf16ps rate of the calling thread (GFLOP/s, 2 flops per bf16 product)
  * over `iters` loop iterations of 24 independent chains, or -1 without AVX512-BF16: the peak the

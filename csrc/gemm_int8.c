@@ -833,8 +833,8 @@ int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, flo
 /* Quantizing A and the product in one parallel region (two as sl_int8_acts_init then
  * sl_linear_nt_int8_acts, and a third fork for every product of a forward): the same row
  * quantizer and block sums, then the same tasks, so the same bits. */
-int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
-                             int64_t ldc, int accumulate, int parallel) {
+static int int8_linear(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
+                       int accumulate, int parallel, const sl_row_prologue *pro) {
     SL_TRY(check_packed(pw));
     if (M < 0) return sl_fail(SL_ERR_VALUE, "int8 linear: negative M %lld", (long long)M);
     if (M == 0) return SL_OK;
@@ -858,6 +858,7 @@ int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_in
     {
 #pragma omp for schedule(dynamic, 16)
         for (int64_t m = 0; m < M; m++) {
+            if (pro) pro->fn(pro->arg, m); /* row m of A, by the thread that quantizes it */
             for (int64_t b = 0; b < nb; b++)
                 quantize(A + m * lda + b * QB, qa.q + m * K + b * QB, qa.d + m * nb + b, qa.s + m * nb + b);
             plan_sums(&pl, &qa, pw, m);
@@ -868,6 +869,16 @@ int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_in
     plan_free(&pl);
     sl_int8_acts_free(&qa);
     return SL_OK;
+}
+
+int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
+                             int64_t ldc, int accumulate, int parallel) {
+    return int8_linear(M, A, lda, pw, C, ldc, accumulate, parallel, NULL);
+}
+
+int sl_linear_nt_int8_prologue(int64_t M, float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
+                               const sl_row_prologue *pro) {
+    return int8_linear(M, A, lda, pw, C, ldc, 0, 1, pro);
 }
 
 int sl_linear_nt_int8(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,

@@ -136,6 +136,10 @@ void sl_int8_weight_free(sl_int8_weight *pw);
  * SL_ERR_MEMORY; never writes C on an error. */
 int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
                              int64_t ldc, int accumulate, int parallel);
+/* sl_linear_nt_int8_packed(M, A, lda, pw, C, ldc, 0, 1) after pro (sgemm.h; NULL: none) has
+ * written A's rows: each row in the product's own region, just before it is quantized. */
+int sl_linear_nt_int8_prologue(int64_t M, float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
+                               const sl_row_prologue *pro);
 
 /* Quantized activations, to share between the products that read the same input (q, k and v;
  * gate and up): quantize once with sl_int8_acts_init, then one sl_linear_nt_int8_acts per weight.

@@ -470,34 +470,61 @@ static int cached_panel(const sl_model *m, _Atomic(void *) *slots, int64_t slot,
 }
 
 /* y (rows, w->rows; row stride ldy) = x (rows, w->cols; row stride ldx) · Wᵀ at the call's
- * precision: the one place a precision picks a kernel. */
-static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
-                          const sl_weight *w, float *y, int64_t ldy) {
+ * precision: the one place a precision picks a kernel. With pro (NULL: none) the product first
+ * writes x's rows with it, inside its own parallel region (x is then written: the cast below). */
+static int weight_product_pro(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                              const sl_weight *w, float *y, int64_t ldy, const sl_row_prologue *pro) {
+    float *xw = (float *)x; /* written only by pro, whose caller passed a writable x */
     const void *p = NULL;
     if (m->precision != SL_PREC_FP32 && !m->packed)
         return sl_fail(SL_ERR_INTERNAL, "forward: precision %s needs the model's panel cache",
                        sl_precision_name(m->precision));
     switch (m->precision) {
-    case SL_PREC_FP32: return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+    case SL_PREC_FP32: return sl_linear_nt_prologue(rows, xw, ldx, w, y, ldy, pro);
     case SL_PREC_BF16:
         SL_TRY(cached_panel(m, m->packed->bf16, slot, w, bf16_pack, bf16_panels_drop, &p));
-        return sl_bf16_linear_nt(rows, x, ldx, p, y, ldy, 0, 1, SL_BF16_AUTO);
+        return sl_bf16_linear_nt_prologue(rows, xw, ldx, p, y, ldy, SL_BF16_AUTO, pro);
     case SL_PREC_INT8:
-        if (!sl_int8_weight_usable(w)) return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+        if (!sl_int8_weight_usable(w)) return sl_linear_nt_prologue(rows, xw, ldx, w, y, ldy, pro);
         SL_TRY(cached_panel(m, m->packed->int8, slot, w, int8_pack, int8_weight_drop, &p));
-        return sl_linear_nt_int8_packed(rows, x, ldx, p, y, ldy, 0, 1);
+        return sl_linear_nt_int8_prologue(rows, xw, ldx, p, y, ldy, pro);
     default:
         return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0), bf16 (1) or int8 (2)",
                        m->precision, sl_precision_name(m->precision));
     }
 }
 
-/* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`. */
-static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
-                  const float *b, float *y) {
-    SL_TRY(weight_product(m, slot, rows, x, w->cols, w, y, w->rows));
+static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                          const sl_weight *w, float *y, int64_t ldy) {
+    return weight_product_pro(m, slot, rows, x, ldx, w, y, ldy, NULL);
+}
+
+/* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`, after pro (NULL: none) has
+ * written x's rows (x is then writable). */
+static int linear_pro(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
+                      const float *b, float *y, const sl_row_prologue *pro) {
+    SL_TRY(weight_product_pro(m, slot, rows, x, w->cols, w, y, w->rows, pro));
     if (b) sl_bias_add(y, b, rows, w->rows, w->rows);
     return SL_OK;
+}
+
+static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
+                  const float *b, float *y) {
+    return linear_pro(m, slot, rows, x, w, b, y, NULL);
+}
+
+/* One row of the MLP's activation, h = act(gate, up), as the down product's prologue: the
+ * activation then runs in that product's parallel region instead of one of its own. */
+typedef struct {
+    int act;
+    float *h;
+    const float *g, *u; /* g NULL: an ungated activation */
+    int64_t F;
+} act_rows;
+
+static void act_row(void *arg, int64_t r) {
+    const act_rows *a = arg;
+    sl_mlp_act_serial(a->act, a->h + r * a->F, a->g ? a->g + r * a->F : NULL, a->u + r * a->F, a->F);
 }
 
 /* x += y, then out = the norm n of x: a residual add and the next block's pre-norm in one
@@ -706,9 +733,11 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, con
     }
     if (lw->w_gate.data) SL_TRY(linear(m, layer_slot(l, SLOT_GATE), rows, a, &lw->w_gate, lw->b_gate, gate));
     SL_TRY(linear(m, layer_slot(l, SLOT_UP), rows, a, &lw->w_up, lw->b_up, up));
-    /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up). */
-    sl_mlp_act(m->act, w->gate, lw->w_gate.data ? gate : NULL, up, rows * F);
-    SL_TRY(linear(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb));
+    /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up),
+     * computed row by row inside the down product's region. */
+    const act_rows ar = {m->act, w->gate, lw->w_gate.data ? gate : NULL, up, F};
+    const sl_row_prologue act = {act_row, (void *)&ar};
+    SL_TRY(linear_pro(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb, &act));
     w->xb_normed = block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean,
                                 lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, next);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);

@@ -1027,6 +1027,20 @@ void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n) {
     }
 }
 
+/* sl_mlp_act's kernels run on one stretch by the calling thread: every element gets the same
+ * lane-wise sequence wherever a stretch starts (see the top of this file), so any split of the
+ * n elements into stretches gives sl_mlp_act's bits. */
+void sl_mlp_act_serial(int act, float *h, const float *g, const float *u, int64_t n) {
+    const sl_simd_level level = sl_simd();
+    switch (act) {
+    case SL_ACT_SWIGLU: swiglu_for(level)(h, g, u, n); break;
+    case SL_ACT_GEGLU_TANH: geglu_tanh_for(level)(h, g, u, n); break;
+    case SL_ACT_GELU_TANH: gelu_tanh_for(level)(h, u, n); break;
+    case SL_ACT_GELU_ERF: gelu_erf_for(level)(h, u, n); break;
+    default: break;
+    }
+}
+
 /* gelu_tanh'(x) = s + 2 x s (1 - s) z'(x) with s = sigmoid(2z), z' = sqrt(2/pi) (1 + 3 0.044715 x^2)
  * (from 1 + tanh = 2s and 1 - tanh^2 = 4 s (1 - s)); gelu_erf'(x) = Phi(x) + x phi(x). The value
  * returned in *val is the forward's portable expression, bit for bit. */

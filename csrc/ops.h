@@ -87,6 +87,9 @@ void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int
 enum { SL_ACT_SWIGLU = 0, SL_ACT_GEGLU_TANH = 1, SL_ACT_GELU_TANH = 2, SL_ACT_GELU_ERF = 3 };
 /* h = act(g, u) for n elements; h may alias g or u. */
 void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n);
+/* The same on the calling thread, no parallel region (for a row of a product's prologue): the
+ * same bits for any stretch of the elements. */
+void sl_mlp_act_serial(int act, float *h, const float *g, const float *u, int64_t n);
 /* The partials of h: dh_dg = u act'(g), dh_du = act(g) (gated); dh_du = act'(u) (plain). Feed
  * them to sl_swiglu_backward / sl_swiglu_jvp, which are activation-agnostic products. */
 void sl_mlp_act_partials(int act, float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);

@@ -773,9 +773,13 @@ static const sgemm_level *current_level(void) {
 
 /* sl_sgemm, with B either float32 (B, ldb) or, when B == NULL, the weight W decoded while packing
  * (trans_b != 0: op(B) = Wᵀ, N = W->rows, K = W->cols; trans_b == 0: op(B) = W). */
+static void prologue_rows(const sl_row_prologue *pro, int64_t M) {
+    for (int64_t i = 0; pro && i < M; i++) pro->fn(pro->arg, i);
+}
+
 static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
                      const float *B, int64_t ldb, const sl_weight *W, float *C, int64_t ldc, int accumulate,
-                     int parallel) {
+                     int parallel, const sl_row_prologue *pro) {
     if (M < 0 || N < 0 || K < 0)
         return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
@@ -786,6 +790,7 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     SL_TRY(trans_a ? check_matrix("A", A, K, M, lda) : check_matrix("A", A, M, K, lda));
     if (!W) SL_TRY(trans_b ? check_matrix("B", B, N, K, ldb) : check_matrix("B", B, K, N, ldb));
     SL_TRY(check_matrix("C", C, M, N, ldc));
+    if (M == 0 || N == 0 || K == 0) prologue_rows(pro, M);
     if (M == 0 || N == 0) return SL_OK;
     if (K == 0) {
         if (!accumulate)
@@ -862,12 +867,17 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     task_grid grid = {tn, wn, hm};
 
     if (nthr == 1) {
+        prologue_rows(pro, M);
         for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, buf, buf + ap_size, buf + ap_size + bp_size);
     } else {
 #if SL_SGEMM_OMP
 #pragma omp parallel num_threads(nthr)
         {
             float *Ap = buf + omp_get_thread_num() * per_thread;
+            if (pro) { /* its barrier: every row of A is written before any task reads it */
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < M; i++) pro->fn(pro->arg, i);
+            }
             /* dynamic: a thread slowed by another process on its core takes fewer tiles */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t i = 0; i < ntasks; i++)
@@ -881,7 +891,7 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
 
 int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
-    return sgemm_run(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, C, ldc, accumulate, parallel);
+    return sgemm_run(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, C, ldc, accumulate, parallel, NULL);
 }
 
 int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
@@ -942,7 +952,15 @@ int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, flo
     SL_TRY(check_weight(W));
     if (weight_is_float_array(W))
         return sl_sgemm(0, 1, M, W->rows, W->cols, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
-    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, accumulate, parallel, NULL);
+}
+
+int sl_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
+                          const sl_row_prologue *pro) {
+    SL_TRY(check_weight(W));
+    if (weight_is_float_array(W))
+        return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, W->data, W->cols, NULL, C, ldc, 0, 1, pro);
+    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, 0, 1, pro);
 }
 
 int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
@@ -950,7 +968,7 @@ int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, flo
     SL_TRY(check_weight(W));
     if (weight_is_float_array(W))
         return sl_sgemm(0, 0, M, W->cols, W->rows, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
-    return sgemm_run(0, 0, M, W->cols, W->rows, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 0, M, W->cols, W->rows, A, lda, NULL, 0, W, C, ldc, accumulate, parallel, NULL);
 }
 
 int sl_weight_rows(const sl_weight *W, const int64_t *ids, int64_t n, float *dst) {

@@ -52,6 +52,19 @@ sl_weight sl_weight_f32(const float *data, int64_t rows, int64_t cols);
 int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
                  int parallel);
 
+/* Work a product does on each row i < M of its A, inside its own parallel region and before it
+ * reads A, each row by one thread: fn(arg, i) writes row i of A (the forward's MLP activation,
+ * which then needs no parallel region of its own). The same bits as running fn over the rows
+ * first, whatever the thread count. */
+typedef struct {
+    void (*fn)(void *arg, int64_t row);
+    void *arg;
+} sl_row_prologue;
+
+/* sl_linear_nt(M, A, lda, W, C, ldc, 0, 1) after pro (NULL: none) has written A's rows. */
+int sl_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
+                          const sl_row_prologue *pro);
+
 /* The input gradient of a linear layer: C[M×cols] = A[M×rows] · W (+ C). Bitwise sl_sgemm(0, 0,
  * ...) on the dequantized W. */
 int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
