@@ -9,7 +9,18 @@
  *
  * Each residual add is x + (W·h) with the product summed on its own first, as the reference
  * does: accumulating the dot product straight onto x would round every term at the scale of x,
- * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2). */
+ * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2).
+ *
+ * Parallel regions (each one a fork/join, and a stall whenever a thread of the team waits for a
+ * shared core): 10 per layer at any precision (T >= 64), from 15 (fp32/bf16) and 22 (int8):
+ * Q, K, V; the attention, which also applies RoPE to q and k (sl_attn_batch's prologue); W_O; the
+ * residual add fused with the MLP's pre-norm; gate, up; W_down, whose prologue computes the
+ * activation row by row; the residual add fused with the next layer's pre-norm. Each fusion keeps
+ * every op's per-element arithmetic and the order of every reduction, so the bits are those of
+ * the separate ops; where something reads the tensor in between (a capture of attn_out, mlp_out,
+ * q or k; a tape, for the add and norm) that layer runs those ops one by one. At 2 threads a
+ * SmolLM2 forward (30 layers) forks 303 teams, from 452 (fp32/bf16) and 663 (int8) at T = 512;
+ * benchmarks/bench_regions.py counts them. */
 #include "model.h"
 
 #include <math.h>
