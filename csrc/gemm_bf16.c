@@ -371,22 +371,38 @@ static void round_row(const float *A, int64_t lda, int64_t k, int64_t kp, int64_
     if (kp > k) Ab[i * ldb + k] = 0;
 }
 
-/* pro (NULL: none) writes row i of A just before that row is rounded, by the same thread. */
-static int bf16_linear(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
-                       int accumulate, int parallel, int path, const sl_row_prologue *pro) {
-    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
-    const int64_t N = W->n, K = W->k, kp = W->kp;
+/* C[j] = A · W[j]ᵀ (+ C[j]) for the n <= SL_SHARED_MAX weights of one input A, in one parallel
+ * region: A's rows rounded once, then every product's tiles. pro (NULL: none) writes row i of A
+ * just before that row is rounded, by the same thread. */
+static int bf16_linear(int64_t M, const float *A, int64_t lda, int n, const sl_bf16_panels *const *W,
+                       float *const *C, const int64_t *ldc, int accumulate, int parallel, int path,
+                       const sl_row_prologue *pro) {
+    if (n < 1 || n > SL_SHARED_MAX) return sl_fail(SL_ERR_VALUE, "bf16 linear: %d products of one input", n);
+    if (!W[0] || !W[0]->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
+    const int64_t K = W[0]->k, kp = W[0]->kp;
     if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "bf16 linear: bad row count %lld", (long long)M);
-    if (lda < K || ldc < N)
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)K, (long long)ldc, (long long)N);
-    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "bf16 linear: inconsistent panels");
+    double flops = 0.0;
+    for (int j = 0; j < n; j++) {
+        if (!W[j] || !W[j]->data) return sl_fail(SL_ERR_VALUE, "bf16 linear: NULL panels");
+        const int64_t N = W[j]->n;
+        if (W[j]->k != K) return sl_fail(SL_ERR_VALUE, "bf16 linear: products of one input with K %lld and %lld",
+                                         (long long)K, (long long)W[j]->k);
+        if (lda < K || ldc[j] < N)
+            return sl_fail(SL_ERR_VALUE, "bf16 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
+                           (long long)K, (long long)ldc[j], (long long)N);
+        if (W[j]->kp != K + (K & 1) || N <= 0 || K <= 0)
+            return sl_fail(SL_ERR_VALUE, "bf16 linear: inconsistent panels");
+        flops += (double)M * (double)N * (double)K;
+    }
     SL_TRY(resolve_path(path, &path));
     if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "bf16 linear: A or C is NULL");
+    if (!A) return sl_fail(SL_ERR_VALUE, "bf16 linear: A or C is NULL");
     int64_t span;
-    if (!sl_mul_size(M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
-        return sl_fail(SL_ERR_VALUE, "bf16 linear: matrix too large");
+    for (int j = 0; j < n; j++)
+        if (!C[j]) return sl_fail(SL_ERR_VALUE, "bf16 linear: A or C is NULL");
+    for (int j = 0; j < n; j++)
+        if (!sl_mul_size(M - 1, lda, &span) || !sl_mul_size(M - 1, ldc[j], &span))
+            return sl_fail(SL_ERR_VALUE, "bf16 linear: matrix too large");
     /* Rows of the bf16 A block an odd number of cache lines apart: with a stride that is a
      * multiple of 4 KiB (K = 2048) the 14 rows a tile broadcasts from share one L1 set, more than
      * its ways, and each step would miss (measured: 2048^3 at 71 % of the peak before). */
@@ -398,27 +414,33 @@ static int bf16_linear(int64_t M, const float *A, int64_t lda, const sl_bf16_pan
     sl_bf16 *Ab = aligned_alloc(64, (size_t)((ab_elems * 2 + 63) / 64 * 64));
     if (!Ab) return sl_fail(SL_ERR_MEMORY, "bf16 linear: cannot allocate %lld bf16 values", (long long)ab_elems);
 
-    const int64_t np = ceil_div(N, SL_BF16_NR);
     /* Taller tasks read each panel from memory fewer times (the LM head's 49152 × 576 panels are
      * 56 MB: at 112 rows a T = 512 call streamed them 5 times); the block size changes no result. */
     int64_t mb = A_BLOCK / (kp * 2) / MRB * MRB;
     mb = mb < MB_MIN ? MB_MIN : mb > MB_MAX ? MB_MAX : mb;
-    bf16_job g = {M, N, kp, ldb, ldc, ceil_div(np, NBP), np, mb, Ab, W, C, accumulate != 0, path};
-    const int64_t ntasks = ceil_div(M, mb) * g.tn;
+    bf16_job g[SL_SHARED_MAX];
+    int64_t first[SL_SHARED_MAX + 1] = {0}; /* product j's tasks are [first[j], first[j + 1]) */
+    for (int j = 0; j < n; j++) {
+        const int64_t np = ceil_div(W[j]->n, SL_BF16_NR);
+        g[j] = (bf16_job){M, W[j]->n, kp, ldb, ldc[j], ceil_div(np, NBP), np, mb, Ab, W[j], C[j], accumulate != 0, path};
+        first[j + 1] = first[j] + ceil_div(M, mb) * g[j].tn;
+    }
+    const int64_t ntasks = first[n];
     int nthr = 1;
 #if SL_BF16_OMP
     if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
 #else
     (void)parallel;
 #endif
-    if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
+    if (flops < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
     if (nthr <= 1) {
         for (int64_t i = 0; i < M; i++) {
             if (pro) pro->fn(pro->arg, i);
             round_row(A, lda, K, kp, ldb, i, Ab, path);
         }
-        for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
+        for (int j = 0; j < n; j++)
+            for (int64_t t = 0; t < first[j + 1] - first[j]; t++) run_task(&g[j], t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
          * process on its core takes fewer) */
@@ -430,7 +452,11 @@ static int bf16_linear(int64_t M, const float *A, int64_t lda, const sl_bf16_pan
                 round_row(A, lda, K, kp, ldb, i, Ab, path);
             }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
+            for (int64_t t = 0; t < ntasks; t++) {
+                int j = 0;
+                while (t >= first[j + 1]) j++;
+                run_task(&g[j], t - first[j]);
+            }
         }
     }
     free(Ab);
@@ -439,12 +465,17 @@ static int bf16_linear(int64_t M, const float *A, int64_t lda, const sl_bf16_pan
 
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path) {
-    return bf16_linear(M, A, lda, W, C, ldc, accumulate, parallel, path, NULL);
+    return bf16_linear(M, A, lda, 1, &W, &C, &ldc, accumulate, parallel, path, NULL);
 }
 
 int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                                int path, const sl_row_prologue *pro) {
-    return bf16_linear(M, A, lda, W, C, ldc, 0, 1, path, pro);
+    return bf16_linear(M, A, lda, 1, &W, &C, &ldc, 0, 1, path, pro);
+}
+
+int sl_bf16_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_bf16_panels *const *W,
+                             float *const *C, const int64_t *ldc, int path) {
+    return bf16_linear(M, A, lda, n, W, C, ldc, 0, 1, path, NULL);
 }
 
 /* ------------------------------------------------------------------------------------------

@@ -67,6 +67,11 @@ int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_pane
  * A's rows: each row in the product's own region, just before it is rounded to bf16. */
 int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                                int path, const sl_row_prologue *pro);
+/* Products of one input (the forward's q, k, v; gate, up): C[j] = A · W[j]ᵀ for n <= SL_SHARED_MAX
+ * panels of the same K, in one parallel region, A rounded to bf16 once: bitwise n calls of
+ * sl_bf16_linear_nt(M, A, lda, W[j], C[j], ldc[j], 0, 1, path). */
+int sl_bf16_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_bf16_panels *const *W,
+                             float *const *C, const int64_t *ldc, int path);
 
 /* The register-only vdpbf16ps rate of the calling thread (GFLOP/s, 2 flops per bf16 product)
  * over `iters` loop iterations of 24 independent chains, or -1 without AVX512-BF16: the peak the

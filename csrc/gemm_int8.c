@@ -833,26 +833,41 @@ int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, flo
 /* Quantizing A and the product in one parallel region (two as sl_int8_acts_init then
  * sl_linear_nt_int8_acts, and a third fork for every product of a forward): the same row
  * quantizer and block sums, then the same tasks, so the same bits. */
-static int int8_linear(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
-                       int accumulate, int parallel, const sl_row_prologue *pro) {
-    SL_TRY(check_packed(pw));
+/* C[j] = A · W[j]ᵀ (+ C[j]) for the n <= SL_SHARED_MAX packed weights of one input A (the same K),
+ * in one parallel region: A's rows quantized once (pro, NULL or not, writing each row first, by
+ * the thread that quantizes it), then every product's tasks. */
+static int int8_linear(int64_t M, const float *A, int64_t lda, int n, const sl_int8_weight *const *pw,
+                       float *const *C, const int64_t *ldc, int accumulate, int parallel,
+                       const sl_row_prologue *pro) {
+    if (n < 1 || n > SL_SHARED_MAX) return sl_fail(SL_ERR_VALUE, "int8 linear: %d products of one input", n);
+    for (int j = 0; j < n; j++) SL_TRY(check_packed(pw[j]));
     if (M < 0) return sl_fail(SL_ERR_VALUE, "int8 linear: negative M %lld", (long long)M);
     if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "int8 linear: A or C is NULL");
-    if (lda < pw->cols || ldc < pw->rows)
-        return sl_fail(SL_ERR_VALUE, "int8 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)pw->cols, (long long)ldc, (long long)pw->rows);
-    const int64_t K = pw->cols, nb = pw->nb;
+    const int64_t K = pw[0]->cols, nb = pw[0]->nb;
+    for (int j = 0; j < n; j++) {
+        if (!A || !C[j]) return sl_fail(SL_ERR_VALUE, "int8 linear: A or C is NULL");
+        if (lda < pw[j]->cols || ldc[j] < pw[j]->rows)
+            return sl_fail(SL_ERR_VALUE, "int8 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
+                           (long long)pw[j]->cols, (long long)ldc[j], (long long)pw[j]->rows);
+        if (pw[j]->cols != K)
+            return sl_fail(SL_ERR_VALUE, "int8 linear: products of one input with K %lld and %lld", (long long)K,
+                           (long long)pw[j]->cols);
+    }
     sl_int8_acts qa = {0};
     SL_TRY(acts_alloc(&qa, M, K));
-    int8_plan pl;
-    const int rc = plan_init(&pl, &qa, pw);
-    if (rc != SL_OK) {
-        sl_int8_acts_free(&qa);
-        return rc;
+    int8_plan pl[SL_SHARED_MAX];
+    int64_t first[SL_SHARED_MAX + 1] = {0}; /* product j's tasks are [first[j], first[j + 1]) */
+    for (int j = 0; j < n; j++) {
+        const int rc = plan_init(&pl[j], &qa, pw[j]); /* frees what it allocated when it fails */
+        if (rc != SL_OK) {
+            while (j-- > 0) plan_free(&pl[j]);
+            sl_int8_acts_free(&qa);
+            return rc;
+        }
+        first[j + 1] = first[j] + pl[j].ntasks;
     }
     const quantize_block_fn quantize = pick_quantizer();
-    const int64_t ntasks = pl.ntasks;
+    const int64_t ntasks = first[n];
     (void)parallel;
 #pragma omp parallel num_threads(sl_num_threads()) if (parallel && (ntasks > 1 || M > 16))
     {
@@ -861,24 +876,33 @@ static int int8_linear(int64_t M, const float *A, int64_t lda, const sl_int8_wei
             if (pro) pro->fn(pro->arg, m); /* row m of A, by the thread that quantizes it */
             for (int64_t b = 0; b < nb; b++)
                 quantize(A + m * lda + b * QB, qa.q + m * K + b * QB, qa.d + m * nb + b, qa.s + m * nb + b);
-            plan_sums(&pl, &qa, pw, m);
+            for (int j = 0; j < n; j++) plan_sums(&pl[j], &qa, pw[j], m);
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t t = 0; t < ntasks; t++) plan_task(&pl, pw, M, t, C, ldc, accumulate);
+        for (int64_t t = 0; t < ntasks; t++) {
+            int j = 0;
+            while (t >= first[j + 1]) j++;
+            plan_task(&pl[j], pw[j], M, t - first[j], C[j], ldc[j], accumulate);
+        }
     }
-    plan_free(&pl);
+    for (int j = 0; j < n; j++) plan_free(&pl[j]);
     sl_int8_acts_free(&qa);
     return SL_OK;
 }
 
 int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
                              int64_t ldc, int accumulate, int parallel) {
-    return int8_linear(M, A, lda, pw, C, ldc, accumulate, parallel, NULL);
+    return int8_linear(M, A, lda, 1, &pw, &C, &ldc, accumulate, parallel, NULL);
 }
 
 int sl_linear_nt_int8_prologue(int64_t M, float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
                                const sl_row_prologue *pro) {
-    return int8_linear(M, A, lda, pw, C, ldc, 0, 1, pro);
+    return int8_linear(M, A, lda, 1, &pw, &C, &ldc, 0, 1, pro);
+}
+
+int sl_linear_nt_int8_shared(int64_t M, const float *A, int64_t lda, int n, const sl_int8_weight *const *pw,
+                             float *const *C, const int64_t *ldc) {
+    return int8_linear(M, A, lda, n, pw, C, ldc, 0, 1, NULL);
 }
 
 int sl_linear_nt_int8(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,

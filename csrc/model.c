@@ -12,15 +12,16 @@
  * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2).
  *
  * Parallel regions (each one a fork/join, and a stall whenever a thread of the team waits for a
- * shared core): 10 per layer at any precision (T >= 64), from 15 (fp32/bf16) and 22 (int8):
- * Q, K, V; the attention, which also applies RoPE to q and k (sl_attn_batch's prologue); W_O; the
- * residual add fused with the MLP's pre-norm; gate, up; W_down, whose prologue computes the
- * activation row by row; the residual add fused with the next layer's pre-norm. Each fusion keeps
- * every op's per-element arithmetic and the order of every reduction, so the bits are those of
- * the separate ops; where something reads the tensor in between (a capture of attn_out, mlp_out,
- * q or k; a tape, for the add and norm) that layer runs those ops one by one. At 2 threads a
- * SmolLM2 forward (30 layers) forks 303 teams, from 452 (fp32/bf16) and 663 (int8) at T = 512;
- * benchmarks/bench_regions.py counts them. */
+ * shared core): 7 per layer at any precision (T >= 64), from 15 (fp32/bf16) and 22 (int8): Q, K
+ * and V as one call (linear_shared: the three products' tiles in one region; bf16 and int8 also
+ * round or quantize the input once); the attention, which also applies RoPE to q and k
+ * (sl_attn_batch's prologue); W_O; the residual add fused with the MLP's pre-norm; gate and up as
+ * one call; W_down, whose prologue computes the activation row by row; the residual add fused
+ * with the next layer's pre-norm. Each fusion keeps every op's per-element arithmetic and the
+ * order of every reduction, so the bits are those of the separate ops; where something reads the
+ * tensor in between (a capture of attn_out, mlp_out, q or k; a tape, for the add and norm) that
+ * layer runs those ops one by one. At 2 threads a SmolLM2 forward (30 layers) forks 213 teams,
+ * from 452 (fp32/bf16) and 663 (int8) at T = 512; benchmarks/bench_regions.py counts them. */
 #include "model.h"
 
 #include <math.h>
@@ -524,6 +525,46 @@ static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x,
     return linear_pro(m, slot, rows, x, w, b, y, NULL);
 }
 
+/* y[j] = x W[j]ᵀ + b[j] for the n <= SL_SHARED_MAX weights of layer l that read the same x (q, k,
+ * v; gate, up), slots[j] being each one's slot: one call of the kernel's shared form, i.e. one
+ * parallel region instead of n (bf16 and int8 also round or quantize x once); one product each
+ * when an int8 call has weights with and without an int8 form. Each product's bits are those of
+ * its own call. */
+static int linear_shared(const sl_model *m, int64_t l, const int *slots, int n, int64_t rows, const float *x,
+                         const sl_weight *const *w, const float *const *b, float *const *y) {
+    const int prec = m->precision;
+    int usable = 0; /* int8: how many of the weights have an int8 form */
+    for (int j = 0; j < n; j++) usable += prec == SL_PREC_INT8 && sl_int8_weight_usable(w[j]);
+    const int fp32 = prec == SL_PREC_FP32 || (prec == SL_PREC_INT8 && usable == 0);
+    const int panels = (prec == SL_PREC_BF16 || (prec == SL_PREC_INT8 && usable == n)) && m->packed;
+    if (n > SL_SHARED_MAX || (!fp32 && !panels)) { /* mixed int8, or an error for linear to report */
+        for (int j = 0; j < n; j++) SL_TRY(linear(m, layer_slot(l, slots[j]), rows, x, w[j], b[j], y[j]));
+        return SL_OK;
+    }
+    int64_t ldy[SL_SHARED_MAX];
+    for (int j = 0; j < n; j++) ldy[j] = w[j]->rows;
+    if (fp32) {
+        SL_TRY(sl_linear_nt_shared(rows, x, w[0]->cols, n, w, y, ldy));
+    } else {
+        const void *p[SL_SHARED_MAX];
+        for (int j = 0; j < n; j++) {
+            const int64_t slot = layer_slot(l, slots[j]);
+            if (prec == SL_PREC_BF16)
+                SL_TRY(cached_panel(m, m->packed->bf16, slot, w[j], bf16_pack, bf16_panels_drop, &p[j]));
+            else
+                SL_TRY(cached_panel(m, m->packed->int8, slot, w[j], int8_pack, int8_weight_drop, &p[j]));
+        }
+        if (prec == SL_PREC_BF16)
+            SL_TRY(sl_bf16_linear_nt_shared(rows, x, w[0]->cols, n, (const sl_bf16_panels *const *)p, y, ldy,
+                                            SL_BF16_AUTO));
+        else
+            SL_TRY(sl_linear_nt_int8_shared(rows, x, w[0]->cols, n, (const sl_int8_weight *const *)p, y, ldy));
+    }
+    for (int j = 0; j < n; j++)
+        if (b[j]) sl_bias_add(y[j], b[j], rows, w[j]->rows, w[j]->rows);
+    return SL_OK;
+}
+
 /* One row of the MLP's activation, h = act(gate, up), as the down product's prologue: the
  * activation then runs in that product's parallel region instead of one of its own. */
 typedef struct {
@@ -690,9 +731,11 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
         if (lt->xn1 != lt->x) tape_copy(lt->xn1, w->xb, rows, d);
         a = w->xb;
     }
-    SL_TRY(linear(m, layer_slot(l, SLOT_Q), rows, a, &lw->wq, lw->bq, w->q));
-    SL_TRY(linear(m, layer_slot(l, SLOT_K), rows, a, &lw->wk, lw->bk, w->k));
-    SL_TRY(linear(m, layer_slot(l, SLOT_V), rows, a, &lw->wv, lw->bv, w->v));
+    const int qkv_slots[3] = {SLOT_Q, SLOT_K, SLOT_V};
+    const sl_weight *qkv[3] = {&lw->wq, &lw->wk, &lw->wv};
+    const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
+    float *qkv_out[3] = {w->q, w->k, w->v};
+    SL_TRY(linear_shared(m, l, qkv_slots, 3, rows, a, qkv, qkv_bias, qkv_out));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
     /* RoPE goes into the attention's parallel region, unless q or k is captured: the captures are
      * copied before the attention, and after RoPE. */
@@ -742,8 +785,12 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, con
         if (lt->xn2 != lt->h) tape_copy(lt->xn2, w->xb, rows, d);
         a = w->xb;
     }
-    if (lw->w_gate.data) SL_TRY(linear(m, layer_slot(l, SLOT_GATE), rows, a, &lw->w_gate, lw->b_gate, gate));
-    SL_TRY(linear(m, layer_slot(l, SLOT_UP), rows, a, &lw->w_up, lw->b_up, up));
+    const int gu_slots[2] = {SLOT_GATE, SLOT_UP};
+    const sl_weight *gu[2] = {&lw->w_gate, &lw->w_up};
+    const float *gu_bias[2] = {lw->b_gate, lw->b_up};
+    float *gu_out[2] = {gate, up};
+    const int g0 = lw->w_gate.data ? 0 : 1; /* an ungated MLP has only the up product */
+    SL_TRY(linear_shared(m, l, gu_slots + g0, 2 - g0, rows, a, gu + g0, gu_bias + g0, gu_out + g0));
     /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up),
      * computed row by row inside the down product's region. */
     const act_rows ar = {m->act, w->gate, lw->w_gate.data ? gate : NULL, up, F};

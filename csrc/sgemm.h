@@ -61,9 +61,17 @@ typedef struct {
     void *arg;
 } sl_row_prologue;
 
+/* The most products of one input a *_shared call takes (q, k, v). */
+enum { SL_SHARED_MAX = 3 };
+
 /* sl_linear_nt(M, A, lda, W, C, ldc, 0, 1) after pro (NULL: none) has written A's rows. */
 int sl_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
                           const sl_row_prologue *pro);
+/* Products of one input (the forward's q, k, v; gate, up): C[j] = A · W[j]ᵀ for n <= SL_SHARED_MAX
+ * weights of the same cols, in one parallel region: bitwise n calls of
+ * sl_linear_nt(M, A, lda, W[j], C[j], ldc[j], 0, 1). */
+int sl_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_weight *const *W, float *const *C,
+                        const int64_t *ldc);
 
 /* The input gradient of a linear layer: C[M×cols] = A[M×rows] · W (+ C). Bitwise sl_sgemm(0, 0,
  * ...) on the dequantized W. */

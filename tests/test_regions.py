@@ -92,3 +92,30 @@ def test_families_fused_equals_unfused(store, name):
         fused1 = _run(model, ids, FUSED)
     _assert_bitwise(fused, unfused, f"{name}: fused vs unfused order")
     _assert_bitwise(fused, fused1, f"{name}: fused, 2 vs 1 threads")
+
+
+@pytest.mark.parametrize("precision", [0, 1, 2], ids=["fp32", "bf16", "int8"])
+@pytest.mark.parametrize("M", [5, 70])
+def test_products_of_one_input_equal_separate_calls(precision, M):
+    # q/k/v and gate/up run as one call (one parallel region; bf16/int8 round or quantize the
+    # input once): each product bitwise its own call, on 1 and 2 threads, for widths that are not
+    # multiples of a panel (200)
+    from sinklab import _core as core
+
+    rng = np.random.default_rng(40 + precision)
+    a = rng.standard_normal((M, 576)).astype(np.float32)
+    ws = [(0.05 * rng.standard_normal((n, 576))).astype(np.float32) for n in (576, 192, 200)]
+    for threads in (1, 2):
+        with sl.threads(threads):
+            got = core._linear_shared(a, ws, precision)
+            for w, y in zip(ws, got):
+                if precision == 0:
+                    ref = core.sgemm_nt(a, w)
+                elif precision == 1:
+                    ref = core._bf16_linear(a, w)
+                else:
+                    ref = core._linear_int8(a, w.view(np.uint8).ravel(), 0, w.shape[0], w.shape[1])
+                _assert_bitwise({"y": y}, {"y": ref}, f"precision {precision}, M {M}, N {w.shape[0]}, "
+                                                      f"{threads} threads: shared vs separate")
+    with pytest.raises(ValueError):
+        core._linear_shared(a, [ws[0], ws[1][:, :544].copy()], precision)  # K differs
