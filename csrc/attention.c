@@ -366,6 +366,11 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
 #else
         float *scratch = bt->scratch;
 #endif
+        /* nowait: the Vᵀ loop below reads only v, and its barrier comes before any task. */
+        if (bt->prologue) {
+#pragma omp for schedule(static) nowait
+            for (int64_t r = 0; r < bt->off[B]; r++) bt->prologue(bt->prologue_arg, r);
+        }
         /* Vᵀ per sequence and kv head: vt[off*kvd + (g*hd + e)*n + t] = v[(off + t)*kv_stride + g*hd + e],
          * so P·V is an NT product. */
 #pragma omp for schedule(static)

@@ -101,6 +101,11 @@ typedef struct {
     float *scratch;     /* sizes[2] floats: one block of scores per thread */
     int64_t *task_off;  /* B+1 entries */
     int64_t *part_off;  /* B entries */
+    /* NULL, or work on each packed row [0, off[B]) of q and k that the attention's own parallel
+     * region does before anything reads them, each row by one thread: the forward's RoPE, which
+     * then needs no region of its own. */
+    void (*prologue)(void *arg, int64_t row);
+    void *prologue_arg;
 } sl_attn_batch;
 
 /* Floats of the three scratch buffers (sizes[0..2]) for n_threads threads; returns their sum.

@@ -1107,6 +1107,9 @@ static PyMethodDef methods[] = {
     {"_linear_int8_shared", sl_py_linear_int8_shared, METH_VARARGS,
      "_linear_int8_shared(a (M, K) f32, [capsules]) -> [(M, rows) f32]: a quantized once, one product per\n"
      "packed weight (sl_int8_acts_init + sl_linear_nt_int8_acts). Test-only."},
+    {"_linear_shared", sl_py_linear_shared, METH_VARARGS,
+     "_linear_shared(a (M, K) f32, [w (N, K) f32], precision 0|1|2) -> [(M, N) f32]: the products of one input\n"
+     "in one call, as the forward's q/k/v and gate/up (fp32, bf16 or int8, each w packed first). Test-only."},
     {"_int8_usable", sl_py_int8_usable, METH_VARARGS,
      "_int8_usable(weight_bytes uint8, type, rows, cols) -> bool: sl_int8_weight_usable. Test-only."},
     {"_int8_quantize", sl_py_int8_quantize, METH_O,

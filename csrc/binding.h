@@ -64,6 +64,7 @@ PyObject *sl_py_int8_info(PyObject *self, PyObject *noargs);
 PyObject *sl_py_int8_force_kernel(PyObject *self, PyObject *arg);
 PyObject *sl_py_int8_peak(PyObject *self, PyObject *args);
 PyObject *sl_py_linear_int8_shared(PyObject *self, PyObject *args);
+PyObject *sl_py_linear_shared(PyObject *self, PyObject *args);
 PyObject *sl_py_int8_usable(PyObject *self, PyObject *args);
 PyObject *sl_py_bf16_round(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw);

@@ -555,3 +555,78 @@ PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg) {
     if (sl_py_call(run_bf16_peak, &c, 0) < 0) return NULL;
     return PyFloat_FromDouble(c.gflops);
 }
+
+typedef struct {
+    int64_t M, K;
+    const float *a;
+    int n, precision;
+    sl_weight w[SL_SHARED_MAX];
+    float *c[SL_SHARED_MAX];
+} shared_call;
+
+/* The shared-input products of the forward's linear_shared at one precision, each weight packed
+ * here as the model packs it. */
+static int run_shared(void *p) {
+    shared_call *c = p;
+    int64_t ldc[SL_SHARED_MAX];
+    const sl_weight *w[SL_SHARED_MAX];
+    sl_bf16_panels *bp[SL_SHARED_MAX] = {0};
+    sl_int8_weight iw[SL_SHARED_MAX];
+    const sl_int8_weight *ip[SL_SHARED_MAX];
+    memset(iw, 0, sizeof iw);
+    int rc = SL_OK;
+    for (int j = 0; j < c->n && rc == SL_OK; j++) {
+        ldc[j] = c->w[j].rows, w[j] = &c->w[j], ip[j] = &iw[j];
+        if (c->precision == SL_PREC_BF16) rc = sl_bf16_pack(&c->w[j], 1, &bp[j]);
+        if (c->precision == SL_PREC_INT8) rc = sl_int8_weight_init(&iw[j], &c->w[j], 1);
+    }
+    if (rc == SL_OK && c->precision == SL_PREC_FP32) rc = sl_linear_nt_shared(c->M, c->a, c->K, c->n, w, c->c, ldc);
+    if (rc == SL_OK && c->precision == SL_PREC_BF16)
+        rc = sl_bf16_linear_nt_shared(c->M, c->a, c->K, c->n, (const sl_bf16_panels *const *)bp, c->c, ldc,
+                                      SL_BF16_AUTO);
+    if (rc == SL_OK && c->precision == SL_PREC_INT8) rc = sl_linear_nt_int8_shared(c->M, c->a, c->K, c->n, ip, c->c, ldc);
+    for (int j = 0; j < c->n; j++) {
+        sl_bf16_panels_free(bp[j]);
+        sl_int8_weight_free(&iw[j]);
+    }
+    return rc;
+}
+
+/* _linear_shared(a (M, K) f32, [w_j (N_j, K) f32], precision 0|1|2) -> [(M, N_j) f32]: the products
+ * of one input in one call (sl_linear_nt_shared, sl_bf16_linear_nt_shared, sl_linear_nt_int8_shared). */
+PyObject *sl_py_linear_shared(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *ao, *lo;
+    int precision;
+    if (!PyArg_ParseTuple(args, "OO!i", &ao, &PyList_Type, &lo, &precision)) return NULL;
+    if (precision < SL_PREC_FP32 || precision > SL_PREC_INT8)
+        return PyErr_Format(PyExc_ValueError, "precision must be 0, 1 or 2");
+    PyArrayObject *a = sl_py_check_array(ao, "a", NPY_FLOAT32, 2, NULL, 0);
+    if (!a) return NULL;
+    const Py_ssize_t n = PyList_GET_SIZE(lo);
+    if (n < 1 || n > SL_SHARED_MAX) return PyErr_Format(PyExc_ValueError, "1 to %d weights", (int)SL_SHARED_MAX);
+    shared_call c = {PyArray_DIM(a, 0), PyArray_DIM(a, 1), PyArray_DATA(a), (int)n, precision, {{0}}, {0}};
+    PyObject *outs = PyList_New(n);
+    if (!outs) return NULL;
+    for (Py_ssize_t j = 0; j < n; j++) {
+        PyArrayObject *w = sl_py_check_array(PyList_GET_ITEM(lo, j), "w", NPY_FLOAT32, 2, NULL, 0);
+        if (!w) {
+            Py_DECREF(outs);
+            return NULL;
+        }
+        c.w[j] = sl_weight_f32(PyArray_DATA(w), PyArray_DIM(w, 0), PyArray_DIM(w, 1));
+        npy_intp dims[2] = {PyArray_DIM(a, 0), PyArray_DIM(w, 0)};
+        PyObject *o = PyArray_ZEROS(2, dims, NPY_FLOAT32, 0);
+        if (!o) {
+            Py_DECREF(outs);
+            return NULL;
+        }
+        PyList_SET_ITEM(outs, j, o);
+        c.c[j] = PyArray_DATA((PyArrayObject *)o);
+    }
+    if (sl_py_call(run_shared, &c, 0) < 0) {
+        Py_DECREF(outs);
+        return NULL;
+    }
+    return outs;
+}

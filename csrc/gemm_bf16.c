@@ -494,23 +494,40 @@ static void round_rows_t(const float *A, int64_t lda, int64_t k, int64_t kp, int
     }
 }
 
-/* sl_bf16_linear_nt (trans == 0) and sl_bf16_linear_tn (trans != 0): only the reading of A
- * differs; the rounded block, and so every result bit, is the same. */
-static int linear_bf16(const char *what, int trans, int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W,
-                       float *C, int64_t ldc, int accumulate, int parallel, int path) {
-    if (!W || !W->data) return sl_fail(SL_ERR_VALUE, "%s: NULL panels", what);
-    const int64_t N = W->n, K = W->k, kp = W->kp;
+/* C[j] = A · W[j]ᵀ (+ C[j]) for the n <= SL_SHARED_MAX weights of one input A, in one parallel
+ * region: A's rows rounded once, then every product's tiles. trans != 0: A is stored transposed
+ * (K, M) with row stride lda (sl_bf16_linear_tn); only the reading of A differs, the rounded
+ * block and so every result bit are the same. pro (NULL: none; not with trans) writes row i of A
+ * just before that row is rounded, by the same thread. */
+static int bf16_linear(const char *what, int trans, int64_t M, const float *A, int64_t lda, int n,
+                       const sl_bf16_panels *const *W, float *const *C, const int64_t *ldc, int accumulate,
+                       int parallel, int path, const sl_row_prologue *pro) {
+    if (n < 1 || n > SL_SHARED_MAX) return sl_fail(SL_ERR_VALUE, "%s: %d products of one input", what, n);
+    if (trans && pro) return sl_fail(SL_ERR_INTERNAL, "%s: a row prologue needs A stored by rows", what);
+    if (!W[0] || !W[0]->data) return sl_fail(SL_ERR_VALUE, "%s: NULL panels", what);
+    const int64_t K = W[0]->k, kp = W[0]->kp;
     if (M < 0 || M > (INT64_MAX >> 8)) return sl_fail(SL_ERR_VALUE, "%s: bad row count %lld", what, (long long)M);
-    if ((trans ? lda < M : lda < K) || ldc < N)
-        return sl_fail(SL_ERR_VALUE, "%s: lda %lld < %s %lld or ldc %lld < N %lld", what, (long long)lda,
-                       trans ? "M" : "K", (long long)(trans ? M : K), (long long)ldc, (long long)N);
-    if (kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "%s: inconsistent panels", what);
+    double flops = 0.0;
+    for (int j = 0; j < n; j++) {
+        if (!W[j] || !W[j]->data) return sl_fail(SL_ERR_VALUE, "%s: NULL panels", what);
+        const int64_t N = W[j]->n;
+        if (W[j]->k != K) return sl_fail(SL_ERR_VALUE, "%s: products of one input with K %lld and %lld", what,
+                                         (long long)K, (long long)W[j]->k);
+        if ((trans ? lda < M : lda < K) || ldc[j] < N)
+            return sl_fail(SL_ERR_VALUE, "%s: lda %lld < %s %lld or ldc %lld < N %lld", what, (long long)lda,
+                           trans ? "M" : "K", (long long)(trans ? M : K), (long long)ldc[j], (long long)N);
+        if (W[j]->kp != K + (K & 1) || N <= 0 || K <= 0) return sl_fail(SL_ERR_VALUE, "%s: inconsistent panels", what);
+        flops += (double)M * (double)N * (double)K;
+    }
     SL_TRY(resolve_path(path, &path));
     if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "%s: A or C is NULL", what);
+    if (!A) return sl_fail(SL_ERR_VALUE, "%s: A or C is NULL", what);
     int64_t span;
-    if (!sl_mul_size(trans ? K - 1 : M - 1, lda, &span) || !sl_mul_size(M - 1, ldc, &span))
-        return sl_fail(SL_ERR_VALUE, "%s: matrix too large", what);
+    for (int j = 0; j < n; j++) {
+        if (!C[j]) return sl_fail(SL_ERR_VALUE, "%s: A or C is NULL", what);
+        if (!sl_mul_size(trans ? K - 1 : M - 1, lda, &span) || !sl_mul_size(M - 1, ldc[j], &span))
+            return sl_fail(SL_ERR_VALUE, "%s: matrix too large", what);
+    }
     /* Rows of the bf16 A block an odd number of cache lines apart: with a stride that is a
      * multiple of 4 KiB (K = 2048) the 14 rows a tile broadcasts from share one L1 set, more than
      * its ways, and each step would miss (measured: 2048^3 at 71 % of the peak before). */
@@ -522,28 +539,37 @@ static int linear_bf16(const char *what, int trans, int64_t M, const float *A, i
     sl_bf16 *Ab = aligned_alloc(64, (size_t)((ab_elems * 2 + 63) / 64 * 64));
     if (!Ab) return sl_fail(SL_ERR_MEMORY, "%s: cannot allocate %lld bf16 values", what, (long long)ab_elems);
 
-    const int64_t np = ceil_div(N, SL_BF16_NR);
     /* Taller tasks read each panel from memory fewer times (the LM head's 49152 × 576 panels are
      * 56 MB: at 112 rows a T = 512 call streamed them 5 times); the block size changes no result. */
     int64_t mb = A_BLOCK / (kp * 2) / MRB * MRB;
     mb = mb < MB_MIN ? MB_MIN : mb > MB_MAX ? MB_MAX : mb;
-    bf16_job g = {M, N, kp, ldb, ldc, ceil_div(np, NBP), np, mb, Ab, W, C, accumulate != 0, path};
-    const int64_t ntasks = ceil_div(M, mb) * g.tn;
+    bf16_job g[SL_SHARED_MAX];
+    int64_t first[SL_SHARED_MAX + 1] = {0}; /* product j's tasks are [first[j], first[j + 1]) */
+    for (int j = 0; j < n; j++) {
+        const int64_t np = ceil_div(W[j]->n, SL_BF16_NR);
+        g[j] = (bf16_job){M, W[j]->n, kp, ldb, ldc[j], ceil_div(np, NBP), np, mb, Ab, W[j], C[j], accumulate != 0, path};
+        first[j + 1] = first[j] + ceil_div(M, mb) * g[j].tn;
+    }
+    const int64_t ntasks = first[n];
     int nthr = 1;
 #if SL_BF16_OMP
     if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
 #else
     (void)parallel;
 #endif
-    if ((double)M * (double)N * (double)K < 5e5) nthr = 1; /* waking threads costs more */
+    if (flops < 5e5) nthr = 1; /* waking threads costs more */
     if (nthr > ntasks) nthr = (int)ntasks;
     const int64_t nrb = ceil_div(M, 64); /* row blocks of the transposed rounding */
     if (nthr <= 1) {
         if (trans)
             round_rows_t(A, lda, K, kp, ldb, 0, M, Ab, path);
         else
-            for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
-        for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
+            for (int64_t i = 0; i < M; i++) {
+                if (pro) pro->fn(pro->arg, i);
+                round_row(A, lda, K, kp, ldb, i, Ab, path);
+            }
+        for (int j = 0; j < n; j++)
+            for (int64_t t = 0; t < first[j + 1] - first[j]; t++) run_task(&g[j], t);
     } else {
         /* one region: the rows of A rounded, then the tiles (dynamic: a thread slowed by another
          * process on its core takes fewer) */
@@ -555,10 +581,17 @@ static int linear_bf16(const char *what, int trans, int64_t M, const float *A, i
                     round_rows_t(A, lda, K, kp, ldb, 64 * r, min64(64 * r + 64, M), Ab, path);
             } else {
 #pragma omp for schedule(static)
-                for (int64_t i = 0; i < M; i++) round_row(A, lda, K, kp, ldb, i, Ab, path);
+                for (int64_t i = 0; i < M; i++) {
+                    if (pro) pro->fn(pro->arg, i);
+                    round_row(A, lda, K, kp, ldb, i, Ab, path);
+                }
             }
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < ntasks; t++) run_task(&g, t);
+            for (int64_t t = 0; t < ntasks; t++) {
+                int j = 0;
+                while (t >= first[j + 1]) j++;
+                run_task(&g[j], t - first[j]);
+            }
         }
     }
     free(Ab);
@@ -567,12 +600,22 @@ static int linear_bf16(const char *what, int trans, int64_t M, const float *A, i
 
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path) {
-    return linear_bf16("bf16 linear", 0, M, A, lda, W, C, ldc, accumulate, parallel, path);
+    return bf16_linear("bf16 linear", 0, M, A, lda, 1, &W, &C, &ldc, accumulate, parallel, path, NULL);
 }
 
 int sl_bf16_linear_tn(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path) {
-    return linear_bf16("bf16 linear (A transposed)", 1, M, A, lda, W, C, ldc, accumulate, parallel, path);
+    return bf16_linear("bf16 linear (A transposed)", 1, M, A, lda, 1, &W, &C, &ldc, accumulate, parallel, path, NULL);
+}
+
+int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                               int path, const sl_row_prologue *pro) {
+    return bf16_linear("bf16 linear", 0, M, A, lda, 1, &W, &C, &ldc, 0, 1, path, pro);
+}
+
+int sl_bf16_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_bf16_panels *const *W,
+                             float *const *C, const int64_t *ldc, int path) {
+    return bf16_linear("bf16 linear", 0, M, A, lda, n, W, C, ldc, 0, 1, path, NULL);
 }
 
 /* ------------------------------------------------------------------------------------------

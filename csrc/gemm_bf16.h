@@ -73,6 +73,15 @@ int sl_bf16_repack_t(const float *B, int64_t k, int64_t n, int64_t ldb, int para
  * parallel region); path: SL_BF16_*. */
 int sl_bf16_linear_nt(int64_t M, const float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
                       int accumulate, int parallel, int path);
+/* sl_bf16_linear_nt(M, A, lda, W, C, ldc, 0, 1, path) after pro (sgemm.h; NULL: none) has written
+ * A's rows: each row in the product's own region, just before it is rounded to bf16. */
+int sl_bf16_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_bf16_panels *W, float *C, int64_t ldc,
+                               int path, const sl_row_prologue *pro);
+/* Products of one input (the forward's q, k, v; gate, up): C[j] = A · W[j]ᵀ for n <= SL_SHARED_MAX
+ * panels of the same K, in one parallel region, A rounded to bf16 once: bitwise n calls of
+ * sl_bf16_linear_nt(M, A, lda, W[j], C[j], ldc[j], 0, 1, path). */
+int sl_bf16_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_bf16_panels *const *W,
+                             float *const *C, const int64_t *ldc, int path);
 
 /* The same with A stored transposed: A (k, M) row-major with row stride lda >= M, so that
  * C[i][j] = sum_kk bf16(A[kk][i]) · W[j][kk], in the same order and with the same rounding as

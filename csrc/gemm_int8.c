@@ -714,13 +714,8 @@ void sl_int8_acts_free(sl_int8_acts *qa) {
     memset(qa, 0, sizeof *qa);
 }
 
-int sl_int8_acts_init(sl_int8_acts *qa, int64_t M, int64_t K, const float *A, int64_t lda, int parallel) {
-    if (!qa) return sl_fail(SL_ERR_VALUE, "int8 activations: NULL sl_int8_acts");
-    memset(qa, 0, sizeof *qa);
-    if (M < 0 || K <= 0 || K % QB || lda < K)
-        return sl_fail(SL_ERR_VALUE, "int8 activations: M %lld, K %lld (a positive multiple of %d), lda %lld >= K",
-                       (long long)M, (long long)K, QB, (long long)lda);
-    if (M > 0 && !A) return sl_fail(SL_ERR_VALUE, "int8 activations: A is NULL");
+/* qa's buffers for M×K activations, not yet written. */
+static int acts_alloc(sl_int8_acts *qa, int64_t M, int64_t K) {
     int64_t nq, ns;
     if (!sl_mul_size(M, K, &nq) || !sl_mul_size(M, K / QB, &ns) || ns > (INT64_MAX / 16))
         return sl_fail(SL_ERR_MEMORY, "int8 activations: %lld x %lld is too large", (long long)M, (long long)K);
@@ -733,9 +728,85 @@ int sl_int8_acts_init(sl_int8_acts *qa, int64_t M, int64_t K, const float *A, in
         sl_int8_acts_free(qa);
         return sl_fail(SL_ERR_MEMORY, "int8 activations: cannot allocate %lld bytes", (long long)nq);
     }
+    return SL_OK;
+}
+
+int sl_int8_acts_init(sl_int8_acts *qa, int64_t M, int64_t K, const float *A, int64_t lda, int parallel) {
+    if (!qa) return sl_fail(SL_ERR_VALUE, "int8 activations: NULL sl_int8_acts");
+    memset(qa, 0, sizeof *qa);
+    if (M < 0 || K <= 0 || K % QB || lda < K)
+        return sl_fail(SL_ERR_VALUE, "int8 activations: M %lld, K %lld (a positive multiple of %d), lda %lld >= K",
+                       (long long)M, (long long)K, QB, (long long)lda);
+    if (M > 0 && !A) return sl_fail(SL_ERR_VALUE, "int8 activations: A is NULL");
+    SL_TRY(acts_alloc(qa, M, K));
+    if (M == 0) return SL_OK;
     const int rc = sl_int8_quantize_rows(M, K, A, lda, qa->q, qa->d, qa->s, parallel);
     if (rc != SL_OK) sl_int8_acts_free(qa);
     return rc;
+}
+
+/* One product's plan: the activations' block sums against this weight, the tile kernel and the
+ * task grid. */
+typedef struct {
+    qacts acts;
+    int32_t *zs;
+    float *ds;
+    tile_fn tile;
+    int64_t ntasks, mcr;
+} int8_plan;
+
+static void plan_free(int8_plan *pl) {
+    free(pl->zs);
+    free(pl->ds);
+}
+
+/* The plan for M rows of qa (its buffers allocated; its values may come later, see plan_sums). */
+static int plan_init(int8_plan *pl, const sl_int8_acts *qa, const sl_int8_weight *pw) {
+    const int64_t M = qa->M, ns = M * pw->nb;
+    memset(pl, 0, sizeof *pl);
+    /* the weight's zero point and offsets, per activation block: M * K/32 values, small */
+    pl->zs = malloc((size_t)ns * sizeof(int32_t));
+    pl->ds = pw->has_min ? malloc((size_t)ns * sizeof(float)) : NULL;
+    if (!pl->zs || (pw->has_min && !pl->ds)) {
+        plan_free(pl);
+        return sl_fail(SL_ERR_MEMORY, "int8 linear: cannot allocate %lld block sums", (long long)ns);
+    }
+    pl->acts = (qacts){qa->q, qa->d, pl->zs, pl->ds};
+    pl->tile = tile_generic;
+#if SL_I8_X86
+    switch (sl_int8_kernel()) {
+    case SL_INT8_VNNI512: pl->tile = tile_vnni_any; break;
+#if SL_I8_HAVE_AVXVNNI
+    case SL_INT8_AVXVNNI: pl->tile = tile_avxvnni; break;
+#endif
+    case SL_INT8_AVX2: pl->tile = tile_avx2; break;
+    default: break;
+    }
+#endif
+    /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks are balanced
+     * (M = 128 is 66 + 62 rows, not 96 + 32); handed out dynamically, so that a thread whose core
+     * is taken by another process does not hold the others back (which thread computes a task
+     * never changes its result) */
+    const int64_t nmc = (M + MC8 - 1) / MC8;
+    pl->ntasks = nmc * pw->npanels;
+    pl->mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
+    return SL_OK;
+}
+
+/* Row m's block sums, from its quantized scales and sums. */
+static void plan_sums(int8_plan *pl, const sl_int8_acts *qa, const sl_int8_weight *pw, int64_t m) {
+    for (int64_t i = m * pw->nb; i < (m + 1) * pw->nb; i++) {
+        pl->zs[i] = -pw->zp * qa->s[i];
+        if (pl->ds) pl->ds[i] = qa->d[i] * (float)qa->s[i];
+    }
+}
+
+static void plan_task(const int8_plan *pl, const sl_int8_weight *pw, int64_t M, int64_t t, float *C, int64_t ldc,
+                      int accumulate) {
+    const int64_t mc = t / pw->npanels, p = t % pw->npanels;
+    const int64_t m1 = min64(M, (mc + 1) * pl->mcr);
+    for (int64_t m0 = mc * pl->mcr; m0 < m1; m0 += MR8)
+        pl->tile(&pl->acts, pw, pw->cols, m0, (int)min64(MR8, m1 - m0), p, C, ldc, accumulate);
 }
 
 int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, float *C, int64_t ldc, int accumulate,
@@ -744,67 +815,94 @@ int sl_linear_nt_int8_acts(const sl_int8_acts *qa, const sl_int8_weight *pw, flo
     if (!qa || qa->M < 0 || qa->K != pw->cols || (qa->M > 0 && (!qa->q || !qa->d || !qa->s)))
         return sl_fail(SL_ERR_VALUE, "int8 linear: activations (K %lld) not quantized for this weight (K %lld)",
                        qa ? (long long)qa->K : -1LL, (long long)pw->cols);
-    const int64_t M = qa->M, N = pw->rows, K = pw->cols, nb = pw->nb, ns = M * nb;
+    const int64_t M = qa->M, N = pw->rows;
     if (M == 0) return SL_OK;
     if (!C) return sl_fail(SL_ERR_VALUE, "int8 linear: C is NULL");
     if (ldc < N) return sl_fail(SL_ERR_VALUE, "int8 linear: ldc %lld < N %lld", (long long)ldc, (long long)N);
-    /* the weight's zero point and offsets, per activation block: M * K/32 values, small */
-    int32_t *zs = malloc((size_t)ns * sizeof(int32_t));
-    float *ds = pw->has_min ? malloc((size_t)ns * sizeof(float)) : NULL;
-    if (!zs || (pw->has_min && !ds)) {
-        free(zs);
-        free(ds);
-        return sl_fail(SL_ERR_MEMORY, "int8 linear: cannot allocate %lld block sums", (long long)ns);
-    }
-    for (int64_t i = 0; i < ns; i++) {
-        zs[i] = -pw->zp * qa->s[i];
-        if (ds) ds[i] = qa->d[i] * (float)qa->s[i];
-    }
-    const qacts acts = {qa->q, qa->d, zs, ds};
-    tile_fn tile = tile_generic;
-#if SL_I8_X86
-    switch (sl_int8_kernel()) {
-    case SL_INT8_VNNI512: tile = tile_vnni_any; break;
-#if SL_I8_HAVE_AVXVNNI
-    case SL_INT8_AVXVNNI: tile = tile_avxvnni; break;
-#endif
-    case SL_INT8_AVX2: tile = tile_avx2; break;
-    default: break;
-    }
-#endif
-    /* chunks of at most MC8 rows, of equal size (in whole tiles), so that the tasks are balanced
-     * (M = 128 is 66 + 62 rows, not 96 + 32); handed out dynamically, so that a thread whose core
-     * is taken by another process does not hold the others back (which thread computes a task
-     * never changes its result) */
-    const int64_t nmc = (M + MC8 - 1) / MC8, ntasks = nmc * pw->npanels;
-    const int64_t mcr = ((M + nmc - 1) / nmc + MR8 - 1) / MR8 * MR8;
+    int8_plan pl;
+    SL_TRY(plan_init(&pl, qa, pw));
+    for (int64_t m = 0; m < M; m++) plan_sums(&pl, qa, pw, m);
+    const int64_t ntasks = pl.ntasks;
     (void)parallel;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(sl_num_threads()) if (parallel && ntasks > 1)
-    for (int64_t t = 0; t < ntasks; t++) {
-        const int64_t mc = t / pw->npanels, p = t % pw->npanels;
-        const int64_t m1 = min64(M, (mc + 1) * mcr);
-        for (int64_t m0 = mc * mcr; m0 < m1; m0 += MR8)
-            tile(&acts, pw, K, m0, (int)min64(MR8, m1 - m0), p, C, ldc, accumulate);
+    for (int64_t t = 0; t < ntasks; t++) plan_task(&pl, pw, M, t, C, ldc, accumulate);
+    plan_free(&pl);
+    return SL_OK;
+}
+
+/* Quantizing A and the product in one parallel region (two as sl_int8_acts_init then
+ * sl_linear_nt_int8_acts, and a third fork for every product of a forward): the same row
+ * quantizer and block sums, then the same tasks, so the same bits. */
+/* C[j] = A · W[j]ᵀ (+ C[j]) for the n <= SL_SHARED_MAX packed weights of one input A (the same K),
+ * in one parallel region: A's rows quantized once (pro, NULL or not, writing each row first, by
+ * the thread that quantizes it), then every product's tasks. */
+static int int8_linear(int64_t M, const float *A, int64_t lda, int n, const sl_int8_weight *const *pw,
+                       float *const *C, const int64_t *ldc, int accumulate, int parallel,
+                       const sl_row_prologue *pro) {
+    if (n < 1 || n > SL_SHARED_MAX) return sl_fail(SL_ERR_VALUE, "int8 linear: %d products of one input", n);
+    for (int j = 0; j < n; j++) SL_TRY(check_packed(pw[j]));
+    if (M < 0) return sl_fail(SL_ERR_VALUE, "int8 linear: negative M %lld", (long long)M);
+    if (M == 0) return SL_OK;
+    const int64_t K = pw[0]->cols, nb = pw[0]->nb;
+    for (int j = 0; j < n; j++) {
+        if (!A || !C[j]) return sl_fail(SL_ERR_VALUE, "int8 linear: A or C is NULL");
+        if (lda < pw[j]->cols || ldc[j] < pw[j]->rows)
+            return sl_fail(SL_ERR_VALUE, "int8 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
+                           (long long)pw[j]->cols, (long long)ldc[j], (long long)pw[j]->rows);
+        if (pw[j]->cols != K)
+            return sl_fail(SL_ERR_VALUE, "int8 linear: products of one input with K %lld and %lld", (long long)K,
+                           (long long)pw[j]->cols);
     }
-    free(zs);
-    free(ds);
+    sl_int8_acts qa = {0};
+    SL_TRY(acts_alloc(&qa, M, K));
+    int8_plan pl[SL_SHARED_MAX];
+    int64_t first[SL_SHARED_MAX + 1] = {0}; /* product j's tasks are [first[j], first[j + 1]) */
+    for (int j = 0; j < n; j++) {
+        const int rc = plan_init(&pl[j], &qa, pw[j]); /* frees what it allocated when it fails */
+        if (rc != SL_OK) {
+            while (j-- > 0) plan_free(&pl[j]);
+            sl_int8_acts_free(&qa);
+            return rc;
+        }
+        first[j + 1] = first[j] + pl[j].ntasks;
+    }
+    const quantize_block_fn quantize = pick_quantizer();
+    const int64_t ntasks = first[n];
+    (void)parallel;
+#pragma omp parallel num_threads(sl_num_threads()) if (parallel && (ntasks > 1 || M > 16))
+    {
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t m = 0; m < M; m++) {
+            if (pro) pro->fn(pro->arg, m); /* row m of A, by the thread that quantizes it */
+            for (int64_t b = 0; b < nb; b++)
+                quantize(A + m * lda + b * QB, qa.q + m * K + b * QB, qa.d + m * nb + b, qa.s + m * nb + b);
+            for (int j = 0; j < n; j++) plan_sums(&pl[j], &qa, pw[j], m);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < ntasks; t++) {
+            int j = 0;
+            while (t >= first[j + 1]) j++;
+            plan_task(&pl[j], pw[j], M, t - first[j], C[j], ldc[j], accumulate);
+        }
+    }
+    for (int j = 0; j < n; j++) plan_free(&pl[j]);
+    sl_int8_acts_free(&qa);
     return SL_OK;
 }
 
 int sl_linear_nt_int8_packed(int64_t M, const float *A, int64_t lda, const sl_int8_weight *pw, float *C,
                              int64_t ldc, int accumulate, int parallel) {
-    SL_TRY(check_packed(pw));
-    if (M < 0) return sl_fail(SL_ERR_VALUE, "int8 linear: negative M %lld", (long long)M);
-    if (M == 0) return SL_OK;
-    if (!A || !C) return sl_fail(SL_ERR_VALUE, "int8 linear: A or C is NULL");
-    if (lda < pw->cols || ldc < pw->rows)
-        return sl_fail(SL_ERR_VALUE, "int8 linear: lda %lld < K %lld or ldc %lld < N %lld", (long long)lda,
-                       (long long)pw->cols, (long long)ldc, (long long)pw->rows);
-    sl_int8_acts qa;
-    SL_TRY(sl_int8_acts_init(&qa, M, pw->cols, A, lda, parallel));
-    const int rc = sl_linear_nt_int8_acts(&qa, pw, C, ldc, accumulate, parallel);
-    sl_int8_acts_free(&qa);
-    return rc;
+    return int8_linear(M, A, lda, 1, &pw, &C, &ldc, accumulate, parallel, NULL);
+}
+
+int sl_linear_nt_int8_prologue(int64_t M, float *A, int64_t lda, const sl_int8_weight *pw, float *C, int64_t ldc,
+                               const sl_row_prologue *pro) {
+    return int8_linear(M, A, lda, 1, &pw, &C, &ldc, 0, 1, pro);
+}
+
+int sl_linear_nt_int8_shared(int64_t M, const float *A, int64_t lda, int n, const sl_int8_weight *const *pw,
+                             float *const *C, const int64_t *ldc) {
+    return int8_linear(M, A, lda, n, pw, C, ldc, 0, 1, NULL);
 }
 
 int sl_linear_nt_int8(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,

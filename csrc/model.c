@@ -9,7 +9,19 @@
  *
  * Each residual add is x + (W·h) with the product summed on its own first, as the reference
  * does: accumulating the dot product straight onto x would round every term at the scale of x,
- * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2). */
+ * and residual streams carry "massive activations" (hundreds to 10^4 in SmolLM2).
+ *
+ * Parallel regions (each one a fork/join, and a stall whenever a thread of the team waits for a
+ * shared core): 7 per layer at any precision (T >= 64), from 15 (fp32/bf16) and 22 (int8): Q, K
+ * and V as one call (linear_shared: the three products' tiles in one region; bf16 and int8 also
+ * round or quantize the input once); the attention, which also applies RoPE to q and k
+ * (sl_attn_batch's prologue); W_O; the residual add fused with the MLP's pre-norm; gate and up as
+ * one call; W_down, whose prologue computes the activation row by row; the residual add fused
+ * with the next layer's pre-norm. Each fusion keeps every op's per-element arithmetic and the
+ * order of every reduction, so the bits are those of the separate ops; where something reads the
+ * tensor in between (a capture of attn_out, mlp_out, q or k; a tape, for the add and norm) that
+ * layer runs those ops one by one. At 2 threads a SmolLM2 forward (30 layers) forks 213 teams,
+ * from 452 (fp32/bf16) and 663 (int8) at T = 512; benchmarks/bench_regions.py counts them. */
 #include "model.h"
 
 #include <math.h>
@@ -95,6 +107,7 @@ typedef struct {
     float *cosb, *sinb;                                        /* (T, hd/2): positions 0..T-1 */
     float *freq;                                               /* (hd/2): what cosb/sinb were made of */
     int freq_valid;
+    int xb_normed; /* xb already holds the next block's pre-norm of x (see block_output) */
     sl_attn_batch ab;                                          /* B, T_pad, off, len, scratch */
     float **lists;                                             /* 4*B: ab's per-layer pointers */
 } acts;
@@ -494,26 +507,33 @@ static int cached_panel(const sl_model *m, _Atomic(void *) *slots, int64_t slot,
 }
 
 /* y (rows, w->rows; row stride ldy) = x (rows, w->cols; row stride ldx) · Wᵀ at the call's
- * precision: the one place a precision picks a kernel. */
-static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
-                          const sl_weight *w, float *y, int64_t ldy) {
+ * precision: the one place a precision picks a kernel. With pro (NULL: none) the product first
+ * writes x's rows with it, inside its own parallel region (x is then written: the cast below). */
+static int weight_product_pro(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                              const sl_weight *w, float *y, int64_t ldy, const sl_row_prologue *pro) {
+    float *xw = (float *)x; /* written only by pro, whose caller passed a writable x */
     const void *p = NULL;
     if (m->precision != SL_PREC_FP32 && !m->packed)
         return sl_fail(SL_ERR_INTERNAL, "forward: precision %s needs the model's panel cache",
                        sl_precision_name(m->precision));
     switch (m->precision) {
-    case SL_PREC_FP32: return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+    case SL_PREC_FP32: return sl_linear_nt_prologue(rows, xw, ldx, w, y, ldy, pro);
     case SL_PREC_BF16:
         SL_TRY(cached_panel(m, m->packed->bf16, slot, w, bf16_pack, bf16_panels_drop, &p));
-        return sl_bf16_linear_nt(rows, x, ldx, p, y, ldy, 0, 1, SL_BF16_AUTO);
+        return sl_bf16_linear_nt_prologue(rows, xw, ldx, p, y, ldy, SL_BF16_AUTO, pro);
     case SL_PREC_INT8:
-        if (!sl_int8_weight_usable(w)) return sl_linear_nt(rows, x, ldx, w, y, ldy, 0, 1);
+        if (!sl_int8_weight_usable(w)) return sl_linear_nt_prologue(rows, xw, ldx, w, y, ldy, pro);
         SL_TRY(cached_panel(m, m->packed->int8, slot, w, int8_pack, int8_weight_drop, &p));
-        return sl_linear_nt_int8_packed(rows, x, ldx, p, y, ldy, 0, 1);
+        return sl_linear_nt_int8_prologue(rows, xw, ldx, p, y, ldy, pro);
     default:
         return sl_fail(SL_ERR_VALUE, "forward: precision %d (%s) is not available; use fp32 (0), bf16 (1) or int8 (2)",
                        m->precision, sl_precision_name(m->precision));
     }
+}
+
+static int weight_product(const sl_model *m, int64_t slot, int64_t rows, const float *x, int64_t ldx,
+                          const sl_weight *w, float *y, int64_t ldy) {
+    return weight_product_pro(m, slot, rows, x, ldx, w, y, ldy, NULL);
 }
 
 int64_t sl_model_slot(const sl_model *m, int64_t layer, int which) {
@@ -633,29 +653,122 @@ int sl_model_pack_bf16(const sl_model *m) {
     return SL_OK;
 }
 
-/* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`. */
-static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
-                  const float *b, float *y) {
-    SL_TRY(weight_product(m, slot, rows, x, w->cols, w, y, w->rows));
+/* y = x Wᵀ + b over `rows` rows (b may be NULL), W being slot `slot`, after pro (NULL: none) has
+ * written x's rows (x is then writable). */
+static int linear_pro(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
+                      const float *b, float *y, const sl_row_prologue *pro) {
+    SL_TRY(weight_product_pro(m, slot, rows, x, w->cols, w, y, w->rows, pro));
     if (b) sl_bias_add(y, b, rows, w->rows, w->rows);
     return SL_OK;
 }
 
+static int linear(const sl_model *m, int64_t slot, int64_t rows, const float *x, const sl_weight *w,
+                  const float *b, float *y) {
+    return linear_pro(m, slot, rows, x, w, b, y, NULL);
+}
+
+/* y[j] = x W[j]ᵀ + b[j] for the n <= SL_SHARED_MAX weights of layer l that read the same x (q, k,
+ * v; gate, up), slots[j] being each one's slot: one call of the kernel's shared form, i.e. one
+ * parallel region instead of n (bf16 and int8 also round or quantize x once); one product each
+ * when an int8 call has weights with and without an int8 form. Each product's bits are those of
+ * its own call. */
+static int linear_shared(const sl_model *m, int64_t l, const int *slots, int n, int64_t rows, const float *x,
+                         const sl_weight *const *w, const float *const *b, float *const *y) {
+    const int prec = m->precision;
+    int usable = 0; /* int8: how many of the weights have an int8 form */
+    for (int j = 0; j < n; j++) usable += prec == SL_PREC_INT8 && sl_int8_weight_usable(w[j]);
+    const int fp32 = prec == SL_PREC_FP32 || (prec == SL_PREC_INT8 && usable == 0);
+    const int panels = (prec == SL_PREC_BF16 || (prec == SL_PREC_INT8 && usable == n)) && m->packed;
+    if (n > SL_SHARED_MAX || (!fp32 && !panels)) { /* mixed int8, or an error for linear to report */
+        for (int j = 0; j < n; j++) SL_TRY(linear(m, layer_slot(l, slots[j]), rows, x, w[j], b[j], y[j]));
+        return SL_OK;
+    }
+    int64_t ldy[SL_SHARED_MAX];
+    for (int j = 0; j < n; j++) ldy[j] = w[j]->rows;
+    if (fp32) {
+        SL_TRY(sl_linear_nt_shared(rows, x, w[0]->cols, n, w, y, ldy));
+    } else {
+        const void *p[SL_SHARED_MAX];
+        for (int j = 0; j < n; j++) {
+            const int64_t slot = layer_slot(l, slots[j]);
+            if (prec == SL_PREC_BF16)
+                SL_TRY(cached_panel(m, m->packed->bf16, slot, w[j], bf16_pack, bf16_panels_drop, &p[j]));
+            else
+                SL_TRY(cached_panel(m, m->packed->int8, slot, w[j], int8_pack, int8_weight_drop, &p[j]));
+        }
+        if (prec == SL_PREC_BF16)
+            SL_TRY(sl_bf16_linear_nt_shared(rows, x, w[0]->cols, n, (const sl_bf16_panels *const *)p, y, ldy,
+                                            SL_BF16_AUTO));
+        else
+            SL_TRY(sl_linear_nt_int8_shared(rows, x, w[0]->cols, n, (const sl_int8_weight *const *)p, y, ldy));
+    }
+    for (int j = 0; j < n; j++)
+        if (b[j]) sl_bias_add(y[j], b[j], rows, w[j]->rows, w[j]->rows);
+    return SL_OK;
+}
+
+/* One row of the MLP's activation, h = act(gate, up), as the down product's prologue: the
+ * activation then runs in that product's parallel region instead of one of its own. */
+typedef struct {
+    int act;
+    float *h;
+    const float *g, *u; /* g NULL: an ungated activation */
+    int64_t F;
+} act_rows;
+
+static void act_row(void *arg, int64_t r) {
+    const act_rows *a = arg;
+    sl_mlp_act_serial(a->act, a->h + r * a->F, a->g ? a->g + r * a->F : NULL, a->u + r * a->F, a->F);
+}
+
+/* x += y, then out = the norm n of x: a residual add and the next block's pre-norm in one
+ * parallel region (bitwise the two ops in turn). */
+static void residual_norm(const sl_model *m, const sl_norm *n, float *x, const float *y, float *out, int64_t rows,
+                          int64_t d) {
+    if (m->norm_kind == SL_NORM_LAYER)
+        sl_residual_layernorm(x, y, out, NULL, NULL, n->w, n->b, rows, d, m->norm_eps);
+    else
+        sl_residual_rmsnorm(x, y, out, NULL, n->w, rows, d, m->norm_eps);
+}
+
+/* Whether the residual add that closes a block may also compute the next block's pre-norm `next`
+ * into xb, over the block's output: not when that output is captured (it is read from xb after
+ * the add), nor with a tape (it copies each norm's input, output and statistics), nor when a
+ * residual norm comes between the add and the next block. */
+static const sl_norm *fusable_next(const sl_norm *next, const sl_norm *res, int captured, const sl_layer_tape *lt) {
+    return next && next->w && !res->w && !captured && !lt ? next : NULL;
+}
+
+/* Whether any sequence of the batch asks for layer l's entry of a capture list. */
+static int captures_layer(float **list, int64_t n_list, int64_t l, const acts *a) {
+    for (int64_t b = 0; b < a->ab.B && list; b++)
+        if (cap_at(list, n_list, b, l)) return 1;
+    return 0;
+}
+
 /* The end of a block: s = the block's output in `out` (rows, d); out = post_norm(out); x += out;
- * x = res_norm(x), saving each norm's input and statistics when a tape asks. */
-static void block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
-                         int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
-                         float *r_rstd) {
+ * x = res_norm(x), saving each norm's input and statistics when a tape asks. With `next` (from
+ * fusable_next) the add also leaves next(x) in out, and this returns 1; the next block then skips
+ * its pre-norm: one parallel region fewer per block (two on a short sequence, whose add alone runs
+ * on one thread). */
+static int block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
+                        int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
+                        float *r_rstd, const sl_norm *next) {
     const int64_t d = m->d_model;
     if (post->w) {
         tape_copy(t_in, out, rows, d);
         norm_rows(m, post, out, t_mean, t_rstd, out, rows, d);
+    }
+    if (next) {
+        residual_norm(m, next, x, out, out, rows, d);
+        return 1;
     }
     sl_add_inplace(x, out, rows * d);
     if (res->w) {
         tape_copy(r_in, x, rows, d);
         norm_rows(m, res, x, r_mean, r_rstd, x, rows, d);
     }
+    return 0;
 }
 
 /* RoPE tables for each packed row from this layer's frequencies, rebuilt only when they differ
@@ -673,16 +786,39 @@ static void rope_for_layer(const sl_model *m, const sl_layer_weights *lw, acts *
     }
 }
 
-/* q (rows, heads*hd) after its bias: the QK-norm per head (when norm_w), then RoPE (when the
- * layer has frequencies), saving the pre-norm rows and statistics when a tape asks. */
-static void position_heads(const sl_model *m, const sl_layer_weights *lw, acts *w, float *q, int64_t heads,
-                           const float *norm_w, float *t_pre, float *t_rstd) {
+/* q (rows, heads*hd) after its bias: the QK-norm per head (when norm_w), saving the pre-norm
+ * rows and statistics when a tape asks. */
+static void qk_norm(const sl_model *m, const acts *w, float *q, int64_t heads, const float *norm_w, float *t_pre,
+                    float *t_rstd) {
     const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim;
-    if (norm_w) {
-        tape_copy(t_pre, q, rows, heads * hd);
-        sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
-    }
-    if (lw->rope_inv_freq) sl_rope_apply(q, rows, heads * hd, heads, hd, w->cosv, w->sinv, m->rope_layout);
+    if (!norm_w) return;
+    tape_copy(t_pre, q, rows, heads * hd);
+    sl_rmsnorm(q, t_rstd, q, norm_w, rows * heads, hd, m->norm_eps);
+}
+
+/* q and k after their biases: the QK-norms, then (with `rope`) RoPE of both in one parallel
+ * region. q and k are independent, so normalising k before rotating q changes no bit. */
+static void position_qk(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_layer_tape *lt, int rope) {
+    const int64_t rows = w->ab.off[w->ab.B], hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads;
+    qk_norm(m, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
+    qk_norm(m, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
+    if (rope) sl_rope_apply_qk(w->q, H * hd, H, w->k, G * hd, G, rows, hd, w->cosv, w->sinv, m->rope_layout);
+}
+
+/* RoPE of one packed row of q and of k, as the attention's prologue (sl_attn_batch): the rows
+ * sl_rope_apply_qk would rotate, in the attention's parallel region instead of one of their own. */
+typedef struct {
+    float *q, *k;
+    const float *cosv, *sinv; /* (rows, hd/2) */
+    int64_t q_heads, k_heads, hd;
+    int layout;
+} rope_rows;
+
+static void rope_row_qk(void *arg, int64_t r) {
+    const rope_rows *a = arg;
+    const int64_t half = a->hd / 2;
+    sl_rope_row(a->q + r * a->q_heads * a->hd, a->q_heads, a->hd, a->cosv + r * half, a->sinv + r * half, a->layout);
+    sl_rope_row(a->k + r * a->k_heads * a->hd, a->k_heads, a->hd, a->cosv + r * half, a->sinv + r * half, a->layout);
 }
 
 /* Head h's share of the W_O product (z_h W_O[:, h]ᵀ, no bias) for all rows into xb, for every head
@@ -718,7 +854,11 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const int64_t d = m->d_model, hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads, L = m->n_layers;
     const int64_t qd = H * hd, kvd = G * hd, rows = w->ab.off[w->ab.B];
     const int adjacent = m->rope_layout == SL_ROPE_ADJACENT;
-    acts view = *w;
+    acts *const w0 = w, view = *w;
+    const int normed = w->xb_normed; /* the previous block's add left n1(x) in xb */
+    w->xb_normed = 0;
+    const sl_norm *next = fusable_next(&lw->ffn_norm, &lw->attn_res_norm,
+                                     captures_layer(cap ? cap->attn_out : NULL, L, l, w), lt);
     sl_layer_tape none = {0};
     if (lt) {
         view.q = lt->q, view.k = lt->k, view.v = lt->v, view.att = lt->z;
@@ -729,16 +869,21 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     }
     const float *a = w->x;
     if (lw->attn_norm.w) {
-        norm_rows(m, &lw->attn_norm, w->xb, lt->mean1, lt->rstd1, w->x, rows, d);
+        if (!normed) norm_rows(m, &lw->attn_norm, w->xb, lt->mean1, lt->rstd1, w->x, rows, d);
         if (lt->xn1 != lt->x) tape_copy(lt->xn1, w->xb, rows, d);
         a = w->xb;
     }
-    SL_TRY(linear(m, layer_slot(l, SLOT_Q), rows, a, &lw->wq, lw->bq, w->q));
-    SL_TRY(linear(m, layer_slot(l, SLOT_K), rows, a, &lw->wk, lw->bk, w->k));
-    SL_TRY(linear(m, layer_slot(l, SLOT_V), rows, a, &lw->wv, lw->bv, w->v));
+    const int qkv_slots[3] = {SLOT_Q, SLOT_K, SLOT_V};
+    const sl_weight *qkv[3] = {&lw->wq, &lw->wk, &lw->wv};
+    const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
+    float *qkv_out[3] = {w->q, w->k, w->v};
+    SL_TRY(linear_shared(m, l, qkv_slots, 3, rows, a, qkv, qkv_bias, qkv_out));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
-    position_heads(m, lw, w, w->q, H, lw->attn_q_norm, lt->qr, lt->q_rstd);
-    position_heads(m, lw, w, w->k, G, lw->attn_k_norm, lt->kr, lt->k_rstd);
+    /* RoPE goes into the attention's parallel region, unless q or k is captured: the captures are
+     * copied before the attention, and after RoPE. */
+    const int rope_in_attention = lw->rope_inv_freq && !captures_layer(cap ? cap->q : NULL, L, l, w) &&
+                                  !captures_layer(cap ? cap->k : NULL, L, l, w);
+    position_qk(m, lw, w, lt, lw->rope_inv_freq && !rope_in_attention);
     if (cap) {
         capture_heads(cap->q, L, l, w, w->q, qd, H, hd, adjacent);
         capture_heads(cap->k, L, l, w, w->k, kvd, G, hd, adjacent);
@@ -748,37 +893,53 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd,
                              .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
                              .softcap = m->attn_softcap};
-    SL_TRY(sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv));
+    rope_rows rr = {w->q, w->k, w->cosv, w->sinv, H, G, hd, m->rope_layout};
+    w->ab.prologue = rope_in_attention ? rope_row_qk : NULL;
+    w->ab.prologue_arg = rope_in_attention ? &rr : NULL;
+    const int rc = sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv);
+    w->ab.prologue = NULL, w->ab.prologue_arg = NULL;
+    SL_TRY(rc);
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
     SL_TRY(linear(m, layer_slot(l, SLOT_O), rows, w->att, &lw->wo, lw->bo, w->xb));
-    block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean, lt->o_rstd,
-                 lt->hr, lt->hr_mean, lt->hr_rstd);
+    w0->xb_normed = block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean,
+                                 lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd, next);
     /* What the block adds to the stream (after the post-norm; before a residual norm). */
     if (cap) capture_rows(cap->attn_out, L, l, 0, w, w->xb, d);
     tape_copy(lt->h, w->x, rows, d);
     return SL_OK;
 }
 
+/* next_norm: the next layer's pre-norm (NULL after the last layer run), for block_output. */
 static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap, int64_t l,
-                     sl_layer_tape *lt) {
+                     sl_layer_tape *lt, const sl_norm *next_norm) {
     const int64_t d = m->d_model, F = m->d_ff, rows = w->ab.off[w->ab.B];
+    const int normed = w->xb_normed; /* the attention block's add left n2(x) in xb */
+    w->xb_normed = 0;
+    const sl_norm *next = fusable_next(next_norm, &lw->ffn_res_norm,
+                                     captures_layer(cap ? cap->mlp_out : NULL, m->n_layers, l, w), lt);
     sl_layer_tape none = {0};
     if (!lt) lt = &none;
     float *gate = lt->gate ? lt->gate : w->gate, *up = lt->up ? lt->up : w->up;
     const float *a = w->x;
     if (lw->ffn_norm.w) {
-        norm_rows(m, &lw->ffn_norm, w->xb, lt->mean2, lt->rstd2, w->x, rows, d);
+        if (!normed) norm_rows(m, &lw->ffn_norm, w->xb, lt->mean2, lt->rstd2, w->x, rows, d);
         if (lt->xn2 != lt->h) tape_copy(lt->xn2, w->xb, rows, d);
         a = w->xb;
     }
-    if (lw->w_gate.data) SL_TRY(linear(m, layer_slot(l, SLOT_GATE), rows, a, &lw->w_gate, lw->b_gate, gate));
-    SL_TRY(linear(m, layer_slot(l, SLOT_UP), rows, a, &lw->w_up, lw->b_up, up));
-    /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up). */
-    sl_mlp_act(m->act, w->gate, lw->w_gate.data ? gate : NULL, up, rows * F);
-    SL_TRY(linear(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb));
-    block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean, lt->mo_rstd,
-                 lt->yr, lt->yr_mean, lt->yr_rstd);
+    const int gu_slots[2] = {SLOT_GATE, SLOT_UP};
+    const sl_weight *gu[2] = {&lw->w_gate, &lw->w_up};
+    const float *gu_bias[2] = {lw->b_gate, lw->b_up};
+    float *gu_out[2] = {gate, up};
+    const int g0 = lw->w_gate.data ? 0 : 1; /* an ungated MLP has only the up product */
+    SL_TRY(linear_shared(m, l, gu_slots + g0, 2 - g0, rows, a, gu + g0, gu_bias + g0, gu_out + g0));
+    /* The workspace's gate buffer holds the activation (a tape keeps its own gate and up),
+     * computed row by row inside the down product's region. */
+    const act_rows ar = {m->act, w->gate, lw->w_gate.data ? gate : NULL, up, F};
+    const sl_row_prologue act = {act_row, (void *)&ar};
+    SL_TRY(linear_pro(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb, &act));
+    w->xb_normed = block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean,
+                                lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, next);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);
     return SL_OK;
 }
@@ -838,6 +999,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
                       const sl_intervention *iv, sl_layer_tape *tapes, sl_embd_tape *et) {
     const int64_t d = m->d_model;
     w->freq_valid = 0;
+    w->xb_normed = 0;
     for (int64_t b = 0; b < w->ab.B; b++)
         SL_TRY(embed(m, w->x + w->ab.off[b] * d, ids + b * w->ab.T_pad, w->ab.len[b], et));
     for (int64_t l = 0; l < n_run; l++) {
@@ -848,7 +1010,7 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
         sl_layer_tape *lt = tapes ? &tapes[l] : NULL;
         SL_TRY(attention_block(m, &m->layers[l], w, cap, l, &aiv, lt));
         SL_TRY(sl_check_interrupt()); /* the MLP's three products are the layer's longest stretch */
-        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt));
+        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt, l + 1 < n_run ? &m->layers[l + 1].attn_norm : NULL));
     }
     return SL_OK;
 }

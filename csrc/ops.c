@@ -526,6 +526,24 @@ void sl_rmsnorm(float *out, float *rstd, const float *x, const float *w, int64_t
     }
 }
 
+/* The residual add that closes a block and the RMSNorm that opens the next, in one parallel
+ * region instead of two: row t is x[t] += y[t] and then out[t] = rmsnorm(x[t]), both by one
+ * thread, with the kernels sl_add_inplace and sl_rmsnorm use (the add is exact elementwise and
+ * each row's sum of squares keeps its order), so the bits are those of the two calls. out may be
+ * y (the block's output is read before its row is overwritten). */
+void sl_residual_rmsnorm(float *x, const float *y, float *out, float *rstd, const float *w, int64_t T, int64_t d,
+                         float eps) {
+    const sl_simd_level level = sl_simd();
+    const rmsnorm_row_fn row = rmsnorm_row_for(level);
+    const elementwise2_fn add = add_for(level);
+#pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++) {
+        add(x + t * d, x + t * d, y + t * d, d);
+        const float inv = row(out + t * d, x + t * d, w, d, eps);
+        if (rstd) rstd[t] = inv;
+    }
+}
+
 /* y = w * x * r with r = (mean(x^2) + eps)^(-1/2), dr/dx_j = -r^3 x_j / d, so
  *   dx_j = r * (w_j dy_j - x_j * r^2 * sum_i(w_i dy_i x_i) / d),   dw_i += dy_i * x_i * r. */
 void sl_rmsnorm_backward(float *dx, int accumulate, float *dw, const float *dy, const float *x,
@@ -585,28 +603,50 @@ void sl_rope_tables(float *cosv, float *sinv, const float *inv_freq, int64_t T, 
 
 /* Rotation by +angle (forward, and its JVP: RoPE is linear) or by -angle (the backward: the
  * transpose of a rotation is its inverse). */
+static void rope_row(float *x, int64_t n_heads, int64_t head_dim, const float *c, const float *s, int layout,
+                     float sign) {
+    const int64_t half = head_dim / 2;
+    for (int64_t h = 0; h < n_heads; h++) {
+        float *v = x + h * head_dim;
+        for (int64_t i = 0; i < half; i++) {
+            int64_t a = layout == SL_ROPE_ADJACENT ? 2 * i : i;
+            int64_t b = layout == SL_ROPE_ADJACENT ? 2 * i + 1 : i + half;
+            float x0 = v[a], x1 = v[b], sn = sign * s[i];
+            v[a] = x0 * c[i] - x1 * sn;
+            v[b] = x1 * c[i] + x0 * sn;
+        }
+    }
+}
+
 static void rope_rotate(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                         const float *cosv, const float *sinv, int layout, float sign) {
     const int64_t half = head_dim / 2;
 #pragma omp parallel for schedule(static) if (T * n_heads * head_dim > 32768) num_threads(sl_num_threads())
-    for (int64_t t = 0; t < T; t++) {
-        const float *c = cosv + t * half, *s = sinv + t * half;
-        for (int64_t h = 0; h < n_heads; h++) {
-            float *v = x + t * stride + h * head_dim;
-            for (int64_t i = 0; i < half; i++) {
-                int64_t a = layout == SL_ROPE_ADJACENT ? 2 * i : i;
-                int64_t b = layout == SL_ROPE_ADJACENT ? 2 * i + 1 : i + half;
-                float x0 = v[a], x1 = v[b], sn = sign * s[i];
-                v[a] = x0 * c[i] - x1 * sn;
-                v[b] = x1 * c[i] + x0 * sn;
-            }
-        }
-    }
+    for (int64_t t = 0; t < T; t++) rope_row(x + t * stride, n_heads, head_dim, cosv + t * half, sinv + t * half,
+                                             layout, sign);
 }
 
 void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                    const float *cosv, const float *sinv, int layout) {
     rope_rotate(x, T, stride, n_heads, head_dim, cosv, sinv, layout, 1.0f);
+}
+
+void sl_rope_row(float *x, int64_t n_heads, int64_t head_dim, const float *cosv, const float *sinv, int layout) {
+    rope_row(x, n_heads, head_dim, cosv, sinv, layout, 1.0f);
+}
+
+/* RoPE of a layer's queries and keys in one parallel region (two with sl_rope_apply): row t of
+ * q, then row t of k, by one thread; each element is rotated by the same two products as in
+ * sl_rope_apply, so the bits are the same. */
+void sl_rope_apply_qk(float *q, int64_t q_stride, int64_t q_heads, float *k, int64_t k_stride, int64_t k_heads,
+                      int64_t T, int64_t head_dim, const float *cosv, const float *sinv, int layout) {
+    const int64_t half = head_dim / 2;
+#pragma omp parallel for schedule(static) if (T * (q_heads + k_heads) * head_dim > 32768) \
+    num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++) {
+        rope_row(q + t * q_stride, q_heads, head_dim, cosv + t * half, sinv + t * half, layout, 1.0f);
+        rope_row(k + t * k_stride, k_heads, head_dim, cosv + t * half, sinv + t * half, layout, 1.0f);
+    }
 }
 
 void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
@@ -739,27 +779,53 @@ static void layernorm_apply_generic(float *o, const float *xr, const float *w, c
 typedef void (*layernorm_stats_fn)(float *, float *, const float *, int64_t, float);
 typedef void (*layernorm_apply_fn)(float *, const float *, const float *, const float *, int64_t, float, float);
 
-void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
-                  int64_t T, int64_t d, float eps) {
-    layernorm_stats_fn stats = layernorm_stats_generic;
-    layernorm_apply_fn apply = layernorm_apply_generic;
+typedef struct {
+    layernorm_stats_fn stats;
+    layernorm_apply_fn apply;
+} layernorm_kernels;
+
+static layernorm_kernels layernorm_for(sl_simd_level level) {
+    layernorm_kernels k = {layernorm_stats_generic, layernorm_apply_generic};
 #if SL_X86
-    const sl_simd_level level = sl_simd();
     if (level >= SL_SIMD_AVX512) {
-        stats = layernorm_stats_avx512;
-        apply = layernorm_apply_avx512;
+        k.stats = layernorm_stats_avx512;
+        k.apply = layernorm_apply_avx512;
     } else if (level >= SL_SIMD_AVX2) {
-        stats = layernorm_stats_avx2;
-        apply = layernorm_apply_avx2;
+        k.stats = layernorm_stats_avx2;
+        k.apply = layernorm_apply_avx2;
     }
 #endif
+    (void)level;
+    return k;
+}
+
+static void layernorm_row(layernorm_kernels k, float *o, float *mean, float *rstd, const float *xr, const float *w,
+                          const float *b, int64_t d, float eps) {
+    float m, r;
+    k.stats(&m, &r, xr, d, eps);
+    k.apply(o, xr, w, b, d, m, r);
+    if (mean) *mean = m;
+    if (rstd) *rstd = r;
+}
+
+void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
+                  int64_t T, int64_t d, float eps) {
+    const layernorm_kernels k = layernorm_for(sl_simd());
+#pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
+    for (int64_t t = 0; t < T; t++)
+        layernorm_row(k, out + t * d, mean ? mean + t : NULL, rstd ? rstd + t : NULL, x + t * d, w, b, d, eps);
+}
+
+/* sl_residual_rmsnorm with a LayerNorm: x[t] += y[t], out[t] = layernorm(x[t]), one region. */
+void sl_residual_layernorm(float *x, const float *y, float *out, float *mean, float *rstd, const float *w,
+                           const float *b, int64_t T, int64_t d, float eps) {
+    const sl_simd_level level = sl_simd();
+    const layernorm_kernels k = layernorm_for(level);
+    const elementwise2_fn add = add_for(level);
 #pragma omp parallel for schedule(static) if (T * d > 32768) num_threads(sl_num_threads())
     for (int64_t t = 0; t < T; t++) {
-        float m, r;
-        stats(&m, &r, x + t * d, d, eps);
-        apply(out + t * d, x + t * d, w, b, d, m, r);
-        if (mean) mean[t] = m;
-        if (rstd) rstd[t] = r;
+        add(x + t * d, x + t * d, y + t * d, d);
+        layernorm_row(k, out + t * d, mean ? mean + t : NULL, rstd ? rstd + t : NULL, x + t * d, w, b, d, eps);
     }
 }
 
@@ -958,6 +1024,20 @@ void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n) {
     case SL_ACT_GELU_TANH: unary_chunks(gelu_tanh_for(sl_simd()), h, u, n); break;
     case SL_ACT_GELU_ERF: unary_chunks(gelu_erf_for(sl_simd()), h, u, n); break;
     default: break; /* the model validates act when it is built */
+    }
+}
+
+/* sl_mlp_act's kernels run on one stretch by the calling thread: every element gets the same
+ * lane-wise sequence wherever a stretch starts (see the top of this file), so any split of the
+ * n elements into stretches gives sl_mlp_act's bits. */
+void sl_mlp_act_serial(int act, float *h, const float *g, const float *u, int64_t n) {
+    const sl_simd_level level = sl_simd();
+    switch (act) {
+    case SL_ACT_SWIGLU: swiglu_for(level)(h, g, u, n); break;
+    case SL_ACT_GEGLU_TANH: geglu_tanh_for(level)(h, g, u, n); break;
+    case SL_ACT_GELU_TANH: gelu_tanh_for(level)(h, u, n); break;
+    case SL_ACT_GELU_ERF: gelu_erf_for(level)(h, u, n); break;
+    default: break;
     }
 }
 

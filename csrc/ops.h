@@ -18,6 +18,10 @@
 /* out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w, for T rows of width d (out may alias x);
  * rstd (NULL or T) receives 1/sqrt(mean(x[t]^2) + eps) for the backward. */
 void sl_rmsnorm(float *out, float *rstd, const float *x, const float *w, int64_t T, int64_t d, float eps);
+/* x[t] += y[t], then out[t] = rmsnorm(x[t]) (rstd as above): a residual add and the next
+ * block's pre-norm in one parallel region, bitwise sl_add_inplace then sl_rmsnorm; out may be y. */
+void sl_residual_rmsnorm(float *x, const float *y, float *out, float *rstd, const float *w, int64_t T, int64_t d,
+                         float eps);
 /* dx (+)= J^T dy for each of `rows` rows; dw (NULL or d) += the weight gradient summed over rows. */
 void sl_rmsnorm_backward(float *dx, int accumulate, float *dw, const float *dy, const float *x,
                          const float *w, const float *rstd, int64_t rows, int64_t T, int64_t d);
@@ -30,6 +34,9 @@ void sl_rmsnorm_jvp(float *dy, const float *dx, const float *x, const float *w, 
  * variance, as torch.nn.LayerNorm) for the backward. */
 void sl_layernorm(float *out, float *mean, float *rstd, const float *x, const float *w, const float *b,
                   int64_t T, int64_t d, float eps);
+/* The same with a LayerNorm: bitwise sl_add_inplace then sl_layernorm; out may be y. */
+void sl_residual_layernorm(float *x, const float *y, float *out, float *mean, float *rstd, const float *w,
+                           const float *b, int64_t T, int64_t d, float eps);
 /* dx (+)= J^T dy for each of `rows` rows (row r reads primal row r % T); dw, db (each NULL or d)
  * += the weight and bias gradients summed over rows. */
 void sl_layernorm_backward(float *dx, int accumulate, float *dw, float *db, const float *dy, const float *x,
@@ -61,6 +68,13 @@ enum { SL_ROPE_HALF_SPLIT = 0, /* pairs (i, i+hd/2): Hugging Face layout */
 /* Rotates n_heads heads of head_dim in each of T rows (row stride `stride` floats) in place. */
 void sl_rope_apply(float *x, int64_t T, int64_t stride, int64_t n_heads, int64_t head_dim,
                    const float *cosv, const float *sinv, int layout);
+/* One row of sl_rope_apply: n_heads heads of head_dim at x, by the angles of one position
+ * (cos and sin, head_dim/2 each). */
+void sl_rope_row(float *x, int64_t n_heads, int64_t head_dim, const float *cosv, const float *sinv, int layout);
+/* sl_rope_apply on q (q_heads per row) and on k (k_heads per row) of the same T positions, in
+ * one parallel region: the same bits as two calls. */
+void sl_rope_apply_qk(float *q, int64_t q_stride, int64_t q_heads, float *k, int64_t k_stride, int64_t k_heads,
+                      int64_t T, int64_t head_dim, const float *cosv, const float *sinv, int layout);
 
 /* The inverse rotation (rotation by -angle), which is RoPE's transpose: the backward of
  * sl_rope_apply. Its JVP is sl_rope_apply itself (RoPE is linear). */
@@ -73,6 +87,9 @@ void sl_rope_backward(float *dx, int64_t T, int64_t stride, int64_t n_heads, int
 enum { SL_ACT_SWIGLU = 0, SL_ACT_GEGLU_TANH = 1, SL_ACT_GELU_TANH = 2, SL_ACT_GELU_ERF = 3 };
 /* h = act(g, u) for n elements; h may alias g or u. */
 void sl_mlp_act(int act, float *h, const float *g, const float *u, int64_t n);
+/* The same on the calling thread, no parallel region (for a row of a product's prologue): the
+ * same bits for any stretch of the elements. */
+void sl_mlp_act_serial(int act, float *h, const float *g, const float *u, int64_t n);
 /* The partials of h: dh_dg = u act'(g), dh_du = act(g) (gated); dh_du = act'(u) (plain). Feed
  * them to sl_swiglu_backward / sl_swiglu_jvp, which are activation-agnostic products. */
 void sl_mlp_act_partials(int act, float *dh_dg, float *dh_du, const float *g, const float *u, int64_t n);

@@ -773,9 +773,20 @@ static const sgemm_level *current_level(void) {
 
 /* sl_sgemm, with B either float32 (B, ldb) or, when B == NULL, the weight W decoded while packing
  * (trans_b != 0: op(B) = Wᵀ, N = W->rows, K = W->cols; trans_b == 0: op(B) = W). */
-static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
-                     const float *B, int64_t ldb, const sl_weight *W, float *C, int64_t ldc, int accumulate,
-                     int parallel) {
+static void prologue_rows(const sl_row_prologue *pro, int64_t M) {
+    for (int64_t i = 0; pro && i < M; i++) pro->fn(pro->arg, i);
+}
+
+/* One product of a call: its job, task grid and per-thread buffer sizes (floats). */
+typedef struct {
+    sgemm_job g;
+    task_grid grid;
+    int64_t ntasks, ap, bp, wp;
+} sgemm_plan;
+
+/* The size and matrix checks of one product. */
+static int check_product(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                         const float *B, int64_t ldb, const sl_weight *W, const float *C, int64_t ldc) {
     if (M < 0 || N < 0 || K < 0)
         return sl_fail(SL_ERR_VALUE, "sgemm: negative size M=%lld N=%lld K=%lld", (long long)M, (long long)N,
                        (long long)K);
@@ -785,14 +796,27 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
                        (long long)K);
     SL_TRY(trans_a ? check_matrix("A", A, K, M, lda) : check_matrix("A", A, M, K, lda));
     if (!W) SL_TRY(trans_b ? check_matrix("B", B, N, K, ldb) : check_matrix("B", B, K, N, ldb));
-    SL_TRY(check_matrix("C", C, M, N, ldc));
-    if (M == 0 || N == 0) return SL_OK;
-    if (K == 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
-        return SL_OK;
-    }
+    return check_matrix("C", C, M, N, ldc);
+}
 
+/* The call's team: its thread count, not omp_get_max_threads() (that is per OS thread, and a
+ * Python thread other than the one that called set_num_threads would see OpenMP's default), and
+ * one thread below ~1 MFLOP in all: waking threads costs a few microseconds. */
+static int team_size(int parallel, double flops) {
+    int nthr = 1;
+#if SL_SGEMM_OMP
+    if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
+#else
+    (void)parallel;
+#endif
+    return flops < 5e5 ? 1 : nthr;
+}
+
+/* The plan of one product with M, N, K > 0 (checked) for a team of nthr; the grid changes which
+ * thread computes a tile, never its bits. */
+static int plan_product(sgemm_plan *pl, int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A,
+                        int64_t lda, const float *B, int64_t ldb, const sl_weight *W, float *C, int64_t ldc,
+                        int accumulate, int nthr) {
     const sgemm_level *lv = current_level();
     const int64_t mr = lv->mr, nr = lv->nr;
     sgemm_job g = {M, N, K, lda, ldb, ldc, 0, A, B, C, trans_a != 0, trans_b == 0, accumulate != 0, 0, lv,
@@ -811,17 +835,6 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     g.kc = min64(round_up(ceil_div(K, ceil_div(K, lv->kc)), 8), K);
     /* NT weight: K blocks of whole quant blocks (K itself is), so each row's part decodes alone. */
     if (W && !g.b_kmajor && g.wbe > 1) g.kc = min64(round_up(g.kc, g.wbe), K);
-
-    int nthr = 1;
-#if SL_SGEMM_OMP
-    /* The call's count, not omp_get_max_threads(): that is per OS thread, and a Python thread
-     * other than the one that called set_num_threads would see OpenMP's default. */
-    if (parallel && !omp_in_parallel()) nthr = sl_num_threads();
-#else
-    (void)parallel;
-#endif
-    /* Waking threads costs a few microseconds: not worth it below ~1 MFLOP. */
-    if ((double)M * (double)N * (double)K < 5e5) nthr = 1;
 
     /* Tasks: a grid of N blocks (at most nc wide) × M blocks, balanced over the threads. */
     int64_t n_panels = ceil_div(N, nr), m_panels = ceil_div(M, mr);
@@ -842,36 +855,59 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
         wn = round_up(wn, g.wbe);
     tn = ceil_div(N, wn);
     tm = ceil_div(M, hm);
-    int64_t ntasks = tn * tm;
-    if (nthr > ntasks) nthr = (int)ntasks;
 
-    /* Per-thread packing buffers, allocated here so that no allocation fails inside the team. */
-    int64_t ap_size = g.a_direct ? 0 : round_up(min64(hm, lv->mc), mr) * g.kc;
-    int64_t bp_size = round_up(min64(wn, N), nr) * g.kc;
+    /* Per-thread packing buffers, allocated by the caller so that no allocation fails inside the team. */
+    const int64_t ap_size = g.a_direct ? 0 : round_up(min64(hm, lv->mc), mr) * g.kc;
+    const int64_t bp_size = round_up(min64(wn, N), nr) * g.kc;
     /* the weight decoder's scratch: 8 rows of a K block (NT) or one row's run of blocks (NN) */
-    int64_t wp_size = !W ? 0 : g.b_kmajor ? round_up(min64(wn, N), g.wbe) + 2 * g.wbe : 8 * g.kc;
-    ap_size = round_up(ap_size, 16);
-    bp_size = round_up(bp_size, 16);
-    wp_size = round_up(wp_size, 16);
-    int64_t per_thread = ap_size + bp_size + wp_size, total;
+    const int64_t wp_size = !W ? 0 : g.b_kmajor ? round_up(min64(wn, N), g.wbe) + 2 * g.wbe : 8 * g.kc;
+    pl->g = g;
+    pl->grid = (task_grid){tn, wn, hm};
+    pl->ntasks = tn * tm;
+    pl->ap = round_up(ap_size, 16), pl->bp = round_up(bp_size, 16), pl->wp = round_up(wp_size, 16);
+    return SL_OK;
+}
+
+static void run_plan_task(const sgemm_plan *pl, int64_t i, float *buf) {
+    run_grid_task(&pl->g, &pl->grid, i, buf, buf + pl->ap, buf + pl->ap + pl->bp);
+}
+
+/* The n plans' tasks (after pro, NULL or not, on A's M rows) in one parallel region of at most
+ * nthr threads, each with one packing buffer that fits any plan. */
+static int run_plans(const sgemm_plan *pl, int n, int nthr, int64_t M, const sl_row_prologue *pro) {
+    int64_t first[SL_SHARED_MAX + 1] = {0}, per_thread = 0, total; /* plan j's tasks: [first[j], first[j + 1]) */
+    for (int j = 0; j < n; j++) {
+        first[j + 1] = first[j] + pl[j].ntasks;
+        per_thread = per_thread > pl[j].ap + pl[j].bp + pl[j].wp ? per_thread : pl[j].ap + pl[j].bp + pl[j].wp;
+    }
+    const int64_t ntasks = first[n];
+    if (nthr > ntasks) nthr = (int)ntasks;
     if (!sl_mul_size(per_thread, nthr, &total)) return sl_fail(SL_ERR_MEMORY, "sgemm: buffer size overflow");
     /* Not sl_alloc_floats: the packers write every float they later read, so skip the zeroing. */
     int owned;
     float *buf = pack_buffer(total, &owned);
     if (!buf) return sl_fail(SL_ERR_MEMORY, "sgemm: cannot allocate %lld floats for packing", (long long)total);
-    task_grid grid = {tn, wn, hm};
 
     if (nthr == 1) {
-        for (int64_t i = 0; i < ntasks; i++) run_grid_task(&g, &grid, i, buf, buf + ap_size, buf + ap_size + bp_size);
+        prologue_rows(pro, M);
+        for (int j = 0; j < n; j++)
+            for (int64_t i = 0; i < pl[j].ntasks; i++) run_plan_task(&pl[j], i, buf);
     } else {
 #if SL_SGEMM_OMP
 #pragma omp parallel num_threads(nthr)
         {
             float *Ap = buf + omp_get_thread_num() * per_thread;
+            if (pro) { /* its barrier: every row of A is written before any task reads it */
+#pragma omp for schedule(static)
+                for (int64_t i = 0; i < M; i++) pro->fn(pro->arg, i);
+            }
             /* dynamic: a thread slowed by another process on its core takes fewer tiles */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t i = 0; i < ntasks; i++)
-                run_grid_task(&g, &grid, i, Ap, Ap + ap_size, Ap + ap_size + bp_size);
+            for (int64_t i = 0; i < ntasks; i++) {
+                int j = 0;
+                while (i >= first[j + 1]) j++;
+                run_plan_task(&pl[j], i - first[j], Ap);
+            }
         }
 #endif
     }
@@ -879,9 +915,26 @@ static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, 
     return SL_OK;
 }
 
+static int sgemm_run(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                     const float *B, int64_t ldb, const sl_weight *W, float *C, int64_t ldc, int accumulate,
+                     int parallel, const sl_row_prologue *pro) {
+    SL_TRY(check_product(trans_a, trans_b, M, N, K, A, lda, B, ldb, W, C, ldc));
+    if (M == 0 || N == 0 || K == 0) prologue_rows(pro, M);
+    if (M == 0 || N == 0) return SL_OK;
+    if (K == 0) {
+        if (!accumulate)
+            for (int64_t i = 0; i < M; i++) memset(C + i * ldc, 0, (size_t)N * sizeof(float));
+        return SL_OK;
+    }
+    const int nthr = team_size(parallel, (double)M * (double)N * (double)K);
+    sgemm_plan pl;
+    SL_TRY(plan_product(&pl, trans_a, trans_b, M, N, K, A, lda, B, ldb, W, C, ldc, accumulate, nthr));
+    return run_plans(&pl, 1, nthr, M, pro);
+}
+
 int sl_sgemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
              const float *B, int64_t ldb, float *C, int64_t ldc, int accumulate, int parallel) {
-    return sgemm_run(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, C, ldc, accumulate, parallel);
+    return sgemm_run(trans_a, trans_b, M, N, K, A, lda, B, ldb, NULL, C, ldc, accumulate, parallel, NULL);
 }
 
 int sl_sgemm_nt(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda, const float *B, int64_t ldb,
@@ -942,7 +995,40 @@ int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, flo
     SL_TRY(check_weight(W));
     if (weight_is_float_array(W))
         return sl_sgemm(0, 1, M, W->rows, W->cols, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
-    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, accumulate, parallel, NULL);
+}
+
+int sl_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
+                          const sl_row_prologue *pro) {
+    SL_TRY(check_weight(W));
+    if (weight_is_float_array(W))
+        return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, W->data, W->cols, NULL, C, ldc, 0, 1, pro);
+    return sgemm_run(0, 1, M, W->rows, W->cols, A, lda, NULL, 0, W, C, ldc, 0, 1, pro);
+}
+
+int sl_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_weight *const *W, float *const *C,
+                        const int64_t *ldc) {
+    if (n < 1 || n > SL_SHARED_MAX) return sl_fail(SL_ERR_VALUE, "linear: %d products of one input", n);
+    double flops = 0.0;
+    for (int j = 0; j < n; j++) {
+        SL_TRY(check_weight(W[j]));
+        if (W[j]->cols != W[0]->cols)
+            return sl_fail(SL_ERR_VALUE, "linear: products of one input with K %lld and %lld",
+                           (long long)W[0]->cols, (long long)W[j]->cols);
+        const int f = weight_is_float_array(W[j]);
+        SL_TRY(check_product(0, 1, M, W[j]->rows, W[j]->cols, A, lda, f ? (const float *)W[j]->data : NULL, W[j]->cols,
+                             f ? NULL : W[j], C[j], ldc[j]));
+        flops += (double)M * (double)W[j]->rows * (double)W[j]->cols;
+    }
+    if (M == 0) return SL_OK;
+    const int nthr = team_size(1, flops);
+    sgemm_plan pl[SL_SHARED_MAX];
+    for (int j = 0; j < n; j++) {
+        const int f = weight_is_float_array(W[j]);
+        SL_TRY(plan_product(&pl[j], 0, 1, M, W[j]->rows, W[j]->cols, A, lda, f ? (const float *)W[j]->data : NULL, W[j]->cols,
+                            f ? NULL : W[j], C[j], ldc[j], 0, nthr));
+    }
+    return run_plans(pl, n, nthr, M, NULL);
 }
 
 int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
@@ -950,7 +1036,7 @@ int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, flo
     SL_TRY(check_weight(W));
     if (weight_is_float_array(W))
         return sl_sgemm(0, 0, M, W->cols, W->rows, A, lda, W->data, W->cols, C, ldc, accumulate, parallel);
-    return sgemm_run(0, 0, M, W->cols, W->rows, A, lda, NULL, 0, W, C, ldc, accumulate, parallel);
+    return sgemm_run(0, 0, M, W->cols, W->rows, A, lda, NULL, 0, W, C, ldc, accumulate, parallel, NULL);
 }
 
 int sl_weight_rows(const sl_weight *W, const int64_t *ids, int64_t n, float *dst) {

@@ -52,6 +52,27 @@ sl_weight sl_weight_f32(const float *data, int64_t rows, int64_t cols);
 int sl_linear_nt(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
                  int parallel);
 
+/* Work a product does on each row i < M of its A, inside its own parallel region and before it
+ * reads A, each row by one thread: fn(arg, i) writes row i of A (the forward's MLP activation,
+ * which then needs no parallel region of its own). The same bits as running fn over the rows
+ * first, whatever the thread count. */
+typedef struct {
+    void (*fn)(void *arg, int64_t row);
+    void *arg;
+} sl_row_prologue;
+
+/* The most products of one input a *_shared call takes (q, k, v). */
+enum { SL_SHARED_MAX = 3 };
+
+/* sl_linear_nt(M, A, lda, W, C, ldc, 0, 1) after pro (NULL: none) has written A's rows. */
+int sl_linear_nt_prologue(int64_t M, float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc,
+                          const sl_row_prologue *pro);
+/* Products of one input (the forward's q, k, v; gate, up): C[j] = A · W[j]ᵀ for n <= SL_SHARED_MAX
+ * weights of the same cols, in one parallel region: bitwise n calls of
+ * sl_linear_nt(M, A, lda, W[j], C[j], ldc[j], 0, 1). */
+int sl_linear_nt_shared(int64_t M, const float *A, int64_t lda, int n, const sl_weight *const *W, float *const *C,
+                        const int64_t *ldc);
+
 /* The input gradient of a linear layer: C[M×cols] = A[M×rows] · W (+ C). Bitwise sl_sgemm(0, 0,
  * ...) on the dequantized W. */
 int sl_linear_nn(int64_t M, const float *A, int64_t lda, const sl_weight *W, float *C, int64_t ldc, int accumulate,
