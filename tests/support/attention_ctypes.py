@@ -27,7 +27,8 @@ class Batch(C.Structure):
     _fields_ = [("B", C.c_int64), ("T_pad", C.c_int64), ("off", i64p), ("len", i64p),
                 ("probs", C.POINTER(f32p)), ("importance", C.POINTER(f32p)), ("to_first", C.POINTER(f32p)),
                 ("entropy", C.POINTER(f32p)), ("vt", f32p), ("partial", f64p), ("scratch", f32p),
-                ("task_off", i64p), ("part_off", i64p)]
+                ("task_off", i64p), ("part_off", i64p),
+                ("prologue", C.c_void_p), ("prologue_arg", C.c_void_p)]  # NULL: no row prologue
 
 
 def ptr(a, t=f32p):
