@@ -45,7 +45,7 @@ heads_difference`); the spread over draws is reported too.
   and cut to its first ``max_tokens`` tokens x_0..x_{n-1}; the model reads head + x and the
   predicted tokens are x_1..x_{n-1} in *every* condition (never x_0, which has no counterpart
   without ⟨bos⟩), so ΔNLL between conditions is paired token by token. NLL is
-  -log softmax(logits)[x_j] in nats (log-sum-exp over the float32 logits, summed in float64);
+  -log softmax(logits)[x_j] in nats (log-sum-exp in float64);
   per passage the summed NLL and its count; the mean is token-weighted (pooled), its interval a
   bootstrap over passages (:func:`sinklab.analysis.stats.weighted_mean_ci`), perplexity its exp.
 * sinks: the ``"sinks"`` passages, each sequence T tokens in all (head + the first T - |head|

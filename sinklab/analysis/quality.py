@@ -66,24 +66,23 @@ QUICK_TRIALS = 3
 DEFAULT_TRIALS = 10
 
 
-def log_sum_exp_rows(logits: np.ndarray, chunk: int = 32) -> np.ndarray:
-    """log Σ_v exp(logits[r, v]) per row, (N, V) -> (N,) float64: each float32 row's maximum
-    subtracted, exp in float32, summed in float64, over row chunks of ``chunk`` so that a 262k
-    vocabulary needs no float64 copy of the logits (4x faster than float64 throughout). Agrees
-    with a float64 log-sum-exp to ~1e-7: the terms that matter lie within a factor 2 of the
-    maximum, where the subtraction is exact."""
+def log_sum_exp_rows(logits: np.ndarray, chunk: int = 2) -> np.ndarray:
+    """log Σ_v exp(logits[r, v]) per row in float64, (N, V) -> (N,): each row's maximum subtracted,
+    exp and sum in float64, over row chunks of ``chunk`` converted in place (a 262k vocabulary
+    needs no float64 copy of all the logits, and each chunk stays in cache: 3x faster than one
+    float64 pass over the whole array, and bitwise the same numbers)."""
     z = np.asarray(logits)
-    if z.dtype != np.float32:
-        z = z.astype(np.float32)
     out = np.empty(len(z), np.float64)
     for r0 in range(0, len(z), chunk):
-        zc = z[r0: r0 + chunk]
+        zc = z[r0: r0 + chunk].astype(np.float64)
         mx = zc.max(axis=1, keepdims=True)
-        out[r0: r0 + len(zc)] = mx[:, 0].astype(np.float64) + np.log(np.exp(zc - mx).sum(axis=1, dtype=np.float64))
+        zc -= mx
+        np.exp(zc, out=zc)
+        out[r0: r0 + len(zc)] = mx[:, 0] + np.log(zc.sum(axis=1))
     return out
 
 
-def nll_rows(logits: np.ndarray, targets: np.ndarray, chunk: int = 32) -> np.ndarray:
+def nll_rows(logits: np.ndarray, targets: np.ndarray, chunk: int = 2) -> np.ndarray:
     """Next-token cross-entropy per row in nats: -log softmax(logits)[target] (the log-sum-exp of
     :func:`log_sum_exp_rows`); logits (N, V), targets (N,) ints in [0, V) -> (N,) float64."""
     z = np.asarray(logits)
