@@ -276,6 +276,19 @@ static void weight_row_bf16(const sl_weight *W, sl_dequant_fn dec, int64_t nbloc
     if (kp > W->cols) t16[W->cols] = 0;
 }
 
+/* Threads that pack panels: the caller's team size when asked to run in parallel from outside a
+ * region, at most one per panel. */
+static int pack_threads(int parallel, int64_t np) {
+    int nthr = 1;
+#if SL_BF16_OMP
+    if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
+#else
+    (void)parallel;
+    (void)np;
+#endif
+    return nthr;
+}
+
 /* sl_bf16_pack (reuse NULL: new panels into *out) and sl_bf16_repack (into reuse, whose shape
  * must be W's). */
 static int pack_impl(const sl_weight *W, int parallel, sl_bf16_panels *reuse, sl_bf16_panels **out) {
@@ -302,12 +315,7 @@ static int pack_impl(const sl_weight *W, int parallel, sl_bf16_panels *reuse, sl
         p->n = n, p->k = k, p->kp = kp, p->bytes = bytes;
         p->data = aligned_alloc(64, (size_t)((bytes + 63) / 64 * 64));
     }
-    int nthr = 1;
-#if SL_BF16_OMP
-    if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
-#else
-    (void)parallel;
-#endif
+    int nthr = pack_threads(parallel, np);
     /* scratch per thread: k decoded floats and kp bf16 values */
     const int64_t per = (k * 4 + kp * 2 + 63) / 64 * 64;
     char *scratch = p->data ? aligned_alloc(64, (size_t)(per * nthr)) : NULL;
@@ -399,12 +407,7 @@ static int pack_t_impl(const float *B, int64_t k, int64_t n, int64_t ldb, int pa
         if (!reuse) sl_bf16_panels_free(p);
         return sl_fail(SL_ERR_MEMORY, "bf16: cannot allocate %lld bytes of panels", (long long)bytes);
     }
-    int nthr = 1;
-#if SL_BF16_OMP
-    if (parallel && !omp_in_parallel()) nthr = (int)min64(sl_num_threads(), np);
-#else
-    (void)parallel;
-#endif
+    int nthr = pack_threads(parallel, np);
     if ((double)k * (double)n < 1e5) nthr = 1;
     const int path = sl_bf16_path(SL_BF16_AUTO);
 #pragma omp parallel for num_threads(nthr) schedule(static) if (nthr > 1)
