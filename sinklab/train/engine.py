@@ -19,14 +19,14 @@ import numpy as np
 from .. import _core
 from ..families import base
 from ..families.config import ModelConfig
-from ..model import Model
+from ..model import PRECISIONS, Model
 from ..system import available_memory
 
 ROPE_HALF_SPLIT = 0  # Hugging Face's rotate-half layout: checkpoints are plain HF LLaMA folders
 
 
-# Precisions of a training step, numbered as the C core's sl_precision (csrc/model.h).
-TRAIN_PRECISIONS = {"fp32": 0, "bf16": 1}
+# Precisions of a training step (a subset of the forward's, with the C core's numbers).
+TRAIN_PRECISIONS = {p: PRECISIONS[p] for p in ("fp32", "bf16")}
 
 
 def check_train_precision(precision: Any) -> str:
