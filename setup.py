@@ -27,6 +27,9 @@ preloaded and CPython's deliberate leaks ignored::
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 python -m pytest tests/test_sgemm.py
 
 (.ci/sanitize does this in a fresh venv). build_info()'s cflags name the sanitizer flags.
+
+``SINKLAB_BUILD_JOBS`` (read at build time): how many C files compile at once, by default the
+CPUs the build may use.
 """
 import glob
 import os
@@ -119,6 +122,41 @@ def _c_string(s: str) -> str:
     return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
+def _build_jobs() -> int:
+    """How many C files compile at once: SINKLAB_BUILD_JOBS, else the CPUs this process may use."""
+    env = os.environ.get("SINKLAB_BUILD_JOBS", "").strip()
+    if env:
+        if not env.isdigit() or int(env) < 1:
+            raise SystemExit(f"error: SINKLAB_BUILD_JOBS must be a positive integer, got {env!r}")
+        return int(env)
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+
+
+def _compile_in_parallel(compiler, jobs: int) -> None:
+    """Makes compiler.compile build its objects ``jobs`` at a time. distutils compiles one file
+    after another; the core's 17 files are independent, so on 2 cores the build takes about half
+    the time. The objects, flags and commands are those of the serial build."""
+    if jobs < 2:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    def compile(sources, output_dir=None, macros=None, include_dirs=None, debug=0, extra_preargs=None,
+                extra_postargs=None, depends=None):
+        macros, objects, extra_postargs, pp_opts, build = compiler._setup_compile(
+            output_dir, macros, include_dirs, sources, depends, extra_postargs)
+        cc_args = compiler._get_cc_args(pp_opts, debug, extra_preargs)
+
+        def one(obj):
+            src, ext = build[obj]
+            compiler._compile(obj, src, ext, cc_args, extra_postargs, pp_opts)
+
+        with ThreadPoolExecutor(jobs) as pool:
+            list(pool.map(one, [o for o in objects if o in build]))   # list(): a failure raises here
+        return objects
+
+    compiler.compile = compile
+
+
 class BuildExt(build_ext):
     def build_extensions(self):
         cc = list(getattr(self.compiler, "compiler_so", None) or ["cc"])
@@ -158,6 +196,7 @@ class BuildExt(build_ext):
         if not omp:
             print(f"sinklab: building without OpenMP ({reason}); the kernels will run on one thread",
                   flush=True)
+        _compile_in_parallel(self.compiler, _build_jobs())
         super().build_extensions()
 
 

@@ -132,6 +132,14 @@ REAL_FIXTURES = frozenset({
 LONGEST_FIRST = ("test_reproduce.py", "test_notebooks.py", "test_parity_real.py", "test_sweep.py")
 
 
+def pytest_configure(config):
+    """Keeps the order below under xdist: its loadfile scheduler otherwise re-sorts the files by
+    their number of tests (``--loadscope-reorder``, on by default since xdist 3.6), which started
+    the 4-test quick report last, leaving one worker running it alone for minutes."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks ``real`` every test whose fixtures reach a real model (tests that fetch one by name
     in their body carry the mark themselves), and orders the files longest first: the files of
