@@ -7,7 +7,8 @@ exits with status 2. ``sinklab experiment fig5|table2 [--profile quick|cpu|full]
 paper's Fig. 5 or Table 2 in miniature (every run resumable, shared runs trained once).
 
 ``sinklab reproduce --families`` runs the cross-family study (Table 1 across the registered
-models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model's report.
+models, ⟨bos⟩ removal on Gemma-3-270M and Qwen2.5-0.5B) instead of one model's report;
+``sinklab reproduce --beyond`` the analyses beyond the paper on three models side by side.
 
 Global options (``--threads``, ``--quiet``, ``--debug``) go before or after the subcommand.
 Errors a user can fix (a missing path, a corrupt model file, prompts too short for
@@ -141,6 +142,8 @@ def cmd_sinks(args) -> int:
 def cmd_reproduce(args) -> int:
     from sinklab import report
 
+    if args.beyond:
+        return _reproduce_beyond(args)
     if args.families:
         if args.model is not None or tuple(args.eps) != DEFAULT_EPS:
             raise CLIError("--families runs its own models, with and without BOS, at eps 0.3 and 0.8: "
@@ -173,6 +176,24 @@ def cmd_reproduce(args) -> int:
     secs = (res or {}).get("meta", {}).get("seconds_total")
     print(f"wrote {os.path.join(out, 'report.md')} and results.json"
           + (f" ({secs:.0f} s)" if secs is not None else ""))
+    return 0
+
+
+def _reproduce_beyond(args) -> int:
+    from sinklab.report import beyond
+
+    if args.families:
+        raise CLIError("--beyond and --families are two reports: run them one at a time")
+    if tuple(args.eps) != DEFAULT_EPS or args.precision != "fp32":
+        raise CLIError("--beyond sets its own thresholds and runs in fp32: drop --eps and --precision")
+    if args.training_profile is not None or args.training_root is not None:
+        raise CLIError("--beyond trains nothing: drop --training-profile and --training-root")
+    models = tuple(args.model) if args.model else beyond.BEYOND_MODELS
+    for m in models:
+        _check_model_arg(m)
+    out = args.out or "sinklab-beyond"
+    res = beyond.reproduce_beyond(models, out=out, quick=args.quick, progress=not args.quiet)
+    print(f"wrote {os.path.join(out, 'beyond.md')} and beyond.json ({res['meta']['seconds_total']:.0f} s)")
     return 0
 
 
@@ -296,11 +317,16 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--families", action="store_true",
                    help="instead of one model's report: Table 1 across the registered models and BOS removal "
                         "on Gemma-3-270M and Qwen2.5-0.5B (families.md, families.json)")
+    r.add_argument("--beyond", action="store_true",
+                   help="instead of the paper's report: the analyses beyond the paper (massive activations, the sink "
+                        "key's geometry, ...) on Gemma-3-270M, SmolLM2-135M and Qwen2.5-0.5B side by side, or the "
+                        "--model ones (beyond.md, beyond.json; resumable)")
     r.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS),
                    help="sink thresholds in (0, 1) (default 0.3 0.8)")
     r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")
     r.add_argument("--out", default=None,
-                   help="output folder (default sinklab-report, or sinklab-families with --families)")
+                   help="output folder (default sinklab-report, sinklab-families with --families, "
+                        "sinklab-beyond with --beyond)")
     r.add_argument("--training-profile", default=None, choices=("none", "quick", "cpu", "full"),
                    help="the section on Fig. 5 and Table 2 in miniature (models trained here): none skips it, "
                         "quick runs the smoke-test profile into OUT/training (about 15 s), cpu or full run or resume "

@@ -13,7 +13,9 @@ one trained with a fixed ⟨bos⟩ (Gemma-3-270M by default); models trained wit
 One module per section (``sinks``, ``quality``, ``controls``, ``perturbation``, ``noop``,
 ``collapse``, ``oversquashing``, ``long_context``, ``training``), each formatting what
 :mod:`sinklab.analysis` computed; ``families`` is the cross-family study
-(``sinklab reproduce --families``).
+(``sinklab reproduce --families``); ``beyond`` the analyses beyond the paper on several models
+side by side (``sinklab reproduce --beyond``), one module per section
+(e.g. :mod:`sinklab.report.beyond_massive`).
 """
 from .core import DEFAULT_MODELS, Context, ModelRole, Section, Settings, trained_with_bos
 from .elements import ELEMENTS, element_rows
@@ -22,11 +24,12 @@ from .families import (BOS_REMOVAL_MODELS, ENCODER_MODELS, FAMILIES_FORMAT, TABL
                        families_study, load_families, reproduce_families, size_trend, table1_markdown, table1_reading,
                        table1_row)
 from .run import markdown, reproduce
+from .beyond import BEYOND_MODELS, BEYOND_SECTIONS, reproduce_beyond
 from ..train.criteria import fig5_reading, table2_reading
 from ..viz.figures_training import fig5_miniature_figure, table2_miniature_figure
 from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, find_training_summaries,
                        load_training_summaries, run_training_profile, section_training, training_model_size,
                        training_results, uniform_first_importance)
 
-__all__ = ["reproduce", "reproduce_families", "families_study", "Settings", "FamilySettings", "Context", "Section",
+__all__ = ["reproduce", "reproduce_families", "reproduce_beyond", "families_study", "Settings", "FamilySettings", "Context", "Section",
            "ModelRole", "ELEMENTS", "DEFAULT_MODELS"]
