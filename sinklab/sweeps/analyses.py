@@ -29,6 +29,7 @@ from ..train.evaluate import EPS
 from ..train.experiments import profile as profile_of
 from ..train.run import TrainConfig
 from ..train.run import train as run_training
+from . import user
 from .grid import SpecError, Task, make_intervention, read_prompts
 
 Rows = List[Dict[str, Any]]
@@ -204,3 +205,11 @@ MODEL_ANALYSES: Dict[str, Callable[[Task, Any], Tuple[Rows, Arrays]]] = {
     "sink_study": sink_study, "sink_location": sink_location, "long_context": long_context,
     "perturbation": perturbation, "sensitivity": sensitivity, "quality": quality,
 }
+
+
+def model_analysis(task: Task) -> Callable[[Task, Any], Tuple[Rows, Arrays]]:
+    """The function that computes ``task``: a built-in of :data:`MODEL_ANALYSES`, or the user
+    function it names, checked to be the source the sweep was planned with."""
+    if user.is_user_analysis(task.analysis):
+        return user.checked(task.analysis, task.identity["user_source_sha256"])
+    return MODEL_ANALYSES[task.analysis]

@@ -7,7 +7,9 @@ reads becomes one task each (an axis the spec leaves out takes its default):
 axis           values                                      default
 =============  ==========================================  ===================================
 analysis       sink_study, perturbation, sensitivity,      sink_study
-               quality, train
+               quality, train, or a user function
+               ``"package.module:function"``
+               (:mod:`sinklab.sweeps.user`)
 model          a registered name, a ``.gguf`` file or a    smollm2-135m-instruct
                Hugging Face folder
 prompts        a shipped split (``sinks``, ``heldout``,    sinks
@@ -36,7 +38,9 @@ and ``train`` trains in fp32); an fp32 task's key leaves it out, so a store writ
 existed still holds its fp32 results.
 
 ``[settings.ANALYSIS]`` tables fix keyword arguments of one analysis (``n_prompts`` for every
-prompt-set analysis; :data:`SETTINGS_KEYS` lists the rest); they are part of every task key.
+prompt-set analysis; :data:`SETTINGS_KEYS` lists the rest, and a user analysis takes any
+JSON-able keys); they are part of every task key. A user analysis reads the axes of
+``sink_study``; its task key also holds the sha256 of the function's source.
 """
 from __future__ import annotations
 
@@ -52,6 +56,7 @@ import numpy as np
 from ..interventions import Intervention
 from ..io import registry
 from ..prompts import SPLITS, load_passages
+from . import user
 
 ANALYSES = ("sink_study", "sink_location", "long_context", "perturbation", "sensitivity", "quality", "train")
 
@@ -122,10 +127,25 @@ def _as_list(name: str, v: Any) -> List[Any]:
     return vals
 
 
+def analysis_axes(analysis: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(task axes, row axes) of a built-in or user analysis."""
+    return user.USER_AXES if user.is_user_analysis(analysis) else ANALYSIS_AXES[analysis]
+
+
+def _check_analysis(v: Any) -> None:
+    if user.is_user_analysis(v):
+        try:
+            user.source_sha256(v)                 # importable, callable, with readable source
+        except ValueError as e:
+            raise SpecError(str(e)) from None
+    elif v not in ANALYSES:
+        raise SpecError(f"unknown analysis {v!r}; choose from {', '.join(ANALYSES)}, or name a function "
+                        "'package.module:function'")
+
+
 def _check_value(axis: str, v: Any) -> Any:
     if axis == "analysis":
-        if v not in ANALYSES:
-            raise SpecError(f"unknown analysis {v!r}; choose from {', '.join(ANALYSES)}")
+        _check_analysis(v)
     elif axis == "bos":
         if not isinstance(v, bool):
             raise SpecError(f"bos values are true/false, got {v!r}")
@@ -219,6 +239,9 @@ class Grid:
             axes[a] = uniq
         settings = {k: dict(v) for k, v in (spec.get("settings") or {}).items()}
         for k, v in settings.items():
+            if user.is_user_analysis(k):
+                _check_analysis(k)
+                continue
             if k not in ANALYSES:
                 raise SpecError(f"settings for unknown analysis {k!r}; choose from {', '.join(ANALYSES)}")
             bad = sorted(set(v) - set(SETTINGS_KEYS[k]))
@@ -230,7 +253,7 @@ class Grid:
         """One :class:`Task` per analysis and combination of the axes it reads, in spec order."""
         out: List[Task] = []
         for analysis in self.axes["analysis"]:
-            task_axes, row_axes = ANALYSIS_AXES[analysis]
+            task_axes, row_axes = analysis_axes(analysis)
             for combo in itertools.product(*(self.axes[a] for a in task_axes)):
                 point = dict(zip(task_axes, combo))
                 if analysis == "perturbation":
@@ -243,7 +266,7 @@ class Grid:
         """Axes the spec set that some analysis does not read (or cannot take), one line each."""
         notes = []
         for analysis in self.axes["analysis"]:
-            task_axes, row_axes = ANALYSIS_AXES[analysis]
+            task_axes, row_axes = analysis_axes(analysis)
             for a in sorted(self.explicit - set(task_axes) - set(row_axes) - {"analysis"}):
                 if analysis == "perturbation" and a == "intervention":
                     notes.append("perturbation takes no intervention: it runs with intervention=none only")
@@ -278,14 +301,18 @@ class Task:
         self.identity = {"format": FORMAT, "analysis": self.analysis, "point": point, "rows": self.rows,
                          "settings": self.settings, "model_sha256": model_sha256,
                          "prompts_sha256": prompts_sha256, "sinklab": version}
+        if user.is_user_analysis(self.analysis):     # editing the function gives new keys
+            self.identity["user_source_sha256"] = user.source_sha256(self.analysis)
         text = json.dumps(self.identity, sort_keys=True, separators=(",", ":"), default=_json_default)
         self.key = hashlib.sha256(text.encode("utf-8")).hexdigest()
         return self
 
     @property
     def name(self) -> str:
-        """The file stem of the task's result: ``ANALYSIS-<first 24 hex digits of key>``."""
-        return f"{self.analysis}-{self.key[:24]}"
+        """The file stem of the task's result: ``ANALYSIS-<first 24 hex digits of key>`` (a user
+        analysis's name with every character but letters, digits, ``_``, ``.`` and ``-`` as ``_``)."""
+        stem = "".join(c if c.isalnum() or c in "_.-" else "_" for c in self.analysis)
+        return f"{stem}-{self.key[:24]}"
 
     def label(self) -> str:
         return ", ".join(f"{k}={v}" for k, v in self.point.items() if k != "train") + \

@@ -52,7 +52,7 @@ def execute(task: Task, out: str, threads: Optional[int] = None,
         else:
             model = analyses.worker_model(task.point["model"], task.point.get("precision", "fp32"))
             load = time.perf_counter() - t0
-            rows, arrays = analyses.MODEL_ANALYSES[task.analysis](task, model)
+            rows, arrays = analyses.model_analysis(task)(task, model)
         info = {"seconds": time.perf_counter() - t0, "load_seconds": load, "host": socket.gethostname(),
                 "pid": os.getpid(), "threads": n}
         store.write_result(out, task, rows, arrays, info)

@@ -78,7 +78,7 @@ def sweep_figures(df: Any, folder: str) -> List[str]:
     paths = []
     for analysis in dict.fromkeys(df["analysis"]):
         sub = df[df["analysis"] == analysis].dropna(axis=1, how="all")
-        if METRICS[analysis][0] not in sub:
+        if analysis not in METRICS or METRICS[analysis][0] not in sub:   # user analyses: no known metric
             continue
         path = os.path.join(folder, f"{analysis}.png")
         analysis_figure(sub, analysis).savefig(path, dpi=120)
