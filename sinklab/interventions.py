@@ -87,6 +87,11 @@ class Intervention:
 
     def __post_init__(self) -> None:
         _scope_code(self.zero_first_value_scope)
+        for name in ("mask_first", "zero_first_value"):
+            _check_heads(getattr(self, name), name)
+        if not (self.head_scale is None or isinstance(self.head_scale, (dict, np.ndarray))):
+            raise TypeError(f"head_scale must be None, a dict {{(layer, head): factor}} or an (L, H) array, "
+                            f"got {type(self.head_scale).__name__}")
 
     def arrays(self, n_layers: int, n_heads: int) -> Dict[str, Optional[np.ndarray]]:
         """The C core's form, keys ``mask_first``, ``zero_first_value``, ``head_scale``.
@@ -120,6 +125,18 @@ def _scope_code(scope: str) -> int:
                          f"'all': every query including 0, 'mean': queries i >= 1 read v_0 as the "
                          f"mean of the other values they see)")
     return ZERO_FIRST_VALUE_SCOPES[scope]
+
+
+def _check_heads(spec: Heads, name: str) -> None:
+    """A TypeError unless ``spec`` is a head set: None, a bool, an (L, H) array or (layer, head) pairs."""
+    if spec is None or isinstance(spec, (bool, np.bool_, np.ndarray)):
+        return
+    if isinstance(spec, (str, bytes)) or not hasattr(spec, "__iter__"):
+        raise TypeError(f"{name} must be True/False (every head or none), an (L, H) boolean array or an iterable "
+                        f"of (layer, head) pairs, got {spec!r}")
+    for pair in (spec if isinstance(spec, (list, tuple, set, frozenset)) else ()):
+        if isinstance(pair, (str, bytes)) or not hasattr(pair, "__len__") or len(pair) != 2:
+            raise TypeError(f"{name}: each entry must be a (layer, head) pair of integers, got {pair!r}")
 
 
 def _pairs(pairs, shape, name):

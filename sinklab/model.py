@@ -195,7 +195,14 @@ class Model:
     # ------------------------------------------------------------------ forward
     def check_ids(self, ids: Any) -> np.ndarray:
         """``ids`` as a C-contiguous int64 array of shape (T,) or (B, T), or a ValueError/TypeError naming the problem."""
-        arr = np.asarray(ids)
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("run() takes token ids, not text: call model.tokenize(text, bos=...) first (or "
+                            "sinklab.inputs.prepare for the model's own ⟨bos⟩ rule)")
+        try:
+            arr = np.asarray(ids)
+        except ValueError as e:             # NumPy refuses rows of unequal lengths
+            raise ValueError("token ids are ragged (rows of unequal lengths): pad them to one length T and pass "
+                             "lengths=[each row's length], or batch them with sinklab.batching (ragged=True)") from e
         if arr.ndim not in (1, 2):
             raise ValueError(f"token ids must have shape (T,) or (B, T), got {arr.shape}")
         if arr.size == 0:

@@ -211,3 +211,21 @@ def test_request_larger_than_the_machine_raises_before_allocating(smollm2_gguf):
     assert peak < 64 << 20, peak                           # nothing of the GB-sized buffers was allocated
     msg = str(e.value)
     assert f"{B * per_seq / 1e9:.2f} GB" in msg and "available" in msg and "layers=[...]" in msg
+
+
+def test_text_instead_of_ids_says_to_tokenize(model):
+    with pytest.raises(TypeError, match="tokenize"):
+        model.run("some text")
+
+
+def test_ragged_ids_name_lengths(model):
+    with pytest.raises(ValueError, match="ragged.*lengths="):
+        model.run([[1, 2, 3], [4, 5]])
+
+
+@pytest.mark.parametrize("kw", [{"mask_first": "yes"}, {"zero_first_value": 3}, {"mask_first": [(0, 1, 2)]},
+                                {"mask_first": ["ab"]}, {"head_scale": 0.0}])
+def test_intervention_head_sets_of_the_wrong_kind_fail_at_construction(kw):
+    """Before, Intervention(mask_first="yes") was accepted and failed later inside int('y')."""
+    with pytest.raises(TypeError, match=next(iter(kw))):
+        sl.Intervention(**kw)
