@@ -633,17 +633,38 @@ def test_uniform_first_importance():
         report.uniform_first_importance(0)
 
 
+def _real(x):
+    """``x`` with every string naming an existing file or folder replaced by its real path."""
+    if isinstance(x, dict):
+        return {k: _real(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_real(v) for v in x]
+    return os.path.realpath(x) if isinstance(x, str) and os.path.exists(x) else x
+
+
+def _quick_runs_in_cache(quick, out, monkeypatch, tmp_path):
+    """The fixture's finished quick runs where a report into ``out`` looks for them (a link)."""
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    where = report.quick_runs_dir(str(out))
+    os.makedirs(os.path.dirname(where), exist_ok=True)
+    os.symlink(quick["root"], where)
+
+
 @pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
 def test_report_reads_cpu_summaries_or_runs_the_quick_profile(quick, monkeypatch, tmp_path):
     def no_training(*a, **kw):
         raise AssertionError("trained again")
 
     monkeypatch.setattr(X, "train", no_training)
-    # no cpu summaries: the quick profile, whose runs are already finished in out/runs
+    # no cpu summaries: the quick profile, whose runs are already finished in its scratch folder
+    _quick_runs_in_cache(quick, quick["out"], monkeypatch, tmp_path)
     res = report.training_results("auto", root=str(tmp_path / "nothing"), out=str(quick["out"]), progress=False)
+    assert os.path.isdir(quick["root"])    # a linked scratch folder is not removed
     assert (res["source"], res["profile"]) == ("ran", "quick")
     assert "No cpu-profile summaries" in res["note"] and "quick profile was run instead" in res["note"]
-    assert res["table2"]["rows"] == quick["table2"]["rows"] and res["fig5"]["runs"] == quick["fig5"]["runs"]
+    # the same runs, reached through the scratch folder's link: equal numbers, paths to the same folders
+    assert _real(res["table2"]["rows"]) == _real(quick["table2"]["rows"])
+    assert _real(res["fig5"]["runs"]) == _real(quick["fig5"]["runs"])
     # cpu summaries one folder below the root (as `sinklab experiment --out ROOT/summary` leaves them)
     summary = tmp_path / "exp" / "summary"
     summary.mkdir(parents=True)
@@ -665,8 +686,8 @@ def test_report_section_states_what_the_numbers_show(quick, monkeypatch, tmp_pat
     monkeypatch.setattr(X, "train", lambda *a, **kw: pytest.fail("trained again"))
     out = tmp_path / "rep"
     (out / report.TRAINING_DIR).mkdir(parents=True)
-    # the report's quick layout: OUT/training/runs holds the runs
-    os.symlink(quick["root"], out / report.TRAINING_DIR / "runs")
+    # the report's quick layout: the runs in the cache's scratch folder for OUT/training
+    _quick_runs_in_cache(quick, out / report.TRAINING_DIR, monkeypatch, tmp_path)
     ctx = report.Context(None, report.Settings.for_run(True), str(out), False, training_profile="quick")
     sec = report.section_training(ctx)
     for f in sec.figures:

@@ -166,10 +166,15 @@ class FetchError(RuntimeError):
     """A named model could not be fetched or failed verification."""
 
 
+def cache_home() -> Path:
+    """sinklab's cache: ``$SINKLAB_HOME`` (default ``~/.cache/sinklab``): fetched models, and runs a
+    report trains for itself."""
+    return Path(os.environ.get("SINKLAB_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "sinklab"))
+
+
 def cache_dir() -> Path:
     """Where fetched models live: ``$SINKLAB_HOME/models`` (default ``~/.cache/sinklab/models``)."""
-    home = os.environ.get("SINKLAB_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "sinklab")
-    return Path(home) / "models"
+    return cache_home() / "models"
 
 
 def resolve_name(name: str) -> RegisteredModel:

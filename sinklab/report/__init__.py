@@ -29,7 +29,7 @@ from ..train.criteria import fig5_reading, table2_reading
 from ..viz.figures_training import fig5_miniature_figure, table2_miniature_figure
 from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, find_training_summaries,
                        load_training_summaries, run_training_profile, section_training, training_model_size,
-                       training_results, uniform_first_importance)
+                       training_results, uniform_first_importance, quick_runs_dir)
 
 __all__ = ["reproduce", "reproduce_families", "reproduce_beyond", "families_study", "Settings", "FamilySettings", "Context", "Section",
            "ModelRole", "ELEMENTS", "DEFAULT_MODELS"]

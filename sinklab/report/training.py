@@ -2,10 +2,13 @@
 and read here; the verdicts come from :mod:`sinklab.train.criteria`."""
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 import time
 from typing import Any, Dict, Optional, Tuple
 
+from ..io.registry import cache_home
 from ..results import save_json
 from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
 from ..analysis import status as S
@@ -102,13 +105,23 @@ def run_training_profile(profile: str, root: str, out: str, progress: bool = Tru
     return fig5, table2
 
 
+def quick_runs_dir(out: str) -> str:
+    """Where the quick profile's runs (checkpoints and logs, about 46 MB) go for a report written to
+    ``out``: a scratch folder under the cache (``$SINKLAB_HOME/report-runs/``), one per report
+    folder, so that a report interrupted while training resumes them; it is removed once the
+    summaries are written, and the report folder keeps only those."""
+    key = hashlib.sha256(os.path.abspath(out).encode()).hexdigest()[:16]
+    return str(cache_home() / "report-runs" / f"quick-{key}")
+
+
 def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = TRAINING_DIR,
                      progress: bool = True) -> Dict[str, Any]:
     """The two experiments' summaries for the report, by ``choice``:
 
     * ``"auto"``: the cpu profile's summaries under ``root`` when they exist, else the quick
-      profile run into ``out/runs`` (and ``note`` says so);
-    * ``"quick"``: the quick profile run (or resumed) into ``out/runs``;
+      profile run into :func:`quick_runs_dir` (and ``note`` says so);
+    * ``"quick"``: the quick profile run (or resumed) into :func:`quick_runs_dir` (the cache), its
+      summaries into ``out``;
     * ``"cpu"`` / ``"full"``: that profile run or resumed with its runs and summaries in ``root``
       (where ``sinklab experiment --profile P`` puts them).
 
@@ -129,13 +142,18 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
                 f"--root {root}` writes them, in about an hour on 2 cores), so the quick profile was run instead. ")
         choice = "quick"
     if choice == "quick":
-        where = os.path.join(out, "runs")
+        where = quick_runs_dir(out)
         fig5, table2 = run_training_profile("quick", where, out, progress)
+        if not os.path.islink(where):       # the curves are in the summaries; the checkpoints were scratch
+            shutil.rmtree(where, ignore_errors=True)
+        note += (f"Ran the quick profile in a scratch folder under the cache (`{where}`: checkpoints and logs, "
+                 f"which an interrupted report resumes from, removed once the summaries were written); summaries "
+                 f"`fig5-quick.json` and `table2-quick.json` in `{out}`.")
     else:
         where = root
         fig5, table2 = run_training_profile(choice, root, root, progress)
-    note += (f"Ran the {choice} profile: runs (checkpoints and log.jsonl, resumable) in `{where}`, "
-             f"summaries `fig5-{choice}.json` and `table2-{choice}.json` in `{out if choice == 'quick' else root}`.")
+        note += (f"Ran the {choice} profile: runs (checkpoints and log.jsonl, resumable) in `{where}`, "
+                 f"summaries `fig5-{choice}.json` and `table2-{choice}.json` in `{root}`.")
     return {"profile": choice, "source": "ran", "where": where, "fig5": fig5, "table2": table2, "note": note,
             "seconds": time.perf_counter() - t0}
 
