@@ -22,6 +22,7 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from typing import Callable, List, Optional, Sequence
@@ -30,7 +31,7 @@ import sinklab as sl
 from .families import UnsupportedArchitecture
 from .io import registry
 from .prompts import load_passages
-from .results import save_json
+from .results import save_json, to_jsonable
 from .runtime import __version__
 
 # Each subcommand imports its own top-floor module (viz and matplotlib, report, train, sweeps)
@@ -107,6 +108,26 @@ def cmd_sinks(args) -> int:
     mean_imp = study.mean  # (L, H)
     per_layer = study.layer_sink_rate(args.eps)
 
+    out_dir = args.out if args.out is not None or args.json else "sinks-out"
+    digest, manifest = registry.sha256_manifest(model.source)
+    result = {"model": model.name, "source": model.source, "sha256": digest, "sha256_manifest": manifest,
+              "bos_token_id": c.bos_token_id if bos else None, "eps": args.eps, "max_tokens": T, "T": T,
+              "bos_in_T": True, "n_prompts_given": n_given, "n_prompts": study.n_prompts, "n_dropped": dropped,
+              "kept_prompts": study.meta["kept_prompts"], "prompt_tokens": [T] * study.n_prompts,
+              "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
+              "first_token_importance_mean": mean_imp.tolist(), "precision": args.precision,
+              "sinklab_version": sl.__version__}
+    if out_dir is not None:
+        os.makedirs(out_dir, exist_ok=True)
+        fig = importance_heatmap(mean_imp, eps=args.eps, title=f"{model.name}: first-token importance "
+                                                              f"({'with' if bos else 'no'} BOS, T={T})")
+        png = os.path.join(out_dir, "sinks_heatmap.png")
+        fig.savefig(png, dpi=130)
+        save_json(os.path.join(out_dir, "sinks.json"), result)
+    if args.json:
+        json.dump(to_jsonable(result), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     print(f"model: {model.name} ({c.family}, {c.n_layers} layers x {c.n_heads} heads"
           f"{', bidirectional encoder: a0 averages over all queries' if c.bidirectional else ''}"
           f"{'' if args.precision == 'fp32' else ', weight products in ' + args.precision})")
@@ -120,22 +141,7 @@ def cmd_sinks(args) -> int:
     print(f"\n{'layer':>5}  {'mean a0':>8}  {'max a0':>7}  sink heads (eps={args.eps:g})")
     for l in range(c.n_layers):
         print(f"{l:>5}  {mean_imp[l].mean():8.3f}  {mean_imp[l].max():7.3f}  {100 * per_layer[l]:6.1f}%")
-
-    os.makedirs(args.out, exist_ok=True)
-    fig = importance_heatmap(mean_imp, eps=args.eps,
-                             title=f"{model.name}: first-token importance ({'with' if bos else 'no'} BOS, T={T})")
-    png = os.path.join(args.out, "sinks_heatmap.png")
-    fig.savefig(png, dpi=130)
-    digest, manifest = registry.sha256_manifest(model.source)
-    result = {"model": model.name, "source": model.source, "sha256": digest, "sha256_manifest": manifest,
-              "bos_token_id": c.bos_token_id if bos else None, "eps": args.eps, "max_tokens": T, "T": T,
-              "bos_in_T": True, "n_prompts_given": n_given, "n_prompts": study.n_prompts, "n_dropped": dropped,
-              "kept_prompts": study.meta["kept_prompts"], "prompt_tokens": [T] * study.n_prompts,
-              "sink_rate": {f"{e:g}": study.sink_rate(e) for e in eps_all},
-              "first_token_importance_mean": mean_imp.tolist(), "precision": args.precision,
-              "sinklab_version": sl.__version__}
-    save_json(os.path.join(args.out, "sinks.json"), result)
-    print(f"\nwrote {png} and {os.path.join(args.out, 'sinks.json')}")
+    print(f"\nwrote {os.path.join(out_dir, 'sinks_heatmap.png')} and {os.path.join(out_dir, 'sinks.json')}")
     return 0
 
 
@@ -306,7 +312,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),
                    help="the forward's weight products: fp32 (exact, the default), bf16 or int8 (faster; the "
                         "README's Precision section says what each costs)")
-    s.add_argument("--out", default="sinks-out", help="output folder for the heatmap and JSON")
+    s.add_argument("--out", default=None,
+                   help="output folder for the heatmap and sinks.json (default sinks-out; with --json, nothing is "
+                        "written unless --out is given)")
+    s.add_argument("--json", action="store_true",
+                   help="print the result as JSON on stdout (what sinks.json holds) instead of the table")
     _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)
     r = sub.add_parser("reproduce", help="run the report's analyses (Markdown, PNG, JSON)")
@@ -350,11 +360,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     x = sub.add_parser("experiment", help="the paper's pre-training experiments in miniature: fig5 (context "
                                           "length) or table2 (packing and a fixed <bos>); resumable")
-    x.add_argument("name", choices=("fig5", "table2"))
+    x.add_argument("name", choices=("fig5", "table2"),
+                   help="fig5: sink formation against the training context; table2: causal or intra-document "
+                        "packing, with or without a fixed <bos>")
     x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
                         "cpu2x (cpu, twice the tokens), full (a larger model, 5x the tokens: overnight)")
-    x.add_argument("--root", default="sinklab-experiments", help="folder of the runs (shared by both experiments)")
+    x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by both experiments (default sinklab-experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     x.add_argument("--seeds", type=int, default=None,
                    help="training seeds per condition, 0..N-1 (default: the profile's, 3); seed 0's runs keep the "

@@ -82,6 +82,48 @@ def test_sinks_on_a_hf_folder_keeps_exactly_T_tokens(tiny, tmp_path, capsys):
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_sinks_json_is_the_result_on_stdout_alone(tiny, tmp_path, capsys, monkeypatch):
+    """``--json``: stdout is one JSON document (the numbers of sinks.json, checked against
+    transformers), nothing else; no files unless --out is given."""
+    hf_model, folder = tiny
+    monkeypatch.chdir(tmp_path)
+    rc, stdout, stderr = run_cli(["sinks", folder, "--prompt", LONG[0], "--prompt", LONG[1], "--max-tokens", T,
+                                  "--json"], capsys)
+    assert rc == 0, stderr
+    res = json.loads(stdout)
+    assert list(tmp_path.iterdir()) == []
+    ref = reference_importance(hf_model, folder, LONG)
+    assert np.abs(np.array(res["first_token_importance_mean"]) - ref.mean(axis=0)).max() < 1e-5
+    assert res["sink_rate"]["0.3"] == pytest.approx(float(np.mean(ref > 0.3)), abs=1e-12)
+    rc, stdout2, _ = run_cli(["sinks", folder, "--prompt", LONG[0], "--prompt", LONG[1], "--max-tokens", T,
+                              "--json", "--out", tmp_path / "o", "--quiet"], capsys)
+    assert rc == 0 and json.loads(stdout2) == json.loads((tmp_path / "o" / "sinks.json").read_text())
+
+
+def test_python_dash_m_sinklab_is_the_command():
+    res = subprocess.run([sys.executable, "-m", "sinklab", "--version"], capture_output=True, text=True)
+    assert res.returncode == 0 and res.stdout.startswith("sinklab "), res.stderr
+
+
+def test_every_subcommand_and_argument_has_help():
+    """Each option's help names its default when it has one (argparse prints none by itself)."""
+    import argparse
+
+    def actions(p):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for name, sp in a.choices.items():
+                    assert sp.description or any(c.dest == name and c.help for c in a._choices_actions), name
+                    yield from actions(sp)
+            elif not isinstance(a, (argparse._HelpAction, argparse._VersionAction)):
+                yield a
+
+    for a in actions(cli.build_parser()):
+        assert a.help, a.option_strings or a.dest
+        if a.default not in (None, False, argparse.SUPPRESS) and a.option_strings:
+            assert "default" in a.help.lower(), (a.option_strings, a.default)
+
+
 def test_sinks_with_no_prompt_long_enough(tiny, tmp_path, capsys):
     rc, stdout, stderr = run_cli(["sinks", tiny[1], "--prompt", SHORT, "--max-tokens", T,
                                   "--out", tmp_path, "--quiet"], capsys)
