@@ -50,6 +50,9 @@ def test_files_roles_and_metadata(report):
     assert by[STUDY]["tokenizer_adds_bos"] is True and by[STUDY]["bos_token"] == "<bos>"
     assert by[CONTRAST]["tokenizer_adds_bos"] is False and by[CONTRAST]["bos_token"] == "<|im_start|>"
     md = (out / "report.md").read_text()
+    # the training section's checkpoints went to the cache's scratch folder, not into the report
+    assert not (out / "training" / "runs").exists()
+    assert sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) < 20e6
     assert "PAPER" + ".md" not in md  # (spelled so that this file does not cite it either)
     for key in ("sinks", "quality", "controls", "perturbation", "noop", "collapse", "oversquashing",
                 "long_context", "training"):
