@@ -63,6 +63,7 @@ from ..prompts import load_passages
 from ..results import load_npz, save_npz, to_jsonable
 from .stats import Interval, mean_ci
 from .status import Verdict, combine, consistency, directional, not_testable
+from ..reprs import compact_repr
 
 
 RANK_POSITIONS = ("text", "text_after_first", "all")
@@ -91,6 +92,7 @@ def rank_collapse(resid: np.ndarray, start: int = 0) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
+@compact_repr
 @dataclass
 class Prop31:
     """Both sides of Prop. 3.1 per layer (see the module docstring); arrays of shape (...).
@@ -176,6 +178,7 @@ def _repr_from_resid(resid: np.ndarray, T: int, relative: bool) -> np.ndarray:
     return d
 
 
+@compact_repr
 @dataclass
 class CollapseResult:
     """Collapse metrics as the context grows.
@@ -404,6 +407,7 @@ def ols_slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
 TREND_MEASURES = ("rank", "repr_rel", "repr_dist")
 
 
+@compact_repr
 @dataclass
 class CollapseTrend:
     """Collapse measures per (unit, T, layer) over independent passage units, and their trends.

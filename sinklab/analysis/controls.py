@@ -89,6 +89,7 @@ from . import tasks
 from .quality import log_sum_exp_rows, nll_rows
 from .sinkset import key_mass_from_importance
 from .stats import Interval, bootstrap, mean_ci, weighted_mean_ci, wilson
+from ..reprs import compact_repr
 
 FORMAT = "sinklab.BosControls/1"
 KINDS = ("bos", "none", "replace", "prefix", "value")
@@ -314,6 +315,7 @@ def random_heads(sink: np.ndarray, k: int, seed: int, draw: int, from_sink: bool
 
 
 # ====================================================================== where the sink sits
+@compact_repr
 @dataclass
 class SinkLocation:
     """Where each head's attention mass sits, per prompt (P prompts, L layers, H heads).
@@ -519,6 +521,7 @@ def _strictly_best(s: np.ndarray, target: int) -> bool:
 
 
 # ====================================================================== results
+@compact_repr
 @dataclass
 class ConditionResult:
     """One condition's measurements.

@@ -47,6 +47,7 @@ from ..batching import run_each
 from ..results import load_npz, save_npz, to_jsonable
 from .massive import Prompt, sequences
 from .stats import Interval, mean_ci
+from ..reprs import compact_repr
 
 FORMAT = "sinklab.KeyGeometry/1"
 FIELDS = ("a0", "k0_norm", "kj_norm", "cos0_mean", "cos0_std", "cosj_mean", "sink_logit", "other_logit",
@@ -99,6 +100,7 @@ def geometry_of(q: np.ndarray, k: np.ndarray, scale: float, bidirectional: bool 
     return out
 
 
+@compact_repr
 @dataclass
 class KeyGeometry:
     """Key geometry of every (prompt, layer, head); each array field (P, L, H) float64, names and

@@ -44,6 +44,7 @@ from ..progress import progress_bar
 from ..results import load_npz, save_npz, to_jsonable
 from .sinkset import check_T, default_prompts, select_prompts, token_lists
 from .stats import Interval, mean_ci
+from ..reprs import compact_repr
 
 Prompt = Union[str, Sequence[int], np.ndarray]
 FORMAT = "sinklab.MassiveActivations/1"
@@ -132,6 +133,7 @@ def mlp_neurons(model, layer: int, mlp_in: np.ndarray,
     return a, C, bias
 
 
+@compact_repr
 @dataclass
 class MassiveActivations:
     """Massive activations of a model over P prompts of T tokens (see the module docstring).

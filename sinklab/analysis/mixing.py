@@ -57,6 +57,7 @@ from .collapse import PASSAGE_SEPARATOR, default_passages, ols_slope, units_with
 from .sensitivity import sensitivity
 from .stats import Interval, mean_ci, paired_difference
 from .status import Verdict, combine, directional, not_testable
+from ..reprs import compact_repr
 
 GROUPS = ("bos", "first_text", "others", "target")
 """The source groups of a run: ⟨bos⟩ (position 0 with ⟨bos⟩; absent without), the first text
@@ -85,6 +86,7 @@ def group_masses(fro: np.ndarray, T: int, condition: str) -> Dict[str, np.ndarra
     return {g: f2[:, idx].sum(axis=1) for g, idx in source_groups(T, condition).items()}
 
 
+@compact_repr
 @dataclass
 class MixingResult:
     """The mixing measure per (unit, T, layer) in both conditions.

@@ -41,6 +41,7 @@ from ..batching import run_each
 from ..results import load_npz, save_npz, to_jsonable
 from . import status as S
 from .stats import mean_ci
+from ..reprs import compact_repr
 
 TextLike = Union[str, Sequence[int], np.ndarray]
 KV_RULES = ("majority", "any", "all")
@@ -102,6 +103,7 @@ def _rankdata(x: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------- no-op analysis
+@compact_repr
 @dataclass
 class NoopResult:
     """Per-prompt value norms, head-output norms and attention to position 0.
@@ -316,6 +318,7 @@ def noop_analysis(model: Any, texts: Union[TextLike, Sequence[TextLike]], bos: b
 
 
 # ---------------------------------------------------------------------------------- conditional heads
+@compact_repr
 @dataclass
 class ConditionalHeads:
     """Heads that attend to a trigger token when it is present and to position 0 when it is not.

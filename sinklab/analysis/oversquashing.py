@@ -140,6 +140,7 @@ from ..progress import progress_bar
 from . import status
 from .sensitivity import sensitivity
 from .stats import bootstrap
+from ..reprs import compact_repr
 
 CONSTANTS = ("entrywise", "per_head")
 MLP_MODES = ("fast", "exact")
@@ -147,6 +148,7 @@ CAPTURE = ("attn", "resid", "q", "k", "v", "attn_out")
 
 
 # ------------------------------------------------------------------------------ weight norms
+@compact_repr
 @dataclass
 class LayerNorms:
     """Spectral norms of one layer's weight blocks (float64), norm weights folded in (W' = W diag(w)).
@@ -283,6 +285,7 @@ def _zeroed_rows(intervene: Optional[Intervention], layer: int, head: int, n_lay
 
 
 # ------------------------------------------------------------------------------ one layer
+@compact_repr
 @dataclass
 class LayerBound:
     """One layer's factors (float64). attn: (T, T) bound on ||dAttn_k/dx_m|| (entrywise form);
@@ -370,6 +373,7 @@ def _layer_bound(model: Any, tr: Any, l: int, intervene: Optional[Intervention],
 
 
 # ------------------------------------------------------------------------------ result
+@compact_repr
 @dataclass
 class OversquashingBound:
     """Thm. 3.2's bound on ||d resid[L][target] / d resid[l][j]||_2 at one input, and optionally
@@ -687,6 +691,7 @@ def _lam_max_product(GL: np.ndarray, GR: np.ndarray) -> np.ndarray:
     return np.clip(np.linalg.eigvalsh(0.5 * (M + np.swapaxes(M, 1, 2)))[:, -1], 0.0, None)
 
 
+@compact_repr
 @dataclass
 class ExactLayer:
     """One layer's exact local factors (float64), rows k <= the target.
@@ -956,6 +961,7 @@ def _first_depth(r: np.ndarray, level: float) -> Optional[int]:
     return int(over[0]) + 1 if over.size else None
 
 
+@compact_repr
 @dataclass
 class Thm32Bounds:
     """Thm. 3.2's path-sum bounds at one input, against the measured Jacobian, layer by layer.

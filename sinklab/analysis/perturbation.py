@@ -55,6 +55,7 @@ from ..prompts import load_passages
 from ..results import load_npz, save_npz, to_jsonable
 from . import status as S
 from .stats import mean_ci
+from ..reprs import compact_repr
 
 SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "nobos")
 
@@ -124,6 +125,7 @@ def _resid_entropy(tr: Any, text_keys: bool) -> Tuple[np.ndarray, np.ndarray, Op
 
 
 # ---------------------------------------------------------------------------------- result
+@compact_repr
 @dataclass
 class PerturbationResult:
     """Change of the residual stream under a same-length token perturbation.
@@ -504,6 +506,7 @@ def swap_candidates(model: Any, ids: np.ndarray, table: Dict[int, int], min_afte
     return out
 
 
+@compact_repr
 @dataclass
 class PerturbationStudy:
     """Many one-word swaps over many passages, each a :class:`PerturbationResult` (±BOS).

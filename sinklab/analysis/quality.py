@@ -50,6 +50,7 @@ from ..batching import run_each
 from ..progress import progress_bar
 from ..prompts import load_passages
 from ..results import load_tagged_json, save_tagged_json, to_jsonable
+from ..reprs import compact_repr
 
 QUALITY_FORMAT = "sinklab.QualityReport/1"
 FILLER = ("The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
@@ -91,6 +92,7 @@ def nll_rows(logits: np.ndarray, targets: np.ndarray, chunk: int = 2) -> np.ndar
 
 
 # ====================================================================== perplexity
+@compact_repr
 @dataclass
 class PerplexityResult:
     """Held-out perplexity of one condition (with or without BOS).
@@ -305,6 +307,7 @@ class PasskeyTrial:
     digit_accuracy: float
 
 
+@compact_repr
 @dataclass
 class PasskeyResult:
     """Passkey accuracy per length, for one condition.
@@ -461,6 +464,7 @@ def passkey(model, lengths: Optional[Sequence[int]] = None, trials: Optional[int
 
 
 # ====================================================================== both conditions
+@compact_repr
 @dataclass
 class QualityReport:
     """Perplexity and passkey accuracy with and without BOS (offline stand-in for the paper's ⟨bos⟩-removal benchmarks)."""

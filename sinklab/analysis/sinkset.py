@@ -43,11 +43,13 @@ from ..batching import run_each
 from ..prompts import load_passages
 from ..results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
 from .sinks import check_eps, first_token_importance, sink_rate_of
+from ..reprs import compact_repr
 
 Prompt = Union[str, Sequence[int], np.ndarray]
 FORMAT = "sinklab.SinkStudy/1"
 
 
+@compact_repr
 @dataclass
 class SinkStudy:
     """First-token importance of every (prompt, layer, head) and the sink rates derived from it.
@@ -210,6 +212,7 @@ class SinkStudy:
 BOS_FORMAT = "sinklab.BosComparison/1"
 
 
+@compact_repr
 @dataclass
 class BosComparison:
     """The same prompts measured with (``bos``) and without (``nobos``) a BOS token.

@@ -31,6 +31,7 @@ from ..interventions import Intervention
 from ..progress import progress_bar
 from .oversquashing import OversquashingBound, oversquashing_bound
 from .sensitivity import Sensitivity, sensitivity
+from ..reprs import compact_repr
 
 # condition -> (prepend ⟨bos⟩, intervention, label; plain "BOS" since figure fonts lack ⟨⟩)
 CONDITIONS: Dict[str, Tuple[bool, Optional[Intervention], str]] = {
@@ -52,6 +53,7 @@ def mixing_share(s: Sensitivity, first_text: int, text_only: bool = False) -> np
         return np.where(total > 0, others / total, 0.0)
 
 
+@compact_repr
 @dataclass
 class SquashingStudy:
     """Results of :func:`squashing_study`.

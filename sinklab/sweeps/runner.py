@@ -24,6 +24,7 @@ from ..system import write_atomic
 from ..train.corpus import prepare_corpus
 from . import analyses, cluster, store
 from .grid import AXES, Grid, SpecError, Task, address_all, read_spec
+from ..reprs import compact_repr
 
 INFO_COLUMNS = ("seconds", "load_seconds", "host", "pid", "threads")
 """Table columns that say where and how fast a task ran (they differ between runs; the rest
@@ -75,6 +76,7 @@ def _on_dask_worker() -> bool:
         return False
 
 
+@compact_repr
 @dataclass
 class SweepResult:
     """What :func:`sweep` returns.

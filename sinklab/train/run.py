@@ -35,6 +35,7 @@ from .corpus import prepare_corpus
 from .engine import TRAIN_PRECISIONS, AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
 from .packing import Packer
+from ..reprs import compact_repr
 
 LOG_FILE = "log.jsonl"
 MASKINGS = ("causal", "intra_doc")
@@ -264,6 +265,7 @@ def example_config() -> str:
     return json.dumps(TrainConfig().to_dict(), indent=2) + "\n"
 
 
+@compact_repr
 @dataclass
 class RunResult:
     """What :func:`train` returns.
