@@ -429,10 +429,11 @@ class Model:
             st = AttentionStats(**{k: get(k) for k in STATS})
         fields = dict(ids=arr, attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=st,
                       layers=sel, meta=meta, lengths=lens, **{k: get(k) for k in ACTIVATIONS})
+        decode = None if self.tokenizer is None else self.tokenizer.decode
         if out is None:
-            return Trace(**fields)
+            return Trace(**fields, decode=decode)
         # the arrays were refilled in place; only what describes the run changes
-        out.ids, out.layers, out.meta, out.lengths = arr, sel, meta, lens
+        out.ids, out.layers, out.meta, out.lengths, out.decode = arr, sel, meta, lens, decode
         return out
 
     def _check_head(self, capture: Iterable[str]) -> None:

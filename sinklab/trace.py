@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple, Union
 
 import numpy as np
 
@@ -74,6 +74,15 @@ def buffer_shapes(config: Any, T: int, n_sel: int, logits_from: int) -> Dict[str
 def buffer_axes(buffer: str) -> Tuple[str, ...]:
     """The axis names of ``buffer`` (per sequence, no batch axis); ``"ids"`` is ``("pos",)``."""
     return ("pos",) if buffer == "ids" else _BY_NAME[buffer].axes
+
+
+_QUERY_SIDE = ("attn", "to_first", "entropy")   # their "pos" axis is the query's
+
+
+def _labelled_axes(buffer: str) -> Tuple[str, ...]:
+    """:func:`buffer_axes` with the token axis named as :meth:`Trace.to_xarray` names it."""
+    pos = "query" if buffer in _QUERY_SIDE else "position"
+    return tuple(pos if a == "pos" else a for a in buffer_axes(buffer))
 
 
 def _shape(a: Optional[np.ndarray]) -> str:
@@ -152,6 +161,64 @@ class Trace:
     attn_out: Optional[np.ndarray] = None
     mlp_out: Optional[np.ndarray] = None
     lengths: Optional[np.ndarray] = None
+    decode: Optional[Callable[[Any], str]] = field(default=None, repr=False, compare=False)
+
+    @property
+    def tokens(self) -> Union[List[str], List[List[str]]]:
+        """The text of each token of ``ids``: a list of T strings, or B lists for (B, T) ids (a
+        padded row's pad positions included). Special tokens are written out (``"<bos>"``);
+        a byte-level piece that does not complete a UTF-8 character reads U+FFFD.
+
+        Raises:
+            ValueError: the trace has no tokenizer (a model file without one, or a trace saved
+                without it).
+        """
+        saved = self.meta.get("tokens")
+        if saved is not None:
+            return saved
+        if self.decode is None:
+            raise ValueError("this trace has no token texts: its model carries no tokenizer, and none were saved")
+        rows = [[self.decode([int(i)]) for i in row] for row in np.atleast_2d(self.ids)]
+        return rows[0] if self.ids.ndim == 1 else rows
+
+    def to_xarray(self) -> Any:
+        """Every captured array as one :class:`xarray.Dataset` with named dimensions and
+        coordinates: ``layer`` (the captured layers' indices), ``stream`` (0..L), ``head``,
+        ``kv_head``, ``head_dim``, ``d_model``, ``vocab``, and the token axes ``query`` and
+        ``key`` (attention, ``to_first``, ``entropy``, ``importance``) or ``position`` (ids,
+        residual streams and activations), ``logit_pos`` for logits; a leading ``batch`` for (B, T)
+        ids. The token texts, where the model has a tokenizer, are the coordinates ``token``
+        (along ``position``), ``query_token`` and ``key_token``. Needs xarray
+        (``pip install 'sinklab[labels]'``).
+
+        Example: ``tr.to_xarray().attn.sel(layer=3, head=0)`` is a (query, key) DataArray."""
+        try:
+            import xarray as xr
+        except ImportError:
+            raise ImportError("Trace.to_xarray needs xarray: pip install 'sinklab[labels]' (or pip install xarray)") \
+                from None
+        lead = ("batch",) if self.ids.ndim == 2 else ()
+        data = {"ids": (lead + ("position",), self.ids)}
+        arrays = {k: getattr(self, k) for k in _ARRAYS[1:] if k != "lengths" and getattr(self, k) is not None}
+        if self.stats is not None:
+            arrays.update(vars(self.stats))
+        for name, a in arrays.items():
+            data[name] = (lead + _labelled_axes(name), a)
+        T = self.ids.shape[-1]
+        coords: Dict[str, Any] = {"position": np.arange(T), "query": np.arange(T), "key": np.arange(T),
+                                  "layer": np.asarray(self.layers, np.int64)}
+        if self.logits is not None:
+            coords["logit_pos"] = np.arange(T - self.logits.shape[-2], T)
+        if self.resid is not None:
+            coords["stream"] = np.arange(self.resid.shape[-3])
+        if self.lengths is not None:
+            data["lengths"] = (("batch",), self.lengths)
+        if self.meta.get("tokens") is not None or self.decode is not None:
+            tok = np.asarray(self.tokens, dtype=object)
+            for dim, name in (("position", "token"), ("query", "query_token"), ("key", "key_token")):
+                coords[name] = (lead + (dim,), tok)
+        meta = {k: v for k, v in self.meta.items() if isinstance(v, (str, int, float, bool))}
+        return xr.Dataset(data, coords=coords, attrs=meta)
 
     def __repr__(self) -> str:
         """One line: what was captured (shape, dtype), the layers, the model and a few meta keys."""
@@ -181,7 +248,8 @@ class Trace:
         arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         if self.stats is not None:
             arrays.update({f"stats_{k}": v for k, v in vars(self.stats).items()})
-        return save_npz(path, arrays, {"layers": list(self.layers), "meta": self.meta})
+        meta = self.meta if self.decode is None else {**self.meta, "tokens": self.tokens}  # texts outlive the model
+        return save_npz(path, arrays, {"layers": list(self.layers), "meta": meta})
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "Trace":

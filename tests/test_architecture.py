@@ -51,7 +51,7 @@ PKG = ROOT / "sinklab"
 
 FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("ground", ("sinklab._core", "sinklab.system", "sinklab.runtime", "sinklab.progress", "sinklab.results",
-                "sinklab.prompts", "sinklab.reprs")),
+                "sinklab.prompts", "sinklab.reprs", "sinklab.labels")),
     ("files", ("sinklab.io", "sinklab.families", "sinklab.tokenizer")),
     ("model", ("sinklab.model", "sinklab.trace", "sinklab.interventions", "sinklab.inputs", "sinklab.batching")),
     ("viz", ("sinklab.viz",)),

@@ -42,6 +42,7 @@ from ..results import load_npz, save_npz, to_jsonable
 from . import status as S
 from .stats import mean_ci
 from ..reprs import compact_repr
+from ..labels import long_frame
 
 TextLike = Union[str, Sequence[int], np.ndarray]
 KV_RULES = ("majority", "any", "all")
@@ -124,6 +125,16 @@ class NoopResult:
     to_first: List[np.ndarray]
     resid_norm: List[np.ndarray]
     meta: Dict[str, Any] = field(default_factory=dict)
+
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per (layer, head), of the per-head summaries over queries
+        i >= 1 of every prompt: ``sink_mass`` (mean attention to position 0), ``mean_out_norm``,
+        ``rel_out_norm`` (head output over residual norm) and ``correlation`` (Pearson, between
+        attention to position 0 and head-output norm), with ``model``."""
+        return long_frame({"sink_mass": self.sink_mass(), "mean_out_norm": self.mean_out_norm(),
+                           "rel_out_norm": self.rel_out_norm(), "correlation": self.correlation()},
+                          ("layer", "head"), model=self.meta.get("model"))
 
     def _pooled(self, arrs: List[np.ndarray]) -> np.ndarray:
         """(L, H, N) over queries 1..T_p-1 of every prompt."""

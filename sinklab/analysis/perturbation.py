@@ -56,6 +56,7 @@ from ..results import load_npz, save_npz, to_jsonable
 from . import status as S
 from .stats import mean_ci
 from ..reprs import compact_repr
+from ..labels import concat, long_frame
 
 SETTINGS = CONDITIONS   # the condition keys of :mod:`sinklab.inputs` ("bos", "nobos")
 
@@ -156,6 +157,23 @@ class PerturbationResult:
     tokens_perturbed: List[str] = field(default_factory=list)
     meta: Dict[str, Any] = field(default_factory=dict)
     entropy_text: Dict[str, np.ndarray] = field(default_factory=dict)
+
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per (setting, stream, text position): ``setting`` (``"bos"``
+        / ``"nobos"``), ``stream`` (0..L), ``position``, ``abs_change`` ‖v − ṽ‖, ``norm`` ‖v‖,
+        ``rel_change``, ``token`` (the original text token there) and ``changed`` (whether the
+        perturbation replaced that token)."""
+        rel = self.rel_change
+        frames = {}
+        for s in self.settings:
+            f = long_frame({"abs_change": self.abs_change[s], "norm": self.norm[s], "rel_change": rel[s]},
+                           ("stream", "position"))
+            if self.tokens:
+                f["token"] = np.asarray(self.tokens, dtype=object)[f["position"].to_numpy()]
+            f["changed"] = np.isin(f["position"].to_numpy(), np.asarray(self.changed))
+            frames[s] = f
+        return concat(frames, "setting")
 
     @property
     def n_layers(self) -> int:

@@ -44,6 +44,7 @@ from ..prompts import load_passages
 from ..results import load_npz, load_tagged_json, save_npz, save_tagged_json, to_jsonable
 from .sinks import check_eps, first_token_importance, sink_rate_of
 from ..reprs import compact_repr
+from ..labels import concat, long_frame
 
 Prompt = Union[str, Sequence[int], np.ndarray]
 FORMAT = "sinklab.SinkStudy/1"
@@ -87,6 +88,16 @@ class SinkStudy:
     key_mass: Optional[np.ndarray] = None
 
     # -------------------------------------------------------------- derived numbers
+
+    def to_frame(self) -> Any:
+        """A pandas DataFrame, one row per (prompt, layer, head): ``prompt``, ``layer``, ``head``,
+        ``a0`` (first-token importance), ``first_token_id`` (the token at position 0) and
+        ``model``, ``T``, ``bos``."""
+        P = self.importance.shape[0]
+        first = np.broadcast_to(np.asarray(self.first_token_ids).reshape(P, 1, 1), self.importance.shape)
+        return long_frame({"a0": self.importance, "first_token_id": first}, ("prompt", "layer", "head"),
+                          model=self.model, T=self.T, bos=self.bos)
+
     @property
     def n_prompts(self) -> int:
         """P, the number of prompts measured."""
@@ -221,6 +232,12 @@ class BosComparison:
 
     bos: SinkStudy
     nobos: SinkStudy
+
+
+    def to_frame(self) -> Any:
+        """Both studies' :meth:`SinkStudy.to_frame` one under the other, with a first column
+        ``condition`` (``"bos"`` or ``"nobos"``)."""
+        return concat({BOS: self.bos.to_frame(), NOBOS: self.nobos.to_frame()}, "condition")
 
     @property
     def with_bos(self) -> SinkStudy:
