@@ -145,6 +145,25 @@ def cmd_sinks(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    """The registered models: name, size, licence, whether each is in the cache, what it is."""
+    models = [{"name": m.name, "size_bytes": m.size, "licence": m.licence, "cache": registry.cache_state(m.name),
+               "description": m.description} for m in registry.MODELS.values()]
+    if args.json:
+        json.dump(models, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return 0
+    rows = [("name", "size", "licence", "cache")] + [
+        (m["name"], f"{m['size_bytes'] / 1e6:,.0f} MB" if m["size_bytes"] else "?", m["licence"] or "?", m["cache"])
+        for m in models]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r, what in zip(rows, ["what it is"] + [m["description"] for m in models]):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + what)
+    print(f"\ncache: {registry.cache_dir()} (SINKLAB_HOME); `sinklab sinks NAME` or sl.load(NAME) fetches a model "
+          f"once, verified by sha256")
+    return 0
+
+
 def cmd_reproduce(args) -> int:
     from sinklab import report
 
@@ -319,6 +338,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print the result as JSON on stdout (what sinks.json holds) instead of the table")
     _global_options(s, defaults=False)
     s.set_defaults(func=cmd_sinks)
+    mo = sub.add_parser("models", help="the registered models: size, licence, whether each is cached")
+    mo.add_argument("--json", action="store_true", help="print the list as JSON on stdout")
+    _global_options(mo, defaults=False)
+    mo.set_defaults(func=cmd_models)
     r = sub.add_parser("reproduce", help="run the report's analyses (Markdown, PNG, JSON)")
     r.add_argument("--model", action="append", default=None,
                    help="registered name, .gguf file or Hugging Face folder; repeat it for several. The first "

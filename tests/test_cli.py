@@ -385,3 +385,29 @@ def test_reproduce_families_arguments(monkeypatch, tmp_path, capsys):
     assert rc == 0 and calls[-1] == ("sinklab-families", dict(quick=False, progress=False))
     rc, _, err = run_cli(["reproduce", "--families", "--model", "gemma-3-270m"], capsys)
     assert rc == 1 and "--families runs its own models" in err and len(calls) == 2
+
+
+def test_models_lists_the_registry_with_cache_states(tmp_path, monkeypatch, capsys):
+    """Every registered model with its pinned size and licence; the cache state follows the files
+    (absent in an empty SINKLAB_HOME, cached once the verified file and its marker are there,
+    unverified after an edit), without hashing."""
+    from sinklab.io import registry
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path))
+    rc, out, _ = run_cli(["models", "--json"], capsys)
+    rows = json.loads(out)
+    assert rc == 0 and [r["name"] for r in rows] == list(registry.MODELS)
+    for r in rows:
+        m = registry.MODELS[r["name"]]
+        assert (r["size_bytes"], r["licence"], r["cache"]) == (m.size, m.licence, "absent")
+    m = registry.RegisteredModel("fake-model", "fake==1.0", "x", hashlib.sha256(b"GGUF").hexdigest(), "f.gguf", "t")
+    monkeypatch.setitem(registry.MODELS, "fake-model", m)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "f.gguf").write_bytes(b"GGUF")
+    assert registry.cache_state("fake-model") == "unverified"      # no marker yet
+    registry.fetch("fake-model")                                   # verifies it (sha256 matches), writes the marker
+    assert registry.cache_state("fake-model") == "cached"
+    rc, out, _ = run_cli(["models"], capsys)
+    assert rc == 0 and any(line.startswith("fake-model") and " cached " in line for line in out.splitlines())
+    (tmp_path / "models" / "f.gguf").write_bytes(b"GGUX")
+    assert registry.cache_state("fake-model") == "unverified"

