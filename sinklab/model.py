@@ -8,7 +8,7 @@ from typing import Any, Dict, Iterable, Iterator, List, NamedTuple, Optional, Se
 import numpy as np
 
 from . import _core
-from .io import gguf_loader, hf_loader, registry
+from .io import gguf_loader, hf_loader, hub, registry
 from .families.config import ModelConfig
 from .families.rope import layer_inv_freq
 from .families.tensors import QuantizedTensor, to_f32
@@ -821,9 +821,12 @@ class Model:
         return float(loss), grads
 
 
-def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: str = "fp32") -> Model:
-    """Loads a model: a registered name (``"smollm2-135m-instruct"``), a ``.gguf`` file, or a
-    Hugging Face folder with ``config.json`` and ``*.safetensors``, of any supported family
+def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: str = "fp32",
+         revision: Optional[str] = None, filename: Optional[str] = None) -> Model:
+    """Loads a model: a registered name (``"smollm2-135m-instruct"``), a Hugging Face repo id
+    (``"HuggingFaceTB/SmolLM2-135M-Instruct"``, at ``revision=`` if given; ``filename=`` picks the
+    file of a GGUF repo), a ``.gguf`` file, or a Hugging Face folder with ``config.json`` and
+    ``*.safetensors``, of any supported family
     (:data:`sinklab.families.SUPPORTED_HF_TYPES`, :data:`~sinklab.families.SUPPORTED_GGUF_ARCHS`;
     another architecture raises ValueError naming itself and the supported list). GGUF
     matrices stay quantized in memory (memory-mapped), F16/BF16 ones half-width.
@@ -834,13 +837,24 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: 
     "Precision" section says what each costs in fidelity. Panels of the weights are built at
     the first such run and kept with the model (:attr:`Model.packed_bytes`). The derivatives
     (vjp, jvp, jacobian, loss_and_grad) are fp32 only for now and raise ValueError on a bf16 or
-    int8 model unless called with ``precision="fp32"``."""
+    int8 model unless called with ``precision="fp32"``.
+
+    A repo id is resolved through huggingface_hub into the Hugging Face cache (``HF_HOME``,
+    ``HF_HUB_CACHE``; ``HF_HUB_OFFLINE=1`` reads only the cache; :mod:`sinklab.io.hub`), with its
+    download progress; the model is named by its repo id, also when loaded from a path inside
+    that cache."""
     precision = check_precision(precision)
     src = os.fspath(name_or_path)
     name = None
     if not os.path.exists(src) and registry.is_registered(src):
         name = registry.resolve_name(src).name
         src = str(registry.fetch(src, quiet=quiet))
+    elif hub.is_repo_id(src):
+        name = src if filename is None else f"{src}:{filename}"
+        src = str(hub.resolve(src, revision=revision, filename=filename, quiet=quiet))
+    if (revision is not None or filename is not None) and name is None:
+        raise ValueError(f"revision= and filename= are for a Hugging Face repo id ('org/name'), not {src!r}")
+    name = name or hub.repo_id_of_path(src)
     if os.path.isdir(src):
         cfg = hf_loader.read_config(src)
         weights = hf_loader.load_hf_weights(src, cfg)
