@@ -53,8 +53,8 @@ static inline void query_keys(const sl_attn_shape *s, const head_opts *o, int64_
     if (s->bidirectional) b = n - 1;
     else if (s->window > 0 && i - s->window + 1 > 0) a = i - s->window + 1;
     if (o->key_start && o->key_start[i] > a) a = o->key_start[i];
-    *fa = o->mask_first ? 1 : 0;
     *fe = o->keep < a ? o->keep : a;
+    *fa = o->mask_first && *fe > 0 ? 1 : 0;
     if (*fe < *fa) *fe = *fa;
     if (o->mask_first && i > 0 && a == 0) a = 1;
     *lo = a, *hi = b;
@@ -91,10 +91,19 @@ static inline void dense_block_keys(const sl_attn_shape *s, const head_opts *o, 
     if (nf > 0) *ka = 0;
 }
 
-/* Zeroes row[c] for c in [c0, c1) outside the visible keys [fa, fe) ∪ [lo, hi]. */
+/* row[c] = 0 for c in [a, b) ∩ [c0, c1). */
+static inline void zero_span(float *row, int64_t a, int64_t b, int64_t c0, int64_t c1) {
+    if (a < c0) a = c0;
+    if (b > c1) b = c1;
+    if (b > a) memset(row + a, 0, (size_t)(b - a) * sizeof(float));
+}
+
+/* Zeroes row[c] for c in [c0, c1) outside the visible keys [fa, fe) ∪ [lo, hi] (fa <= fe <= lo,
+ * as query_keys gives them). */
 static void zero_hidden(float *row, int64_t c0, int64_t c1, int64_t fa, int64_t fe, int64_t lo, int64_t hi) {
-    for (int64_t c = c0; c < c1; c++)
-        if (!((c >= fa && c < fe) || (c >= lo && c <= hi))) row[c] = 0.0f;
+    zero_span(row, c0, fa, c0, c1);
+    zero_span(row, fe, lo, c0, c1);
+    zero_span(row, hi + 1, c1, c0, c1);
 }
 
 /* keep_first is a count of kept first keys; the mean-ablation of v_0 averages one range of other

@@ -113,3 +113,20 @@ def test_greedy_choice_leaves_a_match_in_every_layer():
 def test_bad_arguments(smollm2_model, kw, match):
     with pytest.raises(ValueError, match=match):
         head_ablation(smollm2_model, load_passages("sinks")[:2], T=16, draws=kw.pop("draws", 1), progress=False, **kw)
+
+
+def test_report_section_reading_follows_the_interval(smollm2_model, monkeypatch):
+    from sinklab.analysis.stats import Interval
+    from sinklab.report import beyond_ablation as BA
+
+    iv = lambda lo, hi: Interval((lo + hi) / 2, lo, hi, 6).to_dict()  # noqa: E731
+    assert BA.comparison({"dnll_difference": iv(0.1, 0.3)}) == "more"
+    assert BA.comparison({"dnll_difference": iv(-0.3, -0.1)}) == "less"
+    assert BA.comparison({"dnll_difference": iv(-0.1, 0.1)}) == "no detectable difference"
+    monkeypatch.setattr(BA, "settings", lambda quick: {"n_prompts": 2, "T": 24, "n_top": 2, "draws": 2})
+    res = BA.compute(smollm2_model, True, False)
+    md = BA.markdown({"m": res})
+    assert md.count("**Reading.**") == 1 and BA.comparison(res) in md
+    assert Interval.from_dict(res["dnll_sink"]).value == pytest.approx(
+        np.mean(np.asarray(res["nll_sink"]) - np.asarray(res["nll_base"])))
+    assert set(BA.figures({"m": res})) == {"beyond_ablation.png"}

@@ -77,3 +77,23 @@ def test_bad_window_arguments(smollm2_model, ids, kw, match):
 def test_bad_analysis_arguments(smollm2_model, kw, match):
     with pytest.raises(ValueError, match=match):
         windowed_perplexity(smollm2_model, T=32, progress=False, **kw)
+
+
+def test_report_section_readings_follow_the_intervals(smollm2_model, monkeypatch):
+    from sinklab.analysis.stats import Interval
+    from sinklab.report import beyond_windowed as BW
+
+    assert BW.plain_window(Interval(1.0, 0.8, 1.2, 3)) == "explodes"
+    assert BW.plain_window(Interval(0.3, 0.1, 0.5, 3)) == "rises"
+    assert BW.plain_window(Interval(0.1, -0.1, 0.3, 3)) == "no detectable change"
+    assert BW.kept(Interval(0.02, 0.0, 0.05, 3), Interval(1.0, 0.9, 1.1, 3)) == "restores"
+    assert BW.kept(Interval(0.2, 0.1, 0.3, 3), Interval(1.0, 0.9, 1.1, 3)) == "helps"
+    assert BW.kept(Interval(0.9, 0.8, 1.0, 3), Interval(0.0, -0.1, 0.1, 3)) == "no detectable help"
+    monkeypatch.setattr(BW, "settings", lambda quick: {"T": 64, "windows": (8,), "keeps": (0, 1), "n_texts": 2,
+                                                       "n_scored": 16})
+    res = BW.compute(smollm2_model, True, False)
+    md = BW.markdown({"m": res})
+    d0 = Interval.from_dict(res["delta"]["8"]["0"])
+    assert md.count("**Reading.**") == 1 and f"without kept tokens perplexity {BW.plain_window(d0)}" in md
+    assert d0.value == pytest.approx(np.mean(np.asarray(res["nll"])[:, 0, 0] - np.asarray(res["nll_full"])))
+    assert set(BW.figures({"m": res})) == {"beyond_windowed.png"}
