@@ -26,6 +26,7 @@ import numpy as np
 
 from ..interventions import Intervention
 from ..progress import progress_bar
+from ..prompts import load_passages
 from ..results import to_jsonable
 from .massive import sequences
 from .quality import nll_rows
@@ -161,7 +162,6 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
     if bos is None:
         bos = bool(getattr(model.tokenizer, "add_bos_default", False)) and model.config.bos_token_id is not None
     if prompts is None:
-        from ..prompts import load_passages
         prompts = load_passages("sinks")[:8]
     seqs, _, _ = sequences(model, prompts, T, bool(bos), skip_short=True)
     if len(seqs) < 2:
