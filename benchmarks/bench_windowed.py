@@ -13,13 +13,13 @@ Both in one process, the same thread count (sinklab.set_num_threads, torch.set_n
 alternated --repeats times; medians, and the ratio hf / sinklab. The NLLs are printed side by
 side (they agree to ~1e-5).
 
-Part 2 (cost): sinklab's windowed forward (last logits only) at T = 1024 .. --max-T with the
+Part 2 (cost): sinklab's windowed forward (last logits only) at T = 1024 .. --longest with the
 same w, k against full causal attention: time per token stays flat with the window (O(T·(w+k)))
 and grows with T without it.
 
 Usage:
   python benchmarks/bench_windowed.py [--threads 2] [--T 512,2048] [--w 128] [--k 4] [--scored 128]
-      [--repeats 3] [--max-T 8192]
+      [--repeats 3] [--longest 8192]
 """
 import argparse
 import os
@@ -48,7 +48,7 @@ def main():
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--scored", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--max-T", type=int, default=8192)
+    ap.add_argument("--longest", type=int, default=8192)
     a = ap.parse_args()
 
     import torch
@@ -92,7 +92,7 @@ def main():
     print(f"\nPart 2: sinklab forward (last logits), window w={w} + k={k} vs full causal attention")
     print(f"{'T':>6} {'window s':>10} {'ms/token':>9} {'full s':>10} {'ms/token':>9} {'full/window':>12}")
     T = 1024
-    while T <= a.max_T:
+    while T <= a.longest:
         ids = np.random.default_rng(0).integers(0, model.config.vocab_size, T)
         tw, tf = [], []
         for _ in range(max(1, a.repeats - 1)):
