@@ -35,41 +35,88 @@ typedef struct {
     int mask_first, zero_first_value;
     float scale;
     const int64_t *key_start; /* NULL or (n): intra-document masking */
-    int keep_first;           /* key 0 visible to every query despite key_start */
+    int64_t keep;             /* keys [0, keep) visible to every query despite a window or key_start */
     float *to_first, *entropy; /* NULL or (n) for this head */
     double *colsum;            /* NULL or (n): running sum over queries of A[i, k] */
 } head_opts;
 
-/* Keys [*lo, *hi] of query i in a sequence of n, and (*first) whether key 0 is visible too
- * although lo > 0 (a fixed ⟨bos⟩ under intra-document masking). mask_first removes key 0 from
+/* Keys [*lo, *hi] of query i in a sequence of n, and the kept first keys [*fa, *fe) that are
+ * visible too although lo > 0 (the first `keep` keys: a fixed ⟨bos⟩ under intra-document masking,
+ * StreamingLLM's sinks under a window); empty (fa == fe) when none. mask_first removes key 0 from
  * every query i >= 1 that would see it; query 0 keeps it: causally it has no other key to
  * renormalise onto, and with bidirectional attention it is left as is too, so that in every mode
  * the intervention means the same ("positions after the first cannot read it") and row 0 is
  * unchanged. */
 static inline void query_keys(const sl_attn_shape *s, const head_opts *o, int64_t i, int64_t n, int64_t *lo,
-                              int64_t *hi, int *first) {
+                              int64_t *hi, int64_t *fa, int64_t *fe) {
     int64_t a = 0, b = i;
     if (s->bidirectional) b = n - 1;
     else if (s->window > 0 && i - s->window + 1 > 0) a = i - s->window + 1;
     if (o->key_start && o->key_start[i] > a) a = o->key_start[i];
-    *first = o->keep_first && a > 0 && !o->mask_first;
+    *fe = o->keep < a ? o->keep : a;
+    *fa = o->mask_first && *fe > 0 ? 1 : 0;
+    if (*fe < *fa) *fe = *fa;
     if (o->mask_first && i > 0 && a == 0) a = 1;
     *lo = a, *hi = b;
 }
 
 /* Keys [*ka, *kb) that some query of the block [i0, i1) sees (before mask_first): with
  * intra-document masking and no fixed first key, the block's first document start bounds them
- * (key_start is nondecreasing). */
+ * (key_start is nondecreasing). Kept first keys under a window that lie before ka are computed as
+ * nf = keep separate columns (*nf > 0), so the block costs O(window + keep) keys, not O(i1);
+ * under key_start, or when ka <= keep, the range simply starts at 0 (*nf = 0). */
 static inline void block_keys(const sl_attn_shape *s, const head_opts *o, int64_t i0, int64_t i1, int64_t n,
-                              int64_t *ka, int64_t *kb) {
+                              int64_t *ka, int64_t *kb, int64_t *nf) {
+    *nf = 0;
     if (s->bidirectional) {
         *ka = 0, *kb = n;
         return;
     }
     *ka = s->window > 0 && i0 - s->window + 1 > 0 ? i0 - s->window + 1 : 0;
-    if (o->keep_first) *ka = 0;
+    if (o->keep && o->key_start) *ka = 0;
     else if (o->key_start && o->key_start[i0] > *ka) *ka = o->key_start[i0];
+    if (o->keep && !o->key_start) {
+        if (*ka <= o->keep) *ka = 0;
+        else *nf = o->keep;
+    }
     *kb = i1;
+}
+
+/* The same range without separate columns (the derivatives read the whole probability rows,
+ * zeros included, from key 0). */
+static inline void dense_block_keys(const sl_attn_shape *s, const head_opts *o, int64_t i0, int64_t i1, int64_t n,
+                                    int64_t *ka, int64_t *kb) {
+    int64_t nf;
+    block_keys(s, o, i0, i1, n, ka, kb, &nf);
+    if (nf > 0) *ka = 0;
+}
+
+/* row[c] = 0 for c in [a, b) ∩ [c0, c1). */
+static inline void zero_span(float *row, int64_t a, int64_t b, int64_t c0, int64_t c1) {
+    if (a < c0) a = c0;
+    if (b > c1) b = c1;
+    if (b > a) memset(row + a, 0, (size_t)(b - a) * sizeof(float));
+}
+
+/* Zeroes row[c] for c in [c0, c1) outside the visible keys [fa, fe) ∪ [lo, hi] (fa <= fe <= lo,
+ * as query_keys gives them). */
+static void zero_hidden(float *row, int64_t c0, int64_t c1, int64_t fa, int64_t fe, int64_t lo, int64_t hi) {
+    zero_span(row, c0, fa, c0, c1);
+    zero_span(row, fe, lo, c0, c1);
+    zero_span(row, hi + 1, c1, c0, c1);
+}
+
+/* keep_first is a count of kept first keys; the mean-ablation of v_0 averages one range of other
+ * keys, so it takes at most one kept key. */
+static int check_keep(const sl_attn_shape *s, const sl_attn_intervention *iv) {
+    if (!iv) return SL_OK;
+    if (iv->keep_first < 0)
+        return sl_fail(SL_ERR_VALUE, "attention: keep_first=%d, expected a count >= 0 of first keys", iv->keep_first);
+    for (int64_t h = 0; iv->keep_first > 1 && iv->zero_first_value && h < s->n_heads; h++)
+        if (iv->zero_first_value[h] == SL_ZFV_MEAN)
+            return sl_fail(SL_ERR_VALUE, "attention: zero_first_value 3 (mean) takes keep_first <= 1, not %d",
+                           iv->keep_first);
+    return SL_OK;
 }
 
 static int check_mask(const sl_attn_shape *s) {
@@ -87,44 +134,48 @@ static inline float capped_score(float x, float scale, float cap) { return tanhf
 
 /* Probabilities of queries [i0, i1) over the block's keys [ka, kb) in place in p (p points at
  * key ka of query i0, row stride ld; keys outside a query's range are zero), with the per-row
- * statistics. When p lies in a capture buffer of `width` columns (capture != 0), the columns
- * [0, ka) and [kb, width) of its rows are zeroed too. */
+ * statistics. With nf > 0 separate first keys, key j < nf sits at p[j - fo] of its row: fo = ka
+ * in a capture buffer (its own column), fo = nf in scratch (the nf columns before p). When p lies
+ * in a capture buffer of `width` columns (capture != 0), every other column of its rows is
+ * zeroed too. */
 static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *qh, int64_t q_stride,
                        const float *kh, int64_t kv_stride, int64_t n, int64_t i0, int64_t i1, int64_t ka,
-                       int64_t kb, float *p, int64_t ld, int capture, int64_t width) {
+                       int64_t kb, int64_t nf, float *p, int64_t ld, int capture, int64_t width) {
+    const int64_t fo = capture ? ka : nf;
     SL_TRY(sl_sgemm_nt(i1 - i0, kb - ka, s->head_dim, qh + i0 * q_stride, q_stride, kh + ka * kv_stride, kv_stride,
                        p, ld, 0, 0));
+    if (nf > 0) SL_TRY(sl_sgemm_nt(i1 - i0, nf, s->head_dim, qh + i0 * q_stride, q_stride, kh, kv_stride, p - fo, ld, 0, 0));
     const float cap = s->softcap;
     for (int64_t i = i0; i < i1; i++) {
-        float *row = p + (i - i0) * ld; /* row[j - ka] is key j */
-        int64_t lo, hi;
-        int first;
-        query_keys(s, o, i, n, &lo, &hi, &first);
+        float *row = p + (i - i0) * ld; /* row[j - ka] is key j of the range, row[j - fo] kept key j */
+        int64_t lo, hi, fa, fe;
+        query_keys(s, o, i, n, &lo, &hi, &fa, &fe);
         if (cap > 0.0f)
             for (int64_t j = lo; j <= hi; j++) row[j - ka] = capped_score(row[j - ka], s->scale, cap);
         else
             for (int64_t j = lo; j <= hi; j++) row[j - ka] *= s->scale;
-        float h;
-        if (first) { /* keys {0} ∪ [lo, hi] (ka == 0 here): key 0's score moves next to the range */
-            const float s0 = cap > 0.0f ? capped_score(row[0], s->scale, cap) : row[0] * s->scale;
-            row[lo - 1] = s0;
-            h = sl_softmax_entropy(row + lo - 1, hi + 2 - lo);
-            const float p0 = row[lo - 1];
-            for (int64_t j = 0; j < lo; j++) row[j] = 0.0f;
-            row[0] = p0;
-        } else {
-            h = sl_softmax_entropy(row + (lo - ka), hi + 1 - lo);
-            for (int64_t j = ka; j < lo; j++) row[j - ka] = 0.0f;
+        /* keys [fa, fe) ∪ [lo, hi]: the kept keys' scores move next to the range, one softmax
+         * over both, and back */
+        const int64_t nk1 = fe - fa;
+        float *seg = row + (lo - ka) - nk1;
+        if (nk1 > 0) {
+            memmove(seg, row + fa - fo, (size_t)nk1 * sizeof(float));
+            for (int64_t c = 0; c < nk1; c++) seg[c] = cap > 0.0f ? capped_score(seg[c], s->scale, cap) : seg[c] * s->scale;
         }
-        for (int64_t j = hi + 1; j < kb; j++) row[j - ka] = 0.0f;
+        const float h = sl_softmax_entropy(seg, nk1 + hi + 1 - lo);
+        if (nk1 > 0) memmove(row + fa - fo, seg, (size_t)nk1 * sizeof(float));
         if (capture) {
-            if (ka > 0) memset(row - ka, 0, (size_t)ka * sizeof(float));
-            if (width > kb) memset(row + (kb - ka), 0, (size_t)(width - kb) * sizeof(float));
+            zero_hidden(row - ka, 0, width, fa, fe, lo, hi);
+        } else if (fo == ka) {
+            zero_hidden(row - ka, ka, kb, fa, fe, lo, hi);
+        } else { /* separate scratch columns: [0, nf) before p, then [ka, kb) */
+            zero_hidden(row - fo, 0, nf, fa, fe, nf, nf - 1);
+            zero_hidden(row - ka, ka, kb, 0, 0, lo, hi);
         }
         if (o->entropy) o->entropy[i] = h;
-        if (o->to_first) o->to_first[i] = ka == 0 ? row[0] : 0.0f;
+        if (o->to_first) o->to_first[i] = ka == 0 || nf > 0 ? row[-fo] : 0.0f;
         if (o->colsum) {
-            if (first) o->colsum[0] += row[0];
+            for (int64_t j = fa; j < fe; j++) o->colsum[j] += row[j - fo];
             for (int64_t j = lo; j <= hi; j++) o->colsum[j] += row[j - ka];
         }
     }
@@ -135,11 +186,10 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
  * (never empty: i itself is one), whose values' mean replaces v_0 for it. */
 static inline int other_keys(const sl_attn_shape *s, const head_opts *o, int64_t i, int64_t n, int64_t *a,
                              int64_t *b) {
-    int64_t lo, hi;
-    int first;
-    query_keys(s, o, i, n, &lo, &hi, &first);
+    int64_t lo, hi, fa, fe;
+    query_keys(s, o, i, n, &lo, &hi, &fa, &fe);
     *a = lo > 0 ? lo : 1, *b = hi;
-    return lo == 0 || first;
+    return lo == 0 || (fa == 0 && fe > 0); /* keep > 1 with the mean is refused (check_keep) */
 }
 
 /* out rows [i0, i1) of one head = P·V over the block's keys [ka, kb) (p at key ka, v_0 taken
@@ -148,7 +198,8 @@ static inline int other_keys(const sl_attn_shape *s, const head_opts *o, int64_t
  * only, else NULL). */
 static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, const float *p, int64_t ld,
                                  const float *vth, const double *vsh, int64_t n, int64_t hd, int64_t i0,
-                                 int64_t i1, int64_t ka, int64_t kb, float *out, int64_t out_stride) {
+                                 int64_t i1, int64_t ka, int64_t kb, int64_t nf, int64_t fo, float *out,
+                                 int64_t out_stride) {
     /* Leaving key 0 out of the product is exact zeroing of v_0, for every row of the block. */
     const int64_t skip = o->zero_first_value != SL_ZFV_NONE && ka == 0 ? 1 : 0;
     float *o0 = out + i0 * out_stride;
@@ -156,6 +207,11 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
         SL_TRY(sl_sgemm_nt(i1 - i0, hd, kb - ka - skip, p + skip, ld, vth + ka + skip, n, o0, out_stride, 0, 0));
     } else {
         for (int64_t i = i0; i < i1; i++) memset(out + i * out_stride, 0, (size_t)hd * sizeof(float));
+    }
+    if (nf > 0) { /* the kept first keys' columns (before ka), added to the range's product */
+        const int64_t fskip = o->zero_first_value != SL_ZFV_NONE ? 1 : 0;
+        if (nf - fskip > 0)
+            SL_TRY(sl_sgemm_nt(i1 - i0, hd, nf - fskip, p - fo + fskip, ld, vth + fskip, n, o0, out_stride, 1, 0));
     }
     if ((o->zero_first_value == SL_ZFV_OTHERS || o->zero_first_value == SL_ZFV_MEAN) && i0 == 0) {
         if (s->bidirectional) {
@@ -168,7 +224,7 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
             for (int64_t e = 0; e < hd; e++) out[e] = p[0] * vth[e * n];
         }
     }
-    if (o->zero_first_value == SL_ZFV_MEAN && ka == 0) {
+    if (o->zero_first_value == SL_ZFV_MEAN && (ka == 0 || nf > 0)) {
         /* The product above left key 0 out; each row i >= 1 that sees it adds A_i0 times the mean
          * of its other keys' values, from the prefix sums (double, so the difference of two is
          * as good as a direct sum). */
@@ -176,7 +232,7 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
             int64_t a, b;
             if (!other_keys(s, o, i, n, &a, &b)) continue;
             float *row = out + i * out_stride;
-            const float a0 = p[(i - i0) * ld];
+            const float a0 = p[(i - i0) * ld - fo];
             const double c = (double)(b - a + 1);
             for (int64_t e = 0; e < hd; e++) row[e] += a0 * (float)((vsh[e * n + b] - vsh[e * n + a - 1]) / c);
         }
@@ -193,7 +249,7 @@ static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_
     head_opts o = {0, 0, 1.0f, NULL, 0, NULL, NULL, NULL};
     if (iv) {
         o.key_start = iv->key_start;
-        o.keep_first = iv->key_start && iv->keep_first;
+        o.keep = iv->keep_first;
         o.mask_first = iv->mask_first && iv->mask_first[h];
         o.zero_first_value = iv->zero_first_value ? iv->zero_first_value[h] : SL_ZFV_NONE;
         o.scale = iv->head_scale ? iv->head_scale[h] : 1.0f;
@@ -271,15 +327,15 @@ static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
     float *os = out + v.off * s->n_heads * hd + h * hd;
     for (int64_t blk = b0; blk < b1; blk++) {
         const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < v.n ? i0 + SL_ATTN_QBLOCK : v.n;
-        int64_t ka, kb;
-        block_keys(s, &o, i0, i1, v.n, &ka, &kb);
-        /* Without capture, rows need only the block's kb - ka keys; the capture buffer has T_pad
-         * columns, and those outside [ka, kb) (padding included) are zeroed by probs_block. */
-        float *p = v.probs ? v.probs + (h * T + i0) * T + ka : scratch;
-        const int64_t ld = v.probs ? T : kb - ka;
-        SL_TRY(probs_block(s, &o, qs, q_stride, ks, kv_stride, v.n, i0, i1, ka, kb, p, ld, v.probs != NULL, T));
+        int64_t ka, kb, nf;
+        block_keys(s, &o, i0, i1, v.n, &ka, &kb, &nf);
+        /* Without capture, rows need only the block's nf + kb - ka keys; the capture buffer has
+         * T_pad columns, and those outside them (padding included) are zeroed by probs_block. */
+        float *p = v.probs ? v.probs + (h * T + i0) * T + ka : scratch + nf;
+        const int64_t ld = v.probs ? T : nf + kb - ka, fo = v.probs ? ka : nf;
+        SL_TRY(probs_block(s, &o, qs, q_stride, ks, kv_stride, v.n, i0, i1, ka, kb, nf, p, ld, v.probs != NULL, T));
         SL_TRY(weighted_values_block(s, &o, p, ld, v.vt + g * hd * v.n, v.vsum ? v.vsum + g * hd * v.n : NULL, v.n,
-                                     hd, i0, i1, ka, kb, os, s->n_heads * hd));
+                                     hd, i0, i1, ka, kb, nf, fo, os, s->n_heads * hd));
     }
     return SL_OK;
 }
@@ -324,6 +380,7 @@ int sl_attention_forward_batch(const sl_attn_shape *s, const sl_attn_batch *bt, 
         return sl_fail(SL_ERR_VALUE, "attention: bad shape B=%lld heads=%lld kv_heads=%lld",
                        (long long)B, (long long)H, (long long)G);
     SL_TRY(check_mask(s));
+    SL_TRY(check_keep(s, iv));
     int value_mean = 0; /* some head of this call uses SL_ZFV_MEAN */
     if (iv && iv->zero_first_value)
         for (int64_t h = 0; h < H; h++) {
@@ -483,15 +540,16 @@ static int probs_task(void *arg, int64_t task, float *scratch) {
     const int64_t h = task / nb, b = task % nb, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t i0 = b * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
-    int64_t ka, kb;
-    block_keys(s, &o, i0, i1, T, &ka, &kb);
+    int64_t ka, kb, nf;
+    block_keys(s, &o, i0, i1, T, &ka, &kb, &nf);
     return probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, T, i0, i1, ka, kb,
-                       j->probs_out + (h * T + i0) * T + ka, T, 1, T);
+                       nf, j->probs_out + (h * T + i0) * T + ka, T, 1, T);
 }
 
 int sl_attention_probs(const sl_attn_shape *s, const float *q, const float *k, float *probs,
                        const sl_attn_intervention *iv) {
     SL_TRY(check_mask(s));
+    SL_TRY(check_keep(s, iv));
     attn_grad_job j = {.s = s, .iv = iv, .q = q, .k = k, .probs_out = probs};
     return run_tasks(s->n_heads * n_query_blocks(s->T), 0, probs_task, &j);
 }
@@ -578,7 +636,7 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
         const int64_t i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T, nb = i1 - i0;
         SL_TRY(sl_check_interrupt()); /* a task is a whole head: ~1 s at T = 8192 */
         int64_t ka, kb;
-        block_keys(s, &o, i0, i1, T, &ka, &kb);
+        dense_block_keys(s, &o, i0, i1, T, &ka, &kb);
         const int64_t nk = kb - ka;
         const float *p = j->probs + (h * T + i0) * T + ka;
         for (int64_t i = 0; i < nb; i++)
@@ -653,6 +711,7 @@ int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, con
                           const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
                           float *pv, const sl_attn_intervention *iv) {
     SL_TRY(check_mask(s));
+    SL_TRY(check_keep(s, iv));
     const int shared = s->n_heads != s->n_kv_heads;
     if (shared && (!pk || !pv)) return sl_fail(SL_ERR_VALUE, "attention backward: grouped heads need partial buffers");
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
@@ -680,7 +739,7 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
     head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
     int64_t ka, kb;
-    block_keys(s, &o, i0, i1, T, &ka, &kb);
+    dense_block_keys(s, &o, i0, i1, T, &ka, &kb);
     const int64_t nb = i1 - i0, nk = kb - ka;
     const float *p = j->probs + (h * T + i0) * T + ka;
     const float *tq = j->dq + (b * T + i0) * qd + h * hd, *tk = j->dk + b * T * kvd + g * hd;
@@ -749,6 +808,7 @@ int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const fl
                      const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
                      const sl_attn_intervention *iv) {
     SL_TRY(check_mask(s));
+    SL_TRY(check_keep(s, iv));
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs,
                        .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout};
     const int64_t scratch = SL_ATTN_QBLOCK * s->T * (s->softcap > 0.0f ? 2 : 1) +

@@ -60,8 +60,11 @@ typedef struct {
      * applied the same way in the forward, the probabilities, the backward and the JVP:
      * key_start NULL or (T) entries, query i then sees only keys j >= key_start[i] of its own
      * document (intra-document masking; 0 <= key_start[i] <= i, nondecreasing in i); with
-     * keep_first != 0 key 0 stays visible to every query as well (a fixed ⟨bos⟩ that every
-     * document may read). mask_first, when also set for a head, removes key 0 all the same. */
+     * keep_first = k > 0 the first k keys [0, k) stay visible to every query as well, whatever
+     * hides them (a document start, the window): a fixed ⟨bos⟩ that every document may read,
+     * StreamingLLM's sink tokens beside a sliding window. Under a window (no key_start) they are
+     * computed as k separate key columns, so the cost stays O(T·(window + k)). mask_first, when
+     * also set for a head, removes key 0 all the same; SL_ZFV_MEAN takes k <= 1. */
     const int64_t *key_start;
     int keep_first;
 } sl_attn_intervention;

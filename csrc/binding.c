@@ -588,7 +588,7 @@ static int interventions(const sl_model *m, PyObject *mask_o, PyObject *zero_o, 
 }
 
 /* The packing mask of training: key_start None or an int64 array of T document starts (checked
- * by the core), keep_first a fixed ⟨bos⟩ that stays visible. */
+ * by the core), keep_first the count of first keys (a fixed ⟨bos⟩, sinks) that stay visible. */
 static int packing_mask(PyObject *ks_o, int keep_first, npy_intp T, sl_intervention *iv) {
     iv->keep_first = keep_first;
     if (ks_o == Py_None) return 1;
@@ -679,7 +679,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
                              "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", "key_start",
-                             "keep_first", "precision", NULL};
+                             "keep_first", "precision", "window", NULL};
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
@@ -687,11 +687,14 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     PyObject *aout_o = Py_None, *mout_o = Py_None, *len_o = Py_None, *layers_o = Py_None, *ks_o = Py_None;
     long long logits_from = 0;
     int keep_first = 0, precision = SL_PREC_FP32;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOpi", kwlist, &capsule, &ids_o, &attn_o,
+    long long window = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOiiL", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
-                                     &len_o, &layers_o, &ks_o, &keep_first, &precision))
+                                     &len_o, &layers_o, &ks_o, &keep_first, &precision, &window))
         return NULL;
+    if (keep_first < 0 || window < 0)
+        return PyErr_Format(PyExc_ValueError, "keep_first=%d and window=%lld must be >= 0", keep_first, window);
     sl_py_model *h = sl_py_model_of(capsule);
     if (!h) return NULL;
     if (precision != SL_PREC_FP32 && precision != SL_PREC_BF16 && precision != SL_PREC_INT8)
@@ -750,6 +753,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
              CAPTURE(aout_o, "attn_out", attn_out, 2, resid_dims) &&
              CAPTURE(mout_o, "mlp_out", mlp_out, 2, resid_dims) &&
              interventions(m, mask_o, zero_o, scale_o, &iv) && packing_mask(ks_o, keep_first, T, &iv);
+    iv.window = (int64_t)window;
 #undef CAPTURE
     if (ok && logits_o != Py_None) {
         PyArrayObject *lg = sl_py_check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
@@ -1058,7 +1062,7 @@ static PyObject *py_model_loss_grad(PyObject *self, PyObject *args, PyObject *kw
     PyObject *capsule, *ids_o, *tg_o, *grads, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
     PyObject *ks_o = Py_None;
     int keep_first = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!|OOOOp", kwlist, &capsule, &ids_o, &tg_o, &PyDict_Type, &grads,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOO!|OOOOi", kwlist, &capsule, &ids_o, &tg_o, &PyDict_Type, &grads,
                                      &mask_o, &zero_o, &scale_o, &ks_o, &keep_first))
         return NULL;
     PyArrayObject *ids;
@@ -1173,7 +1177,7 @@ static PyMethodDef methods[] = {
      "model_forward(handle, ids int64 (T,) or (B, T), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
      "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None,\n"
-     "lengths=None, layers=None, key_start=None, keep_first=False, precision=0):\n"
+     "lengths=None, layers=None, key_start=None, keep_first=0, precision=0, window=0):\n"
      "runs all B sequences in one call (their tokens packed through every weight product).\n"
      "Each per-layer capture is None or one float32 array (B, L', ...) (no B axis for (T,) ids)\n"
      "whose slot s is layer layers[s] (layers: increasing indices, default all): attn (H, T, T);\n"

@@ -1008,7 +1008,14 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
         sl_attn_intervention aiv;
         sl_layer_intervention(m, iv, l, &aiv);
         sl_layer_tape *lt = tapes ? &tapes[l] : NULL;
-        SL_TRY(attention_block(m, &m->layers[l], w, cap, l, &aiv, lt));
+        const sl_layer_weights *lw = &m->layers[l];
+        sl_layer_weights windowed; /* the layer with the call's window override */
+        if (iv && iv->window > 0 && (lw->window == 0 || iv->window < lw->window)) {
+            windowed = *lw;
+            windowed.window = iv->window;
+            lw = &windowed;
+        }
+        SL_TRY(attention_block(m, lw, w, cap, l, &aiv, lt));
         SL_TRY(sl_check_interrupt()); /* the MLP's three products are the layer's longest stretch */
         SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt, l + 1 < n_run ? &m->layers[l + 1].attn_norm : NULL));
     }

@@ -228,9 +228,16 @@ typedef struct {
                                         the run */
     const float *head_scale;
     /* The packing mask of training (see sl_attn_intervention): NULL or (T) document starts,
-     * shared by every layer and head, and whether key 0 (a fixed ⟨bos⟩) stays visible. */
+     * shared by every layer and head, and keep_first, the count k of first keys [0, k) that stay
+     * visible to every query of every layer whatever hides them (a document start, a window: a
+     * fixed ⟨bos⟩, StreamingLLM's sink tokens). */
     const int64_t *key_start;
     int keep_first;
+    /* 0: each layer keeps its own attention; w > 0: every layer's causal attention sees at most
+     * the w most recent keys (a sliding window); a layer with its own, smaller window keeps it
+     * (the window is the smaller of the two). The forward only (sl_model_forward); the
+     * derivatives use each layer's own window. */
+    int64_t window;
 } sl_intervention;
 
 /* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */

@@ -49,6 +49,8 @@ _LAZY: Dict[str, str] = {
     "SquashingStudy": "analysis.squashing_study", "squashing_study": "analysis.squashing_study",
     "MassiveActivations": "analysis.massive", "massive_activations": "analysis.massive",
     "KeyGeometry": "analysis.key_geometry", "key_geometry": "analysis.key_geometry",
+    "WindowedPerplexity": "analysis.windowed", "windowed_perplexity": "analysis.windowed",
+    "HeadAblation": "analysis.head_ablation", "head_ablation": "analysis.head_ablation",
     "SweepResult": "sweeps.runner", "sweep": "sweeps.runner",
 }
 
@@ -63,7 +65,8 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "SquashingStudy", "sweep", "SweepResult", "bos_controls", "BosControls", "sink_location",
            "mixing_measure", "MixingResult", "collapse_trend", "CollapseTrend", "thm32_bounds", "Thm32Bounds",
            "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult",
-           "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry"]
+           "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry",
+           "windowed_perplexity", "WindowedPerplexity", "head_ablation", "HeadAblation"]
 
 
 def __getattr__(name: str) -> Any:

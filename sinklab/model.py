@@ -288,7 +288,8 @@ class Model:
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: Optional[int] = None,
-            key_start: Any = None, keep_first: bool = False, precision: Optional[str] = None) -> Trace:
+            key_start: Any = None, keep_first: Union[bool, int] = 0, precision: Optional[str] = None,
+            window: Optional[int] = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -364,8 +365,17 @@ class Model:
                 query i attends only to keys j >= key_start[i], the start of its document
                 (nondecreasing, key_start[i] <= i; checked by the C core); the same for every
                 sequence of a batch.
-            keep_first: with ``key_start``, key 0 (a fixed ⟨bos⟩ in front of every window)
-                stays visible to every query.
+            keep_first: k >= 0, the first k positions stay visible to every query of every layer
+                whatever hides them: a document start of ``key_start`` (a fixed ⟨bos⟩ in front
+                of every window), ``window``, or a layer's own sliding window (Gemma 3's local
+                layers). ``True``/``False`` mean 1/0. Under a window the k keys cost k extra
+                columns per query, O(T·(w + k)) in all.
+            window: None (each layer as the model defines it) or w >= 1: every layer's causal
+                attention sees only its w most recent keys (i - w < j <= i, Hugging Face's
+                sliding window); a layer whose own window is smaller (Gemma 3's local layers,
+                512) keeps its own, so the override applies to the global layers and to local
+                layers with a wider window. StreamingLLM's windowed attention with sink tokens is
+                ``window=w, keep_first=k``. Encoders (bidirectional attention) refuse it.
             precision: ``"fp32"`` (exact), ``"bf16"`` or ``"int8"``; default the model's
                 (:func:`load`). Both change the linear layers and the LM head only; attention
                 scores and values, softmax, norms, the residual stream and statistics stay
@@ -399,6 +409,7 @@ class Model:
         logits_from %= T
         lens = self._check_lengths(lengths, B, T, arr.ndim)
         ks = self._check_key_start(key_start, T)
+        keep, win = self._check_window(keep_first, window)
         c = self.config
         ivs = core_arrays(intervene, c.n_layers, c.n_heads)
         shapes = buffer_shapes(c, T, len(sel), logits_from)
@@ -415,7 +426,7 @@ class Model:
             b1 = min(B, b0 + per_call)
             _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
                                 lengths=None if lens is None else lens[b0:b1], key_start=ks,
-                                keep_first=bool(keep_first), precision=PRECISIONS[prec],
+                                keep_first=keep, window=win, precision=PRECISIONS[prec],
                                 **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
@@ -454,6 +465,25 @@ class Model:
         if bad.size:
             raise ValueError(f"lengths[{int(bad[0])}]={int(ln[bad[0]])} outside [1, {T}] (T={T})")
         return None if np.all(ln == T) else np.ascontiguousarray(ln, dtype=np.int64)
+
+    def _check_window(self, keep_first: Any, window: Any) -> Tuple[int, int]:
+        """``keep_first`` as a count and ``window`` as an int (0: none), each checked."""
+        if isinstance(keep_first, (bool, np.bool_)):
+            keep = int(keep_first)
+        elif isinstance(keep_first, (int, np.integer)) and keep_first >= 0:
+            keep = int(keep_first)
+        else:
+            raise ValueError(f"keep_first must be a bool or a count >= 0 of first positions, got {keep_first!r}")
+        if keep > 2**31 - 1:
+            raise ValueError(f"keep_first={keep} is too large")
+        if window is None:
+            return keep, 0
+        if isinstance(window, (bool, np.bool_)) or not isinstance(window, (int, np.integer)) or window < 1:
+            raise ValueError(f"window must be None or an int >= 1 (keys per query), got {window!r}")
+        if self.config.bidirectional:
+            raise ValueError("window: the model has bidirectional attention (an encoder); a sliding window "
+                             "is defined for causal attention only")
+        return keep, int(window)
 
     @staticmethod
     def _check_key_start(key_start: Any, T: int) -> Optional[np.ndarray]:

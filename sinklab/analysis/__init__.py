@@ -11,4 +11,6 @@ Beyond the paper:
 
 - ``massive``: massive activations (Sun et al., 2024) per residual stream, the ⟨bos⟩ norm jump and the block and MLP neurons that write it
 - ``key_geometry``: the sink key's norm vs angle, an exact split of the sink's mean logit gap per head
+- ``windowed``: StreamingLLM-style sliding-window perplexity with and without the first k tokens kept visible
+- ``head_ablation``: the top sink heads switched off against matched random non-sink heads of the same layers
 """

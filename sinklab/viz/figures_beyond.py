@@ -1,5 +1,6 @@
-"""Figures for the beyond-the-paper analyses: massive activations per layer and the per-head
-sink map of the sink key's geometry. Each takes a plain result object (duck-typed: the fields
+"""Figures for the beyond-the-paper analyses: massive activations per layer, the per-head
+sink map of the sink key's geometry, windowed perplexity with kept sink tokens and the sink-head
+ablation against matched controls. Each takes a plain result object (duck-typed: the fields
 named in its docstring), draws on ``ax`` when given, and returns the matplotlib Figure (built
 without pyplot, see :mod:`sinklab.viz.figure`)."""
 from __future__ import annotations
@@ -74,4 +75,54 @@ def sink_map_figure(result: Any, ax: Any = None, title: Optional[str] = None, an
     ax.set_xticks(range(H))
     ax.set_title(title or f"sink map, {result.model} (T={result.T}): colour a₀, text ‖k₀‖/mean‖kⱼ‖", fontsize=9)
     fig.colorbar(im, ax=ax, label="mean a₀")
+    return fig
+
+
+def windowed_figure(result: Any, ax: Any = None, title: Optional[str] = None) -> Figure:
+    """Perplexity ratio to full attention (log scale) against the window w, one line per count k
+    of kept first tokens, with the 95 % interval over text stretches as error bars.
+
+    Args:
+        result: a :class:`sinklab.analysis.windowed.WindowedPerplexity` (uses ``windows``,
+            ``keeps``, ``delta(w, k)``, ``model``, ``T``).
+        ax: a matplotlib Axes to draw on (default: a new figure).
+    """
+    fig, ax = _axes(ax, (5.0, 3.6))
+    w = np.asarray(result.windows, np.float64)
+    for k in result.keeps:
+        ivs = [result.delta(int(x), k) for x in result.windows]
+        v = np.exp([i.value for i in ivs])
+        lo, hi = np.exp([i.lo for i in ivs]), np.exp([i.hi for i in ivs])
+        ax.errorbar(w, v, yerr=[v - lo, hi - v], marker="o", capsize=3, label=f"window + first {k} kept")
+    ax.axhline(1.0, ls="--", lw=1, c="gray", label="full attention")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("window w (keys per query)")
+    ax.set_ylabel("perplexity / full attention")
+    ax.set_title(title or f"windowed attention, {result.model} (T={result.T})", fontsize=10)
+    ax.legend(fontsize=7)
+    return fig
+
+
+def head_ablation_figure(result: Any, ax: Any = None, title: Optional[str] = None) -> Figure:
+    """ΔNLL of each random matched draw (histogram of the draws' prompt means) with the sink
+    heads' ΔNLL and its 95 % interval over prompts marked.
+
+    Args:
+        result: a :class:`sinklab.analysis.head_ablation.HeadAblation` (uses ``nll_base``,
+            ``nll_random``, ``dnll_sink()``, ``n``, ``model``, ``T``).
+        ax: a matplotlib Axes to draw on (default: a new figure).
+    """
+    fig, ax = _axes(ax, (5.0, 3.6))
+    d = (np.asarray(result.nll_random) - np.asarray(result.nll_base)[None]).mean(axis=1)
+    ax.hist(d, bins=max(5, min(30, len(d))), alpha=0.6, label=f"{len(d)} matched random draws")
+    s = result.dnll_sink()
+    ax.axvline(s.value, c="C3", lw=2, label=f"top {result.n} sink heads")
+    if s.defined:
+        ax.axvspan(s.lo, s.hi, color="C3", alpha=0.15, lw=0, label="95 % interval (prompts)")
+    ax.axvline(0.0, ls="--", lw=1, c="gray")
+    ax.set_xlabel("ΔNLL (nats) when the heads write nothing")
+    ax.set_ylabel("draws")
+    ax.set_title(title or f"sink-head ablation, {result.model} (T={result.T})", fontsize=10)
+    ax.legend(fontsize=7)
     return fig
