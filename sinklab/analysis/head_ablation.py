@@ -27,6 +27,7 @@ import numpy as np
 from ..interventions import Intervention
 from ..progress import progress_bar
 from ..prompts import load_passages
+from ..reprs import compact_repr
 from ..results import to_jsonable
 from .massive import sequences
 from .quality import nll_rows
@@ -37,6 +38,7 @@ Prompt = Union[str, Sequence[int], np.ndarray]
 FORMAT = "sinklab.HeadAblation/1"
 
 
+@compact_repr
 @dataclass
 class HeadAblation:
     """Sink heads against matched random heads (see the module docstring).

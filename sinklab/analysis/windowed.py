@@ -29,6 +29,7 @@ from typing import Any, Dict, Optional, Sequence
 import numpy as np
 
 from ..progress import progress_bar
+from ..reprs import compact_repr
 from ..results import to_jsonable
 from .long_context import long_texts
 from .quality import nll_rows
@@ -37,6 +38,7 @@ from .stats import Interval, mean_ci
 FORMAT = "sinklab.WindowedPerplexity/1"
 
 
+@compact_repr
 @dataclass
 class WindowedPerplexity:
     """Windowed-attention NLL of one model (see the module docstring).
