@@ -5,11 +5,23 @@ default, tempt a ``matplotlib.use(...)`` that switches the user's backend (in Ju
 their open figures). A :class:`Figure` here is never seen by pyplot: the caller owns it, it is
 garbage-collected like any object, ``fig.savefig(path)`` writes it with the Agg renderer, and in
 Jupyter it shows itself as a PNG through ``_repr_png_`` whatever backend is active.
+
+Every public figure function is :func:`restylable`: ``ax=`` draws a one-panel figure on the
+caller's axes, ``fig=`` draws any figure into the caller's (cleared) figure, ``cmap=`` replaces
+the colour map of every colour-mapped panel; the function returns the Figure it drew on. The
+choice reaches :func:`subplots` and :func:`colormap` through a context variable, so the figure
+functions themselves stay as they are.
 """
 from __future__ import annotations
 
+import contextvars
+import functools
+import inspect
 import io
-from typing import Any, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Tuple, TypeVar, Union
+
+import numpy as np
 
 from matplotlib import colormaps
 from matplotlib.colors import Colormap
@@ -27,14 +39,75 @@ class Figure(_MplFigure):
         return buf.getvalue()
 
 
+@dataclass
+class _Target:
+    ax: Any = None
+    fig: Any = None
+    cmap: Union[str, Colormap, None] = None
+    used: bool = False       # the caller's axes or figure go to the first subplots() call only
+
+
+_TARGET: contextvars.ContextVar[Optional[_Target]] = contextvars.ContextVar("sinklab_figure_target", default=None)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def restylable(fn: F) -> F:
+    """Adds ``ax=`` (one-panel figures), ``fig=`` (any figure) and ``cmap=`` (a colormap name or
+    object) to a figure function; it returns the Figure it drew on. A function that already takes
+    ``ax`` keeps handling it (and gets ``fig=``/``cmap=``)."""
+    params = inspect.signature(fn).parameters
+    own_ax = "ax" in params
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, ax: Any = None, fig: Any = None, cmap: Union[str, Colormap, None] = None,
+                **kw: Any) -> Any:
+        if ax is not None and fig is not None:
+            raise ValueError("pass ax= (draw on these axes) or fig= (draw into this figure), not both")
+        if cmap is not None and not isinstance(cmap, (str, Colormap)):
+            raise TypeError(f"cmap must be a colormap name or a matplotlib Colormap, got {type(cmap).__name__}")
+        if own_ax:
+            kw["ax"] = ax
+        token = _TARGET.set(_Target(None if own_ax else ax, fig, cmap))
+        try:
+            return fn(*args, **kw)
+        finally:
+            _TARGET.reset(token)
+
+    extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=None)
+             for n in ("ax", "fig", "cmap") if n not in params]
+    sig = inspect.signature(fn)
+    kinds = [p for p in sig.parameters.values() if p.kind != inspect.Parameter.VAR_KEYWORD]
+    var_kw = [p for p in sig.parameters.values() if p.kind == inspect.Parameter.VAR_KEYWORD]
+    wrapper.__signature__ = sig.replace(parameters=kinds + extra + var_kw)  # type: ignore[attr-defined]
+    wrapper.__restylable__ = True  # type: ignore[attr-defined]
+    return wrapper  # type: ignore[return-value]
+
+
 def subplots(nrows: int = 1, ncols: int = 1, figsize: Tuple[float, float] = (6.4, 4.8),
              layout: Any = None, **subplot_kw: Any) -> Tuple[Figure, Any]:
     """Like ``plt.subplots`` but pyplot-free: (figure, axes), axes squeezed as pyplot does
-    unless ``squeeze=False`` is passed."""
+    unless ``squeeze=False`` is passed. Inside a :func:`restylable` call given ``ax=`` (one
+    panel only) or ``fig=``, those are used instead of a new figure."""
+    t = _TARGET.get()
+    if t is not None and not t.used and (t.ax is not None or t.fig is not None):
+        t.used = True
+        if t.ax is not None:
+            if (nrows, ncols) != (1, 1):
+                raise ValueError(f"this figure has {nrows} x {ncols} panels: pass fig= (a figure to draw into) "
+                                 f"instead of ax=")
+            return t.ax.figure, (t.ax if subplot_kw.get("squeeze", True) else np.array([[t.ax]]))
+        t.fig.clear()
+        if layout is not None:
+            t.fig.set_layout_engine(layout)
+        return t.fig, t.fig.subplots(nrows, ncols, **subplot_kw)
     fig = Figure(figsize=figsize, layout=layout)
     return fig, fig.subplots(nrows, ncols, **subplot_kw)
 
 
 def colormap(name: str) -> Colormap:
-    """A registered colormap by name (what ``plt.get_cmap`` returns)."""
-    return colormaps[name]
+    """A registered colormap by name (what ``plt.get_cmap`` returns), or, inside a
+    :func:`restylable` call given ``cmap=``, that one."""
+    t = _TARGET.get()
+    chosen = t.cmap if t is not None and t.cmap is not None else name
+    return colormaps[chosen] if isinstance(chosen, str) else chosen

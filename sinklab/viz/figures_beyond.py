@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .figure import Figure, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 
 def _axes(ax: Any, figsize: Tuple[float, float]) -> Tuple[Figure, Any]:
@@ -18,6 +18,7 @@ def _axes(ax: Any, figsize: Tuple[float, float]) -> Tuple[Figure, Any]:
     return ax.figure, ax
 
 
+@restylable
 def massive_activations_figure(result: Any, ax: Any = None, title: Optional[str] = None) -> Figure:
     """Per residual stream l = 0..L, the top |activation| over the median |activation| (log
     scale; mean over prompts with the 2.5-97.5 % range of prompts shaded), streams whose largest
@@ -50,6 +51,7 @@ def massive_activations_figure(result: Any, ax: Any = None, title: Optional[str]
     return fig
 
 
+@restylable
 def sink_map_figure(result: Any, ax: Any = None, title: Optional[str] = None, annotate: bool = True) -> Figure:
     """Per-head sink map: a layer x head heatmap of the mean first-token importance a_0,
     each cell annotated with the mean ‖k_0‖ / mean ‖k_j‖ (the sink key's norm ratio).
@@ -64,7 +66,7 @@ def sink_map_figure(result: Any, ax: Any = None, title: Optional[str] = None, an
     ratio = np.asarray(result.norm_ratio, np.float64).mean(axis=0)
     L, H = a0.shape
     fig, ax = _axes(ax, (1.2 + 0.6 * H, 1.0 + 0.3 * L))
-    im = ax.imshow(a0, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
+    im = ax.imshow(a0, aspect="auto", origin="lower", cmap=colormap("viridis"), vmin=0, vmax=1)
     if annotate:
         for l in range(L):
             for h in range(H):
@@ -78,6 +80,7 @@ def sink_map_figure(result: Any, ax: Any = None, title: Optional[str] = None, an
     return fig
 
 
+@restylable
 def windowed_figure(result: Any, ax: Any = None, title: Optional[str] = None) -> Figure:
     """Perplexity ratio to full attention (log scale) against the window w, one line per count k
     of kept first tokens, with the 95 % interval over text stretches as error bars.
@@ -104,6 +107,7 @@ def windowed_figure(result: Any, ax: Any = None, title: Optional[str] = None) ->
     return fig
 
 
+@restylable
 def head_ablation_figure(result: Any, ax: Any = None, title: Optional[str] = None) -> Figure:
     """ΔNLL of each random matched draw (histogram of the draws' prompt means) with the sink
     heads' ΔNLL and its 95 % interval over prompts marked.

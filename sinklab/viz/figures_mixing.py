@@ -11,7 +11,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from .figure import Figure, colormap, subplots
+from .figure import Figure, colormap, restylable, subplots
 from ..inputs import BOS, LABELS, NOBOS
 
 COLORS = {BOS: "#1f77b4", NOBOS: "#d62728"}
@@ -24,6 +24,7 @@ def _bos_label(setting: str, meta: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------- perturbation
+@restylable
 def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: int = 48,
                           title: str = "") -> Figure:
     """Layers × positions heatmaps of the perturbation, with and without BOS side by side (Fig. 2).
@@ -68,6 +69,7 @@ def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: i
     return fig
 
 
+@restylable
 def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True, title: str = "") -> Figure:
     """Three panels vs layer (Fig. 3): mean change over reachable positions, the spread ratio
     without/with BOS, and mean attention entropy — for one result or the mean of several (thin
@@ -125,6 +127,7 @@ def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True
     return fig
 
 
+@restylable
 def perturbation_study_figure(study: Any, relative: bool = True, title: str = "") -> Figure:
     """Fig. 2–3 over many swaps (a :class:`sinklab.analysis.perturbation.PerturbationStudy`): the spread
     ratio without/with BOS per layer (median, 10–90% band over swaps, mean), the fraction of
@@ -167,6 +170,7 @@ def perturbation_study_figure(study: Any, relative: bool = True, title: str = ""
 
 
 # ---------------------------------------------------------------------------------- collapse
+@restylable
 def collapse_figure(result: Any, title: str = "") -> Figure:
     """Three panels: rank-collapse residual vs layer (one line per T; solid with BOS, dashed
     without), the residual at the last layer vs T, and the representational-collapse distance
@@ -210,6 +214,7 @@ def collapse_figure(result: Any, title: str = "") -> Figure:
 
 
 # ---------------------------------------------------------------------------------- no-op
+@restylable
 def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> Figure:
     """Are sink heads' outputs small? Three panels, colour = layer: (a) per query head, sink
     mass vs head-output norm relative to the residual stream; (b) per KV head (query heads that
@@ -230,7 +235,7 @@ def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> Figure:
     sc = None
     for ax, (x, y, ylab, scale, ttl, ref) in zip(axes, panels):
         layer = np.repeat(np.arange(L), x.shape[1])
-        sc = ax.scatter(x.ravel(), y.ravel(), c=layer, cmap="viridis", s=14, alpha=0.85, vmin=0, vmax=L - 1)
+        sc = ax.scatter(x.ravel(), y.ravel(), c=layer, cmap=colormap("viridis"), s=14, alpha=0.85, vmin=0, vmax=L - 1)
         ax.axvline(eps, color="gray", ls=":", lw=1)
         ax.set_yscale(scale)
         if ref is not None:
@@ -248,6 +253,7 @@ def noop_figure(result: Any, eps: float = 0.5, title: str = "") -> Figure:
     return fig
 
 
+@restylable
 def conditional_heads_figure(result: Any, title: str = "") -> Figure:
     """Left: every head's attention to the trigger (when present) vs attention to position 0
     (when absent), the top heads labelled; right: score heatmap layers × heads."""
@@ -255,7 +261,7 @@ def conditional_heads_figure(result: Any, title: str = "") -> Figure:
     L, H = s.shape
     fig, axes = subplots(1, 2, figsize=(12.0, 4.8), gridspec_kw={"width_ratios": [1.2, 1]})
     ax = axes[0]
-    sc = ax.scatter(b.ravel(), a.ravel(), c=np.repeat(np.arange(L), H), cmap="viridis", s=14)
+    sc = ax.scatter(b.ravel(), a.ravel(), c=np.repeat(np.arange(L), H), cmap=colormap("viridis"), s=14)
     for r in result.top[:5]:
         ax.annotate(f"L{r['layer']}H{r['head']}", (r["to_first_without"], r["to_trigger_with"]), fontsize=7,
                     xytext=(3, 3), textcoords="offset points")
@@ -265,7 +271,7 @@ def conditional_heads_figure(result: Any, title: str = "") -> Figure:
     ax.set_ylim(0, max(0.05, float(a.max()) * 1.1))
     fig.colorbar(sc, ax=ax, label="layer")
     ax = axes[1]
-    im = ax.imshow(s, aspect="auto", origin="lower", cmap="viridis")
+    im = ax.imshow(s, aspect="auto", origin="lower", cmap=colormap("viridis"))
     ax.set_xlabel("head")
     ax.set_ylabel("layer")
     ax.set_xticks(range(H))
@@ -285,6 +291,7 @@ def _errbar(ax: Any, x: Any, ivs: Sequence[Any], **kw: Any) -> None:
     ax.errorbar(np.asarray(x), v, yerr=np.vstack([v - lo, hi - v]), capsize=2, **kw)
 
 
+@restylable
 def mixing_measure_figure(result: Any, title: str = "") -> Figure:
     """The mixing measure (:class:`sinklab.analysis.mixing.MixingResult`), intervals as error bars
     (95% bootstrap over passage units): (a) mean log(M_nobos / M_bos) vs source layer, one line per
@@ -324,6 +331,7 @@ def mixing_measure_figure(result: Any, title: str = "") -> Figure:
     return fig
 
 
+@restylable
 def collapse_trend_figure(trend: Any, measure: str = "rank", setting: Any = None, title: str = "") -> Figure:
     """A :class:`sinklab.analysis.collapse.CollapseTrend`, intervals as error bars (95% bootstrap
     over passage units): (a) the measure vs layer, one line per T; (b) at the last layer and

@@ -10,7 +10,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .figure import Figure, colormap, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -21,6 +21,7 @@ def _as_dict(results: Union[Any, Mapping[str, Any]]) -> Dict[str, Any]:
     return {"": results}
 
 
+@restylable
 def bound_vs_measured(results: Union[Any, Mapping[str, Any]], layers: Optional[Sequence[int]] = None,
                       title: str = "") -> Figure:
     """Thm. 3.2's bound against the measured spectral norm ||d v_target^(L) / d v_j^(l)||_2.

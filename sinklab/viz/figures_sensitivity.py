@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from .figure import Figure, colormap, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 COLORS = {"bos": "#1f77b4", "nobos": "#d62728", "masked": "#2ca02c"}
 
 
+@restylable
 def sensitivity_maps(study: Any, title: str = "") -> Figure:
     """Top row: log10 ||d v_last^(L) / d v_j^(l)||_F over layer l (rows) and source position j
     (columns), one panel per condition, one colour scale. Bottom: the same at l = 0 (the input
@@ -69,6 +70,7 @@ def sensitivity_maps(study: Any, title: str = "") -> Figure:
     return fig
 
 
+@restylable
 def mixing_vs_length(study: Any, title: str = "") -> Figure:
     """Mixing share (module docstring of sinklab.analysis.squashing_study) against the depth of
     the path L - l, one line per context length, one panel per condition (random-probe

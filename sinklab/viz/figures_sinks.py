@@ -7,10 +7,11 @@ from typing import Optional
 
 import numpy as np
 
-from .figure import Figure, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 
 
+@restylable
 def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
                           title: Optional[str] = None) -> Figure:
     """Mean first-token importance a_0 per (layer, head), with and without BOS, side by side,
@@ -34,7 +35,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     smax = max(float(with_bos.std.max()), float(without_bos.std.max()), 1e-6)
     for col, (name, s) in enumerate(studies):
         ax = axes[0, col]
-        im = ax.imshow(s.mean, aspect="auto", origin="lower", cmap="viridis", vmin=0, vmax=1)
+        im = ax.imshow(s.mean, aspect="auto", origin="lower", cmap=colormap("viridis"), vmin=0, vmax=1)
         ys, xs = np.nonzero(s.mean > eps)
         ax.scatter(xs, ys, s=6, c="white", marker=".")
         first = s.bos_token if s.bos else "each prompt's first token"
@@ -42,7 +43,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(H))
-        ims = axes[1, col].imshow(s.std, aspect="auto", origin="lower", cmap="magma", vmin=0, vmax=smax)
+        ims = axes[1, col].imshow(s.std, aspect="auto", origin="lower", cmap=colormap("magma"), vmin=0, vmax=smax)
         axes[1, col].set_title(f"std of a₀ over {s.n_prompts} prompts, {name}", fontsize=9)
         axes[1, col].set_xlabel("head")
         axes[1, col].set_ylabel("layer")
@@ -74,6 +75,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     return fig
 
 
+@restylable
 def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure:
     """Passkey accuracy (%) against length (tokens, log scale), with and without BOS.
 
@@ -97,6 +99,7 @@ def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure
     return fig
 
 
+@restylable
 def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = False,
                          chance: bool = True) -> Figure:
     """Accuracy (%) against length (tokens, log scale) with 95 % Wilson interval bars, one line per
@@ -161,6 +164,7 @@ TOP_KEY_CLASSES = {"pos0": "position 0", "bos": "⟨bos⟩ (moved)", "text": "fi
 ``BosControls.location`` (the figure reads the classes from the result, not from the analysis)."""
 
 
+@restylable
 def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
     """Controls for ⟨bos⟩ removal (:class:`sinklab.analysis.controls.BosControls`), one row per
     condition (draws of a random control pooled): perplexity with its 95% interval (log scale,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any, List
 
-from .figure import subplots
+from .figure import restylable, subplots
 
 METRICS = {"sink_study": ("sink_rate", "sink rate (fraction of (prompt, layer, head) with a_0 > eps)"),
            "perturbation": ("mean_rel_change", "mean relative change after a one-token swap"),
@@ -50,6 +50,7 @@ def _bars(ax: Any, df: Any, metric: str, var: List[str]) -> None:
     ax.set_xticks(range(len(labels)), labels, rotation=20, ha="right", fontsize=8)
 
 
+@restylable
 def analysis_figure(df: Any, analysis: str) -> Any:
     """The figure of one analysis's rows (``df`` filtered to it): one panel per eps when eps
     varies beside T."""

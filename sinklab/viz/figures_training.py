@@ -7,7 +7,7 @@ from typing import Any, Dict
 
 import numpy as np
 
-from .figure import subplots
+from .figure import restylable, subplots
 # re-exported: the report's training section reads them from here
 from .reference import SINK_TOKENS, sink_T, uniform_first_importance  # noqa: F401
 
@@ -25,6 +25,7 @@ def _n_seeds(summary: Dict[str, Any]) -> int:
     return len(summary.get("seeds") or [0])
 
 
+@restylable
 def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
     """Fig. 5 in miniature against training tokens, one line per context: sink rate at eps 0.3
     and 0.8, mean first-token importance a_0 (dotted: uniform attention's a_0 over the same T)
@@ -69,6 +70,7 @@ def _row_label(r: Dict[str, Any]) -> str:
             f"{'<bos>+text' if r['inference'] == 'bos' else 'text only'}")
 
 
+@restylable
 def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
     """Table 2 in miniature beside the paper's: sink rate (eps 0.3) and validation loss per row,
     and the loss change when ⟨bos⟩ is removed at inference from each model evaluated both ways

@@ -6,9 +6,10 @@ from typing import Optional
 
 import numpy as np
 
-from .figure import Figure, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 
+@restylable
 def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, title: str = "") -> Figure:
     """Layers × heads heatmap of first-token importance a_0 (Gu et al.'s metric).
 
@@ -17,7 +18,7 @@ def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, titl
     imp = np.asarray(importance, dtype=np.float64)
     L, H = imp.shape
     fig, ax = subplots(figsize=(max(4.0, 0.45 * H + 2.0), max(4.0, 0.22 * L + 1.5)))
-    im = ax.imshow(imp, aspect="auto", cmap="viridis", vmin=0.0, vmax=1.0, origin="lower")
+    im = ax.imshow(imp, aspect="auto", cmap=colormap("viridis"), vmin=0.0, vmax=1.0, origin="lower")
     if eps is not None:
         ys, xs = np.nonzero(imp > eps)
         ax.scatter(xs, ys, s=12, facecolors="none", edgecolors="white", linewidths=0.8,
@@ -33,6 +34,7 @@ def importance_heatmap(importance: np.ndarray, eps: Optional[float] = None, titl
     return fig
 
 
+@restylable
 def layer_lines(panels: "dict", title: str = "") -> Figure:
     """One panel per quantity, a line per condition against layer.
 

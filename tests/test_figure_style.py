@@ -1,0 +1,74 @@
+"""Restylable figures: every public figure function takes ax= (one-panel figures), fig= (any
+figure) and cmap=, draws on what it is given and returns that Figure; wrong combinations are
+clear errors."""
+import importlib
+import inspect
+import pkgutil
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure as PlainFigure
+
+import sinklab as sl
+import sinklab.viz
+from sinklab.viz.figures_sinks import bos_comparison_figure
+from sinklab.viz.plots import importance_heatmap
+from tests.support.reference_models import SPECS, make_hf_model, save_hf
+
+NOT_FIGURES = {"sinklab.viz.figures_sweep.sweep_figures"}   # writes one file per analysis to a folder
+
+
+def public_functions():
+    for info in pkgutil.iter_modules(sinklab.viz.__path__):
+        if info.name in ("figure", "reference"):
+            continue
+        mod = importlib.import_module(f"sinklab.viz.{info.name}")
+        for name, fn in vars(mod).items():
+            if inspect.isfunction(fn) and not name.startswith("_") and fn.__module__ == mod.__name__:
+                yield f"{mod.__name__}.{name}", fn
+
+
+def test_every_figure_function_takes_ax_fig_and_cmap():
+    found = dict(public_functions())
+    assert len(found) >= 20
+    missing = [n for n, fn in found.items() if n not in NOT_FIGURES
+               and not (getattr(fn, "__restylable__", False)
+                        and {"ax", "fig", "cmap"} <= set(inspect.signature(fn).parameters))]
+    assert missing == []
+
+
+def test_one_panel_on_the_callers_axes_with_their_colormap():
+    imp = np.random.default_rng(0).random((6, 4))
+    fig = PlainFigure()
+    ax = fig.add_subplot(1, 2, 2)
+    got = importance_heatmap(imp, eps=0.3, ax=ax, cmap="cividis")
+    assert got is fig and len(ax.images) == 1
+    im = ax.images[0]
+    assert im.get_cmap().name == "cividis" and np.array_equal(np.asarray(im.get_array()), imp)
+    default = importance_heatmap(imp)                      # a new figure, the default colormap
+    assert default is not fig and default.axes[0].images[0].get_cmap().name == "viridis"
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory):
+    m = sl.load(save_hf(make_hf_model(SPECS["mha"]), tmp_path_factory.mktemp("style") / "tiny"))
+    return sl.compare_bos(m, ["the cat sat on the mat and the dog ran away to the river"] * 3, T=8, progress=False)
+
+
+def test_many_panels_into_the_callers_figure(comparison):
+    fig = PlainFigure(figsize=(9, 6))
+    fig.add_subplot(1, 1, 1).plot([0, 1])                 # what was there is cleared
+    got = bos_comparison_figure(comparison, fig=fig, cmap="Greys")
+    assert got is fig and len(fig.axes) > 2
+    maps = {im.get_cmap().name for a in fig.axes for im in a.images}
+    assert maps == {"Greys"}
+    with pytest.raises(ValueError, match="pass fig="):
+        bos_comparison_figure(comparison, ax=PlainFigure().add_subplot())
+
+
+def test_bad_combinations():
+    imp = np.zeros((2, 2))
+    with pytest.raises(ValueError, match="not both"):
+        importance_heatmap(imp, ax=PlainFigure().add_subplot(), fig=PlainFigure())
+    with pytest.raises(TypeError, match="cmap"):
+        importance_heatmap(imp, cmap=3)
