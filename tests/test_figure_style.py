@@ -15,7 +15,8 @@ from sinklab.viz.figures_sinks import bos_comparison_figure
 from sinklab.viz.plots import importance_heatmap
 from tests.support.reference_models import SPECS, make_hf_model, save_hf
 
-NOT_FIGURES = {"sinklab.viz.figures_sweep.sweep_figures"}   # writes one file per analysis to a folder
+NOT_FIGURES = {"sinklab.viz.figures_sweep.sweep_figures",   # writes one file per analysis to a folder
+               "sinklab.viz.attention_view.attention_html"}  # an HTML page, not a matplotlib figure
 
 
 def public_functions():
