@@ -73,3 +73,38 @@ def test_bad_combinations():
         importance_heatmap(imp, ax=PlainFigure().add_subplot(), fig=PlainFigure())
     with pytest.raises(TypeError, match="cmap"):
         importance_heatmap(imp, cmap=3)
+
+
+def test_log_axes_over_a_narrow_range_have_several_labels():
+    from sinklab.viz.figure import readable_log, subplots
+
+    for lo, hi, at_least in ((0.83, 1.08, 4), (0.5, 3.0, 4), (1e-3, 10.0, 4), (3.0, 30.0, 3)):
+        fig, ax = subplots()
+        ax.plot(np.arange(10), np.linspace(lo, hi, 10))
+        ax.set_yscale("log")
+        readable_log(ax, "y")
+        fig.canvas.draw()
+        y0, y1 = ax.get_ylim()
+        shown = [t.get_text() for t, v in zip(ax.get_yticklabels(), ax.get_yticks()) if y0 <= v <= y1 and t.get_text()]
+        assert at_least <= len(shown) <= 12, (lo, hi, shown)
+
+
+def test_sink_comparison_figure_explains_its_marks_and_keeps_percent_in_range(comparison):
+    fig = bos_comparison_figure(comparison, eps=0.3)
+    titles = [a.get_title() for a in fig.axes]
+    assert any("· marks mean a₀ > 0.3" in t for t in titles)
+    rate = next(a for a in fig.axes if a.get_title() == "per-layer sink rate")
+    assert rate.get_xlim() == (0.0, 100.0)
+    assert all(float(t).is_integer() for t in rate.get_yticks())             # layers, not 2.5
+    hist = next(a for a in fig.axes if a.get_xlabel().startswith("a₀ (all"))
+    assert "eps = 0.3" in [t.get_text() for t in hist.get_legend().get_texts()]
+
+
+def test_identical_curves_are_named_in_the_legend():
+    from sinklab.viz.figure import distinct_label
+
+    drawn = {}
+    y = np.array([1.0, 2.0, np.nan])
+    assert distinct_label("with BOS", y, drawn) == "with BOS"
+    assert distinct_label("sink masked", y.copy(), drawn) == "sink masked (= with BOS)"
+    assert distinct_label("without BOS", y + 1e-3, drawn) == "without BOS"

@@ -26,6 +26,7 @@ import numpy as np
 from matplotlib import colormaps
 from matplotlib.colors import Colormap
 from matplotlib.figure import Figure as _MplFigure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
 REPR_DPI = 100  # resolution of the inline PNG in notebooks; savefig takes its own dpi
 
@@ -111,3 +112,53 @@ def colormap(name: str) -> Colormap:
     t = _TARGET.get()
     chosen = t.cmap if t is not None and t.cmap is not None else name
     return colormaps[chosen] if isinstance(chosen, str) else chosen
+
+
+def readable_log(ax: Any, axis: str = "y") -> None:
+    """Enough tick labels on a log ``axis`` ("x", "y" or "both"): evenly spaced round values
+    within one decade (where matplotlib labels only one or two ticks), 1, 2 and 5 of each decade
+    up to three decades, one label per decade beyond."""
+    for name in ("x", "y") if axis == "both" else (axis,):
+        a = ax.xaxis if name == "x" else ax.yaxis
+        if a.get_scale() != "log":
+            continue
+        a.set_major_locator(_ReadableLogLocator())
+        a.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        a.set_minor_formatter(NullFormatter())
+
+
+class _ReadableLogLocator(LogLocator):
+    """1, 2, 5 per decade; within a decade, round values as a linear axis would have."""
+
+    def __init__(self) -> None:
+        super().__init__(base=10, subs=(1.0, 2.0, 5.0))
+
+    def tick_values(self, vmin: float, vmax: float) -> Any:
+        lo, hi = sorted((vmin, vmax))
+        if lo > 0 and hi / lo < 10:
+            ticks = MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi)
+            return ticks[ticks > 0]
+        if lo > 0 and hi / lo > 1e3:                  # many decades: one label each is enough
+            return LogLocator(base=10).tick_values(vmin, vmax)
+        return super().tick_values(vmin, vmax)
+
+
+def percent_axis(ax: Any, axis: str = "y", top: float = 100.0) -> None:
+    """A percentage ``axis`` that runs from 0 to ``top`` exactly (no −2 % margin); markers at the
+    ends are drawn whole rather than clipped."""
+    (ax.set_xlim if axis == "x" else ax.set_ylim)(0, top)
+    for artist in list(ax.lines) + list(ax.collections):
+        artist.set_clip_on(False)
+
+
+LINESTYLES = ("-", "--", ":", "-.")
+
+
+def distinct_label(label: str, y: np.ndarray, drawn: dict) -> str:
+    """``label``, with "(= other)" appended when ``y`` equals a curve already drawn on the same
+    axes (``drawn``: label -> values, updated), so that a line hidden under an identical one is
+    still accounted for in the legend."""
+    same = next((k for k, v in drawn.items() if v.shape == y.shape and np.allclose(v, y, rtol=1e-6, atol=0,
+                                                                                     equal_nan=True)), None)
+    drawn[label] = np.asarray(y, dtype=float)
+    return f"{label} (= {same})" if same is not None else label

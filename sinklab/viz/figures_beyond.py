@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .figure import Figure, colormap, restylable, subplots
+from .figure import Figure, colormap, readable_log, restylable, subplots
 
 
 def _axes(ax: Any, figsize: Tuple[float, float]) -> Tuple[Figure, Any]:
@@ -44,6 +44,7 @@ def massive_activations_figure(result: Any, ax: Any = None, title: Optional[str]
     j = int(result.jump_layer) + 1
     ax.axvline(j, ls="--", lw=1, c="gray", label=f"⟨bos⟩ norm jump: layer {j - 1} ({result.writer})")
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("residual stream l (entering layer l)")
     ax.set_ylabel("top |activation| / median")
     ax.set_title(title or f"massive activations, {result.model} (T={result.T})", fontsize=10)
@@ -100,6 +101,7 @@ def windowed_figure(result: Any, ax: Any = None, title: Optional[str] = None) ->
     ax.axhline(1.0, ls="--", lw=1, c="gray", label="full attention")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("window w (keys per query)")
     ax.set_ylabel("perplexity / full attention")
     ax.set_title(title or f"windowed attention, {result.model} (T={result.T})", fontsize=10)

@@ -11,7 +11,7 @@ from typing import Any, Sequence, Union
 
 import numpy as np
 
-from .figure import Figure, colormap, restylable, subplots
+from .figure import Figure, colormap, readable_log, restylable, subplots
 from ..inputs import BOS, LABELS, NOBOS
 
 COLORS = {BOS: "#1f77b4", NOBOS: "#d62728"}
@@ -89,6 +89,7 @@ def perturbation_lines(results: Union[Any, Sequence[Any]], relative: bool = True
             mean_curve = np.nanmean(curves, axis=0)
         ax.plot(x, mean_curve, color=COLORS[s], lw=2, label=_bos_label(s, rs[0].meta))
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("layer l")
     ax.set_ylabel("mean " + ("relative " if relative else "") + "change at later positions")
     ax.set_title("perturbation size")
@@ -142,6 +143,7 @@ def perturbation_study_figure(study: Any, relative: bool = True, title: str = ""
     ax.plot(x, rs["mean"], color="k", lw=1, ls="--", label="mean")
     ax.axhline(1.0, color="gray", ls=":")
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("layer l")
     ax.set_ylabel("spread without BOS / with BOS")
     ax.set_title("spread ratio (> 1: spreads more without BOS)")
@@ -204,6 +206,7 @@ def collapse_figure(result: Any, title: str = "") -> Figure:
         ax.set_xscale("log", base=2)
         if key == "repr":
             ax.set_yscale("log")
+            readable_log(ax, "y")
         ax.set_xlabel("tokens T")
         ax.set_ylabel(ylab)
         ax.set_title(ttl)

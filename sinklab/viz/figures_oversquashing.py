@@ -10,7 +10,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
-from .figure import Figure, colormap, restylable, subplots
+from .figure import Figure, colormap, readable_log, restylable, subplots
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b")
 
@@ -59,6 +59,7 @@ def bound_vs_measured(results: Union[Any, Mapping[str, Any]], layers: Optional[S
         ax.plot(j, np.where(b > 0, b, np.nan), color=col, lw=1.6, label=f"l={l} bound")
         ax.plot(j, np.where(m > 0, m, np.nan), color=col, lw=1.2, ls="--", label=f"l={l} measured")
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("source position j")
     ax.set_ylabel(f"‖d v[L][{t}] / d v[l][j]‖ (spectral)")
     ax.set_title("bound (solid) vs measured (dashed)" + (f": {next(iter(rs))}" if next(iter(rs)) else ""))
@@ -77,7 +78,9 @@ def bound_vs_measured(results: Union[Any, Mapping[str, Any]], layers: Optional[S
     if hi > 0:
         ax.plot([lo, hi], [lo, hi], color="k", lw=1, ls=":", label="bound = measured")
     ax.set_xscale("log")
+    readable_log(ax, "x")
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("measured spectral norm")
     ax.set_ylabel("bound")
     ax.set_title("every (layer, source position)")
@@ -93,6 +96,7 @@ def bound_vs_measured(results: Union[Any, Mapping[str, Any]], layers: Optional[S
         ax.plot(np.arange(L), med, color=col, lw=1.8, label=label or None)
         ax2.plot(np.arange(L), r.spearman[:-1], color=col, lw=1.2, ls=":")
     ax.set_yscale("log")
+    readable_log(ax, "y")
     ax.set_xlabel("source layer l")
     ax.set_ylabel("median bound / measured (solid)")
     ax2.set_ylabel("rank correlation over positions (dotted)")

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .figure import Figure, colormap, restylable, subplots
+from .figure import Figure, LINESTYLES, colormap, distinct_label, readable_log, restylable, subplots
 
 COLORS = {"bos": "#1f77b4", "nobos": "#d62728", "masked": "#2ca02c"}
 
@@ -49,19 +49,24 @@ def sensitivity_maps(study: Any, title: str = "") -> Figure:
     L = study.maps[conds[0]].fro.shape[0] - 1
     for ax, l, name in ((axes[1][0], 0, "l = 0 (input embeddings)"), (axes[1][1 % len(conds)], L // 2,
                                                                      f"l = {L // 2} (middle)")):
-        for c in conds:
+        drawn: dict = {}
+        for k, c in enumerate(conds):
             f = fro[c][l]
             x = np.arange(len(f)) + shift[c]
             keep = f > 0
-            ax.semilogy(x[keep], f[keep], "-", color=COLORS.get(c), lw=1.2, label=study.label(c))
+            ax.semilogy(x[keep], f[keep], LINESTYLES[k % len(LINESTYLES)], color=COLORS.get(c), lw=1.2,
+                        label=distinct_label(study.label(c), np.where(keep, f, np.nan), drawn))
+        readable_log(ax, "y")
         ax.set_title(f"sensitivity of the last token, {name}", fontsize=9)
         ax.set_xlabel("source position j")
         ax.set_ylabel("Frobenius norm")
         ax.legend(fontsize=7)
     if len(conds) > 2:
         ax = axes[1][2]
-        for c in conds:
-            ax.plot(np.arange(L + 1), study.share(c), "-o", ms=2.5, color=COLORS.get(c), label=study.label(c))
+        drawn = {}
+        for k, c in enumerate(conds):
+            ax.plot(np.arange(L + 1), study.share(c), LINESTYLES[k % len(LINESTYLES)] + "o", ms=2.5,
+                    color=COLORS.get(c), label=distinct_label(study.label(c), np.asarray(study.share(c)), drawn))
         ax.set_title("mixing share: mass on the other text tokens", fontsize=9)
         ax.set_xlabel("layer l of resid[l] (depth of the path = L - l)")
         ax.set_ylabel("share of ||J||_F^2")

@@ -7,7 +7,9 @@ from typing import Optional
 
 import numpy as np
 
-from .figure import Figure, colormap, restylable, subplots
+from matplotlib.ticker import MaxNLocator
+
+from .figure import Figure, colormap, percent_axis, readable_log, restylable, subplots
 
 
 
@@ -39,7 +41,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
         ys, xs = np.nonzero(s.mean > eps)
         ax.scatter(xs, ys, s=6, c="white", marker=".")
         first = s.bos_token if s.bos else "each prompt's first token"
-        ax.set_title(f"mean a₀, {name}\n(position 0: {first!s})", fontsize=9)
+        ax.set_title(f"mean a₀, {name}\n(position 0: {first!s}; · marks mean a₀ > {eps:g})", fontsize=9)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
         ax.set_xticks(range(H))
@@ -55,7 +57,8 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     for (name, s), style in zip(studies, ("-o", "--s")):
         ax.plot(100 * s.layer_sink_rate(eps), np.arange(L), style, ms=3,
                 label=f"{name}: {100 * s.sink_rate(eps):.1f}%")
-    ax.set_xlim(-2, 102)
+    percent_axis(ax, "x")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(f"sink rate at eps={eps:g} (% of heads x prompts)")
     ax.set_ylabel("layer")
     ax.set_title("per-layer sink rate", fontsize=9)
@@ -66,7 +69,7 @@ def bos_comparison_figure(with_bos, without_bos=None, eps: float = 0.3,
     bins = np.linspace(0, 1, 41)
     for name, s in studies:
         ax.hist(s.importance.ravel(), bins=bins, histtype="step", lw=1.5, label=name)
-    ax.axvline(eps, color="k", ls=":", lw=1)
+    ax.axvline(eps, color="k", ls=":", lw=1, label=f"eps = {eps:g}")
     ax.set_yscale("log")
     ax.set_xlabel("a₀ (all prompts, layers, heads)")
     ax.set_ylabel("count")
@@ -88,7 +91,7 @@ def passkey_figure(with_bos, without_bos, title: Optional[str] = None) -> Figure
     ax.set_xscale("log", base=2)
     ax.set_xticks(sorted(with_bos.accuracy))
     ax.set_xticklabels([str(n) for n in sorted(with_bos.accuracy)])
-    ax.set_ylim(-5, 105)
+    percent_axis(ax, "y")
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel("passkey accuracy (%)")
     n = sum(1 for t in with_bos.trials if t.length == min(with_bos.accuracy))
@@ -147,7 +150,7 @@ def task_accuracy_figure(results, title: Optional[str] = None, exact: bool = Fal
     ax.set_xscale("log", base=2)
     ax.set_xticks(ticks)
     ax.set_xticklabels([str(n) for n in xs_all] + (["cloze"] if clz else []))
-    ax.set_ylim(-5, 105)
+    percent_axis(ax, "y")
     ax.set_xlabel("sequence length (tokens)")
     ax.set_ylabel(("exact-match" if exact else "multiple-choice") + " accuracy (%)")
     first = next(iter(results.values()))
@@ -183,6 +186,7 @@ def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
         ax.errorbar([iv.value], [yi], xerr=err, fmt="o", ms=4, color="C0" if g != result.baseline else "k", capsize=2)
     ax.axvline(result.perplexity(result.baseline).value, color="k", ls=":", lw=1)
     ax.set_xscale("log")
+    readable_log(ax, "x")
     ax.set_yticks(y)
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_xlabel(f"perplexity on the same {int(result.n_tokens.sum())} tokens (95% CI)")
@@ -199,7 +203,7 @@ def bos_controls_figure(result, title: Optional[str] = None) -> Figure:
             ax.errorbar([100 * iv.value], [yi + off], xerr=err, fmt="s", ms=4, color=color, capsize=2,
                         label=name if first else None)
             first = False
-    ax.set_xlim(-3, 103)
+    percent_axis(ax, "x")
     ax.set_yticks(y)
     ax.set_yticklabels([])
     ax.set_xlabel(f"sink rate (% of heads with a_k > {result.meta.get('eps', 0.3):g})")

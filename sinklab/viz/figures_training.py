@@ -48,7 +48,9 @@ def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
                 ax.fill_between(tok[:mean.size], mean - sd, mean + sd, color=col, alpha=0.2, lw=0)
         axes[2].axhline(uniform_first_importance(sink_T(run["context"])), color=col, ls=":", lw=1)
     for ax in axes[:2]:
-        ax.set_ylim(-2, max(5.0, 1.1 * top))
+        ax.set_ylim(0, max(5.0, 1.1 * top))
+        for artist in ax.lines:
+            artist.set_clip_on(False)
     titles = ("sink rate, eps = 0.3 (%)", "sink rate, eps = 0.8 (%)",
               "mean first-token importance a0\n(dotted: uniform attention)", "validation loss (nats, text only)")
     for ax, title in zip(axes, titles):
