@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "ops.h"
+#include "patch.h"
 #include "sgemm.h"
 
 /* The architecture is data: one block structure covers the LLaMA, Mistral, Qwen2/3, Gemma 1-3,
@@ -231,6 +232,9 @@ typedef struct {
      * shared by every layer and head, and whether key 0 (a fixed ⟨bos⟩) stays visible. */
     const int64_t *key_start;
     int keep_first;
+    /* Activation patches (patch.h), NULL: none; checked against the call's batch before the run.
+     * The forward applies them; the derivatives and tapes do not take them. */
+    const sl_patch_table *patch;
 } sl_intervention;
 
 /* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */

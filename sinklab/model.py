@@ -13,6 +13,7 @@ from .families.config import ModelConfig
 from .families.rope import layer_inv_freq
 from .families.tensors import QuantizedTensor, to_f32
 from .interventions import Intervention, core_arrays
+from .patching import check_patches, chunk_patches, patch_dims
 from .progress import progress_bar
 from .system import available_memory  # run's size checks call this name (tests patch it here)
 from .tokenizer import Tokenizer
@@ -281,7 +282,8 @@ class Model:
             layers: Optional[Sequence[int]] = None, intervene: Optional[Intervention] = None,
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: Optional[int] = None,
-            key_start: Any = None, keep_first: bool = False, precision: Optional[str] = None) -> Trace:
+            key_start: Any = None, keep_first: bool = False, precision: Optional[str] = None,
+            patch: Any = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -370,6 +372,11 @@ class Model:
                 a matrix whose width is not a multiple of 32 stays fp32. ``head_out`` is still
                 an fp32 product of ``z`` with W_O, so it sums to ``attn_out`` only to that
                 rounding. ``Trace.meta["precision"]`` records it.
+            patch: None, a :class:`~sinklab.patching.Patch` or a list of them: arrays that replace
+                or are added to ``resid``, ``attn_out``, ``mlp_out``, ``head_out``, ``z``, ``q``,
+                ``k``, ``v`` or the attention ``pattern`` at chosen layers, rows, positions and
+                heads, applied inside the C forward before the activation is captured or read
+                (:mod:`sinklab.patching`); ``Trace.meta["patched"]`` counts them.
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -394,6 +401,8 @@ class Model:
         ks = self._check_key_start(key_start, T)
         c = self.config
         ivs = core_arrays(intervene, c.n_layers, c.n_heads)
+        patches = check_patches(patch)
+        dims = patch_dims(c, "rope_inv_freq" in self.weights)
         shapes = buffer_shapes(c, T, len(sel), logits_from)
         wanted = [k for k in shapes if capture_of(k) in capture]
         if out is not None:
@@ -409,6 +418,7 @@ class Model:
             _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
                                 lengths=None if lens is None else lens[b0:b1], key_start=ks,
                                 keep_first=bool(keep_first), precision=PRECISIONS[prec],
+                                patch=chunk_patches(patches, dims, B, T, b0, b1) if patches else None,
                                 **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
@@ -416,7 +426,7 @@ class Model:
         meta = {"model": self.name, "source": self.source, "bos_token_id": bos,
                 "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
                 "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()},
-                "precision": prec}
+                "precision": prec, "patched": len(patches)}
         st = None
         if "stats" in capture:
             st = AttentionStats(**{k: get(k) for k in STATS})
