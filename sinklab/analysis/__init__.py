@@ -11,4 +11,5 @@ Beyond the paper:
 
 - ``massive``: massive activations (Sun et al., 2024) per residual stream, the ⟨bos⟩ norm jump and the block and MLP neurons that write it
 - ``key_geometry``: the sink key's norm vs angle, an exact split of the sink's mean logit gap per head
+- ``patching_experiment``: activation patching (denoising) from a clean into a corrupted prompt per (layer, position) or (layer, head), the recovered logit difference with intervals over pairs
 """
