@@ -993,14 +993,14 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "cotangent", "at", "dresid", "sqnorm", "spectral",
                              "spectral_rtol", "spectral_max_iter", "mask_first", "zero_first_value",
-                             "head_scale", NULL};
+                             "head_scale", "patch", NULL};
     PyObject *capsule, *ids_o, *cot_o, *dresid_o = Py_None, *sq_o = Py_None, *spec_o = Py_None;
-    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None, *patch_o = Py_None;
     long long at;
     double rtol = 1e-9;
     int max_iter = 300;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
-                                     &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
+                                     &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o, &patch_o))
         return NULL;
     PyArrayObject *ids, *cot;
     const sl_model *m = direction_call(capsule, ids_o, cot_o, "cotangent", at, &ids, &cot);
@@ -1018,8 +1018,13 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
              array_list(sq_o, "sqnorm", L + 1, NPY_FLOAT64, 2, sq_dims, ptrs + L + 1) &&
              array_list(spec_o, "spectral", L + 1, NPY_FLOAT64, 1, spec_dims, ptrs + 2 * (L + 1)) &&
              interventions(m, mask_o, zero_o, scale_o, &iv);
+    sl_patch_table pt;
+    sl_patch *patches = NULL;
+    ok = ok && patch_table(patch_o, &pt, &patches);
+    if (patches) iv.patch = &pt;
     derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out, NULL};
     ok = ok && sl_py_call(run_vjp, &c, 1) == 0;
+    PyMem_Free(patches);
     PyMem_Free(ptrs);
     if (!ok) return NULL;
     return PyLong_FromLong(out.spectral_iters);
@@ -1028,11 +1033,12 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
 static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "tangent", "at", "tout", "mask_first", "zero_first_value",
-                             "head_scale", NULL};
+                             "head_scale", "patch", NULL};
     PyObject *capsule, *ids_o, *tan_o, *tout_o = Py_None, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *patch_o = Py_None;
     long long at;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
-                                     &zero_o, &scale_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
+                                     &zero_o, &scale_o, &patch_o))
         return NULL;
     PyArrayObject *ids, *tan;
     const sl_model *m = direction_call(capsule, ids_o, tan_o, "tangent", at, &ids, &tan);
@@ -1043,8 +1049,13 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
     sl_intervention iv = {0};
     int ok = capture_list(tout_o, "tout", L + 1, 3, dims, tout) && interventions(m, mask_o, zero_o, scale_o, &iv);
+    sl_patch_table pt;
+    sl_patch *patches = NULL;
+    ok = ok && patch_table(patch_o, &pt, &patches);
+    if (patches) iv.patch = &pt;
     derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), NULL, tout};
     ok = ok && sl_py_call(run_jvp, &c, 1) == 0;
+    PyMem_Free(patches);
     PyMem_Free(tout);
     if (!ok) return NULL;
     Py_RETURN_NONE;
@@ -1213,9 +1224,9 @@ static PyMethodDef methods[] = {
     {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
     {"model_vjp", (PyCFunction)(void (*)(void))py_model_vjp, METH_VARARGS | METH_KEYWORDS,
      "model_vjp(handle, ids, cotangent (B,T,d), at, dresid=None, sqnorm=None, spectral=None, spectral_rtol=1e-9, "
-     "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None) -> the most Lanczos steps any spectral norm took"},
+     "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None, patch=None) -> the most Lanczos steps any spectral norm took"},
     {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
-     "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
+     "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None, patch=None)"},
     {"train_buffers", sl_py_train_buffers, METH_VARARGS,
      "train_buffers(n, count) -> tuple of count zeroed float32 arrays of n elements, owned by the core "
      "(64-byte aligned): flat parameters, gradients and Adam moments."},

@@ -233,3 +233,22 @@ def chunk_patches(patches: Sequence[Patch], dims: PatchDims, B: int, T: int, b0:
 def patch_dims(config: Any, rope: bool) -> PatchDims:
     """:class:`PatchDims` of a :class:`sinklab.ModelConfig`."""
     return PatchDims(config.n_layers, config.n_heads, config.n_kv_heads, config.d_model, config.head_dim, bool(rope))
+
+
+def derivative_patches(patches: Sequence[Patch], dims: PatchDims, T: int, t_eff: int) -> Optional[List[Tuple]]:
+    """The C tuples of ``patches`` for a derivative of one sequence of T positions of which the
+    first ``t_eff`` are run (later ones cannot influence the output): positions >= t_eff are
+    dropped. ValueError for a pattern patch (the derivatives recompute the probabilities from q and
+    k) or rows other than [0]. None when nothing is left."""
+    out = []
+    for p in patches:
+        if p.point == "pattern":
+            raise ValueError("the derivatives (vjp, jvp, jacobian) do not take pattern patches")
+        if p.rows is not None and list(p.rows) != [0]:
+            raise ValueError(f"a derivative runs one sequence: patch rows must be None or [0], got {list(p.rows)}")
+        point, mode, layer, rows, heads, pos, value = p.core(dims, 1, T)
+        keep = pos < t_eff
+        if keep.any():
+            out.append((point, mode, layer, rows, heads, np.ascontiguousarray(pos[keep]),
+                        np.ascontiguousarray(value[..., keep, :])))
+    return out or None

@@ -51,8 +51,10 @@ def _is_gemma(layer) -> bool:
     return hasattr(layer, "pre_feedforward_layernorm")
 
 
-def hf_patched(model, ids, patches: List[dict]) -> Dict[str, np.ndarray]:
-    """logits (B, T, V) and resid (B, L+1, T, d) of ``model`` on ids (B, T) with ``patches``."""
+def hf_patched(model, ids, patches: List[dict], x0=None, grad: bool = False) -> Dict[str, object]:
+    """logits (B, T, V) and resid (B, L+1, T, d) of ``model`` on ids (B, T) with ``patches``
+    (numpy). With ``grad``, torch tensors in the autograd graph instead (resid a list of L+1), and
+    ``x0`` (B, T, d), when given, taken as resid[0] (the embeddings) before resid[0]'s patches."""
     torch = require("torch")
     layers = model.model.layers
     L = len(layers)
@@ -72,13 +74,15 @@ def hf_patched(model, ids, patches: List[dict]) -> Dict[str, np.ndarray]:
 
     def pre_layer(l):
         def hook(_mod, args, kwargs):
+            h = args[0] if args else kwargs["hidden_states"]
+            if l == 0 and x0 is not None:
+                h = x0.to(h.dtype)
+            h = patch_stream(h, "resid", l)
             if args:
-                h = patch_stream(args[0], "resid", l)
                 args = (h,) + tuple(args[1:])
             else:
-                h = patch_stream(kwargs["hidden_states"], "resid", l)
                 kwargs = dict(kwargs, hidden_states=h)
-            resid[l] = h.detach()
+            resid[l] = h if grad else h.detach()
             return args, kwargs
         return hook
 
@@ -87,7 +91,7 @@ def hf_patched(model, ids, patches: List[dict]) -> Dict[str, np.ndarray]:
             h = out[0] if isinstance(out, (tuple, list)) else out
             h = patch_stream(h, point, l)
             if final:
-                resid[L] = h.detach()
+                resid[L] = h if grad else h.detach()
             return type(out)((h,) + tuple(out[1:])) if isinstance(out, (tuple, list)) else h
         return hook
 
@@ -164,10 +168,12 @@ def hf_patched(model, ids, patches: List[dict]) -> Dict[str, np.ndarray]:
 
     mod.eager_attention_forward = attention
     try:
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             out = model(input_ids=torch.as_tensor(np.asarray(ids, np.int64)), use_cache=False)
     finally:
         mod.eager_attention_forward = orig
         for hd in handles:
             hd.remove()
+    if grad:
+        return {"logits": out.logits, "resid": resid}
     return {"logits": out.logits.float().numpy(), "resid": torch.stack(resid, dim=1).float().numpy()}
