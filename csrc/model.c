@@ -782,10 +782,13 @@ static void patch_pattern(const sl_model *m, const sl_patch_table *pt, int64_t l
                     if (t >= len) continue;
                     const float *pv = sl_patch_entry(p, i, j, k, T);
                     float *z = w->att + (off + t) * qd + h * hd;
-                    for (int64_t e = 0; e < hd; e++) {
-                        float acc = 0.0f;
-                        for (int64_t s = 0; s < len; s++) acc += pv[s] * w->v[(off + s) * kvd + g * hd + e];
-                        z[e] = (p->mode == SL_PATCH_ADD ? z[e] : 0.0f) + scale * acc;
+                    if (p->mode == SL_PATCH_REPLACE) memset(z, 0, (size_t)hd * sizeof(float));
+                    /* key by key, so V's rows are read contiguously; the sum over keys runs in
+                     * key order, the same for any thread count */
+                    for (int64_t s = 0; s < len; s++) {
+                        const float ps = scale * pv[s], *vs = w->v + (off + s) * kvd + g * hd;
+                        if (ps != 0.0f)
+                            for (int64_t e = 0; e < hd; e++) z[e] += ps * vs[e];
                     }
                     float *row = attn ? attn + (h * T + t) * T : NULL;
                     for (int64_t s = 0; row && s < len; s++) row[s] = p->mode == SL_PATCH_ADD ? row[s] + pv[s] : pv[s];
@@ -811,7 +814,13 @@ static int patch_head_out(const sl_model *m, const sl_layer_weights *lw, const s
         rc = sl_weight_cols(&lw->wo, 0, qd, decoded);
         wo = decoded;
     }
-    if (rc == SL_OK && !(own = sl_alloc_floats_uninit(d))) rc = sl_fail(SL_ERR_MEMORY, "forward: out of memory");
+    /* the largest position list: one product per (row, head) over its positions */
+    int64_t most = 0;
+    for (int64_t n = 0; n < pt->n; n++)
+        if (pt->p[n].point == SL_PATCH_HEAD_OUT && pt->p[n].layer == l && pt->p[n].n_pos > most) most = pt->p[n].n_pos;
+    float *zrows = NULL;
+    if (rc == SL_OK && (!(own = sl_alloc_floats_uninit(most * d)) || !(zrows = sl_alloc_floats_uninit(most * hd))))
+        rc = sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a head_out patch's scratch");
     for (int64_t n = 0; n < pt->n && rc == SL_OK; n++) {
         const sl_patch *p = &pt->p[n];
         if (p->point != SL_PATCH_HEAD_OUT || p->layer != l) continue;
@@ -820,23 +829,30 @@ static int patch_head_out(const sl_model *m, const sl_layer_weights *lw, const s
             float *hcap = cap_at(cap ? cap->head_out : NULL, m->n_layers, b, l);
             for (int64_t j = 0; j < p->n_heads && rc == SL_OK; j++) {
                 const int64_t h = p->heads[j];
+                if (p->mode == SL_PATCH_REPLACE) {
+                    /* this head's own share at the patched positions (as capture_head_out computes
+                     * it), gathered into one product */
+                    for (int64_t k = 0; k < p->n_pos; k++) {
+                        const int64_t t = p->pos[k] < w->ab.len[b] ? p->pos[k] : 0;
+                        memcpy(zrows + k * hd, w->att + (w->ab.off[b] + t) * qd + h * hd, (size_t)hd * sizeof(float));
+                    }
+                    rc = sl_sgemm_nt(p->n_pos, d, hd, zrows, hd, wo + h * hd, qd, own, d, 0, 1);
+                }
                 for (int64_t k = 0; k < p->n_pos && rc == SL_OK; k++) {
                     const int64_t t = p->pos[k], r = w->ab.off[b] + t;
                     if (t >= w->ab.len[b]) continue;
                     const float *val = sl_patch_entry(p, i, j, k, d);
                     float *orow = o + r * d, *crow = hcap ? hcap + (h * T + t) * d : NULL;
-                    if (p->mode == SL_PATCH_REPLACE) {
-                        /* this head's own share, the same product capture_head_out takes */
-                        rc = sl_sgemm_nt(1, d, hd, w->att + r * qd + h * hd, qd, wo + h * hd, qd, own, d, 0, 1);
-                        for (int64_t e = 0; e < d && rc == SL_OK; e++) orow[e] += val[e] - own[e];
-                    } else {
+                    if (p->mode == SL_PATCH_REPLACE)
+                        for (int64_t e = 0; e < d; e++) orow[e] += val[e] - own[k * d + e];
+                    else
                         for (int64_t e = 0; e < d; e++) orow[e] += val[e];
-                    }
                     for (int64_t e = 0; crow && e < d; e++) crow[e] = p->mode == SL_PATCH_ADD ? crow[e] + val[e] : val[e];
                 }
             }
         }
     }
+    sl_free(zrows);
     sl_free(own);
     sl_free(decoded);
     return rc;
