@@ -137,9 +137,8 @@ def test_threads_do_not_change_the_bits(smol):
     outs = []
     for n in (1, 2):
         with sl.threads(n):
-            outs.append(model.run(ids, capture=("logits", "resid"), patch=patches, progress=False))
+            outs.append(model.run(ids, capture=("logits",), patch=patches, progress=False))
     np.testing.assert_array_equal(outs[0].logits, outs[1].logits)
-    np.testing.assert_array_equal(outs[0].resid, outs[1].resid)
 
 
 @pytest.fixture(scope="module")

@@ -115,3 +115,26 @@ def test_figure_and_bad_inputs(smollm2_model, ioi):
         patching_experiment(m, clean, corr, ans, wr, over="z", index=[99], progress=False)
     with pytest.raises(ValueError, match="answer"):
         patching_experiment(m, clean, corr, [1, 2, 3], wr, progress=False)
+
+
+def test_report_readings_follow_the_intervals():
+    """The section's criteria on synthetic results: which cell first has its interval above 0.5,
+    from which layer the last position carries the answer, and what position 0 carries."""
+    from sinklab.report import beyond_patching as BP
+
+    iv = lambda v, lo, hi: {"value": v, "lo": lo, "hi": hi, "n": 4, "level": 0.95, "method": "bootstrap"}  # noqa
+    lo = np.array([[0.0, 0.0, 0.9, 0.0], [0.0, 0.0, 0.4, 0.2], [0.0, 0.0, 0.0, 0.6]])
+    res = {"layers": [0, 2, 4], "lo": lo, "tokens": ["a", "b", "c", "d"],
+           "last": [iv(0.1, 0.0, 0.2), iv(0.5, 0.2, 0.7), iv(0.8, 0.6, 0.9)],
+           "pos0": [iv(0.0, 0.0, 0.0)] * 3, "differing_positions": [2]}
+    assert BP.first_above(res) == {"layer": 0, "position": 2}
+    assert BP.last_position_layer(res) == 4
+    assert BP.sink_share(res) == "none"
+    res["pos0"] = [iv(0.0, 0.0, 0.0), iv(0.2, 0.1, 0.3), iv(0.0, 0.0, 0.0)]
+    assert BP.sink_share(res) == "some" and "carries some" in BP.reading("m", res)
+    res["pos0"] = [iv(0.02, -0.1, 0.2)] * 3
+    assert BP.sink_share(res) == "undetermined"
+    res["lo"] = np.full_like(lo, 0.1)
+    res["last"] = [iv(0.3, 0.1, 0.6)] * 3
+    assert BP.first_above(res) is None and BP.last_position_layer(res) is None
+    assert "no cell's interval" in BP.reading("m", res)

@@ -98,11 +98,11 @@ def test_jvp_matches_forward_mode_autograd(setup, name):
 
 def test_jacobian_takes_patches_and_bad_derivative_patches(setup):
     model, hf, ids, x0 = setup
-    cs = cases(model, "heads-replace")[:2]
+    cs = cases(model, "heads-replace")[2:4]  # q at layer 4, k at layer 6
     patches = [as_patch(c) for c in cs]
-    J = model.jacobian(ids, of=(11, 8), wrt=3, patch=patches, progress=False)
+    J = model.jacobian(ids, of=(7, 4), wrt=5, patch=patches, progress=False)
     d = model.config.d_model
-    np.testing.assert_array_equal(J[5], model.vjp(ids, np.eye(d, dtype=np.float32)[5], at=(11, 8), layers=[3],
+    np.testing.assert_array_equal(J[5], model.vjp(ids, np.eye(d, dtype=np.float32)[5], at=(7, 4), layers=[5],
                                                   patch=patches)[0])
     with pytest.raises(ValueError, match="pattern"):
         model.vjp(ids, np.ones(d), at=(5, 3), patch=Patch("pattern", np.zeros((1, 1, T)), layer=1, positions=[0],
