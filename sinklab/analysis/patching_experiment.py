@@ -29,8 +29,6 @@ from ..patching import POINTS, STREAM_POINTS, Patch
 from ..progress import progress_bar
 from .stats import Interval, mean_ci
 
-HEAD_POINTS = tuple(p for p in POINTS if p not in STREAM_POINTS)
-
 
 @dataclass
 class PatchingResult:

@@ -19,7 +19,7 @@ THRESHOLD = 0.5  # a cell "carries" the answer when its interval lies above this
 NONE_BELOW = 0.05  # position 0 carries none of it when every layer's interval lies within ±this
 
 
-def settings(quick: bool, n_layers: int) -> Dict[str, Any]:
+def settings(quick: bool) -> Dict[str, Any]:
     """Pairs and layers of each preset: quick patches every second layer of 4 pairs."""
     return {"n_pairs": 4, "layer_step": 2} if quick else {"n_pairs": 12, "layer_step": 1}
 
@@ -28,7 +28,7 @@ def compute(model: Any, quick: bool, progress: bool) -> Dict[str, Any]:
     """Clean/corrupted name-swap pairs (the subject's second mention swapped, so the answer flips),
     the clean residual stream patched into the corrupted run at each (layer, position); intervals
     over pairs."""
-    s = settings(quick, model.config.n_layers)
+    s = settings(quick)
     clean, corr, ans, wr = name_swap_pairs(model, s["n_pairs"])
     layers = list(range(0, model.config.n_layers, s["layer_step"]))
     r = patching_experiment(model, clean, corr, ans, wr, over="resid", layers=layers, progress=progress)
