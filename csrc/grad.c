@@ -405,13 +405,10 @@ static void cut_patched(const sl_intervention *iv, int point, int64_t l, float *
     }
 }
 
-/* What the derivatives cannot take: a pattern patch (the backward and the JVP recompute the
- * probabilities from q and k), and a replaced attn_out / mlp_out under a post-LN residual norm. */
+/* What the derivatives cannot take: a replaced attn_out / mlp_out under a post-LN residual norm. */
 static int check_grad_patches(const sl_model *m, const sl_intervention *iv) {
     for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
         const sl_patch *p = &iv->patch->p[i];
-        if (p->point == SL_PATCH_PATTERN)
-            return sl_fail(SL_ERR_VALUE, "patch %lld: the derivatives do not take pattern patches", (long long)i);
         if ((p->point == SL_PATCH_ATTN_OUT || p->point == SL_PATCH_MLP_OUT) && p->mode == SL_PATCH_REPLACE &&
             (m->layers[0].attn_res_norm.w || m->layers[0].ffn_res_norm.w))
             return sl_fail(SL_ERR_VALUE, "patch %lld: the derivatives of a post-LN model do not take replaced "
@@ -436,6 +433,90 @@ static const float *cut_block_output(const sl_model *m, const sl_norm *post, con
 }
 
 /* cut: NULL, or scratch for chunk*T rows when mlp_out is replaced (cut_block_output). */
+/* Pattern patches of layer l in the derivatives. A patched query row t of head h computes
+ * z[t, h] = c_h · P'[t, :] · V_g (replace) or z[t, h] = c_h · (P[t, :] + ΔP[t, :]) · V_g (add), c_h
+ * its head_scale, over the keys s < T of the one sequence (direction b's rows start at b*T). */
+
+/* Entries (direction, patched row, head) of layer l's pattern patches, each hd floats of `saved`. */
+static int64_t pattern_entries(const sl_intervention *iv, int64_t l) {
+    int64_t n = 0;
+    for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
+        const sl_patch *p = &iv->patch->p[i];
+        if (p->point == SL_PATCH_PATTERN && p->layer == l) n += p->n_heads * p->n_pos;
+    }
+    return n;
+}
+
+/* Runs BODY for every (patch p, head j, position k) of layer l's pattern patches, with h, its kv
+ * head g, the position t, its head_scale c and e the running entry number. */
+#define FOR_PATTERN_ENTRY(iv, aiv, l, H, group, BODY)                                                    \
+    do {                                                                                             \
+        int64_t e_ = 0;                                                                              \
+        for (int64_t i_ = 0; (iv) && (iv)->patch && i_ < (iv)->patch->n; i_++) {                     \
+            const sl_patch *p = &(iv)->patch->p[i_];                                                 \
+            if (p->point != SL_PATCH_PATTERN || p->layer != (l)) continue;                           \
+            for (int64_t j = 0; j < p->n_heads; j++)                                                 \
+                for (int64_t k = 0; k < p->n_pos; k++, e_++) {                                        \
+                    const int64_t h = p->heads[j], g = h / (group), t = p->pos[k], e = e_;           \
+                    const float c = (aiv)->head_scale ? (aiv)->head_scale[h] : 1.0f;                 \
+                    (void)g, (void)c, (void)e, (void)t;                                              \
+                    BODY                                                                             \
+                }                                                                                    \
+        }                                                                                            \
+    } while (0)
+
+/* Reverse mode, before the attention's backward: each patched row's cotangent dz[t, h] copied
+ * to saved (n_entries x nb x hd) and, for a replaced row, taken out of dz (its softmax does not
+ * reach z). */
+static void pattern_take(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                         float *dz, float *saved, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, qd = H * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        for (int64_t b = 0; b < nb; b++) {
+            float *zt = dz + (b * T + t) * qd + h * hd;
+            memcpy(saved + (e * nb + b) * hd, zt, (size_t)hd * sizeof(float));
+            if (p->mode == SL_PATCH_REPLACE) memset(zt, 0, (size_t)hd * sizeof(float));
+        }
+    });
+}
+
+/* Reverse mode, after it: dV_g[s] += c_h · P'[t, s] · dz[t, h] (replace; ΔP for add). */
+static void pattern_give(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                         float *dv, const float *saved, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, kvd = m->n_kv_heads * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        const float *pv = sl_patch_entry(p, 0, j, k, T);
+        for (int64_t b = 0; b < nb; b++) {
+            const float *dzt = saved + (e * nb + b) * hd;
+            for (int64_t s = 0; s < T; s++) {
+                const float w = c * pv[s];
+                float *vs = dv + (b * T + s) * kvd + g * hd;
+                for (int64_t q = 0; q < hd && w != 0.0f; q++) vs[q] += w * dzt[q];
+            }
+        }
+    });
+}
+
+/* Forward mode, after the attention's JVP: a replaced row's tangent is c_h · P' · tV, an added
+ * one gains c_h · ΔP · tV. */
+static void pattern_jvp(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                        float *tz, const float *tv, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, qd = H * hd, kvd = m->n_kv_heads * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        const float *pv = sl_patch_entry(p, 0, j, k, T);
+        for (int64_t b = 0; b < nb; b++) {
+            float *zt = tz + (b * T + t) * qd + h * hd;
+            if (p->mode == SL_PATCH_REPLACE) memset(zt, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s < T; s++) {
+                const float w = c * pv[s];
+                const float *vs = tv + (b * T + s) * kvd + g * hd;
+                for (int64_t q = 0; q < hd && w != 0.0f; q++) zt[q] += w * vs[q];
+            }
+        }
+    });
+}
+#undef FOR_PATTERN_ENTRY
+
 static int mlp_backward_cut(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
                             grad_bufs *g, sl_layer_grads *lg, const sl_intervention *iv, float *cut) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
@@ -492,7 +573,7 @@ static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw
 
 static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
                                   grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg,
-                                  const sl_intervention *iv, float *cut) {
+                                  const sl_intervention *iv, float *cut, float *saved) {
     const int64_t T = g->T, rows = g->B * T, d = m->d_model, hd = m->head_dim;
     const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
     const sl_attn_shape s = attn_shape(m, lw, T);
@@ -511,8 +592,10 @@ static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_w
     cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
+    if (saved) pattern_take(m, iv, aiv, l, g->dz, saved, g->B, T);
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
                                  aiv));
+    if (saved) pattern_give(m, iv, aiv, l, g->dv, saved, g->B, T);
     cut_patched(iv, SL_PATCH_Q, l, g->dq, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_K, l, g->dk, g->B, T, kvd, hd);
     cut_patched(iv, SL_PATCH_V, l, g->dv, g->B, T, kvd, hd);
@@ -545,11 +628,16 @@ static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_w
 static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
                               grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg,
                               const sl_intervention *iv) {
-    float *cut = NULL;
-    if (replaces(iv, SL_PATCH_ATTN_OUT, l) && !(cut = sl_alloc_floats_uninit(g->B * g->T * m->d_model)))
+    float *cut = NULL, *saved = NULL;
+    const int64_t n_pat = pattern_entries(iv, l);
+    if ((replaces(iv, SL_PATCH_ATTN_OUT, l) && !(cut = sl_alloc_floats_uninit(g->B * g->T * m->d_model))) ||
+        (n_pat && !(saved = sl_alloc_floats_uninit(n_pat * g->B * m->head_dim)))) {
+        sl_free(cut);
         return sl_fail(SL_ERR_MEMORY, "vjp: cannot allocate a patch cotangent");
-    const int rc = attention_backward_cut(m, l, lw, lt, g, aiv, lg, iv, cut);
+    }
+    const int rc = attention_backward_cut(m, l, lw, lt, g, aiv, lg, iv, cut, saved);
     sl_free(cut);
+    sl_free(saved);
     return rc;
 }
 
@@ -830,6 +918,7 @@ static int attention_jvp(const sl_model *m, int64_t l, const sl_layer_weights *l
     cut_patched(iv, SL_PATCH_V, l, g->dv, g->B, T, kvd, hd);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
+    pattern_jvp(m, iv, aiv, l, g->dz, g->dv, g->B, T);
     cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
     SL_TRY(sl_linear_nt(rows, g->dz, qd, &lw->wo, g->dxn, d, 0, 1));

@@ -233,7 +233,8 @@ typedef struct {
     const int64_t *key_start;
     int keep_first;
     /* Activation patches (patch.h), NULL: none; checked against the call's batch before the run.
-     * The forward applies them; the derivatives and tapes do not take them. */
+     * The forward (and the derivatives' tape forward) applies them; grad.c cuts the derivative
+     * through replaced entries. */
     const sl_patch_table *patch;
 } sl_intervention;
 

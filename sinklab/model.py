@@ -608,10 +608,12 @@ class Model:
             intervene: an :class:`Intervention`, differentiated as applied.
             layers: which ``resid[l]`` (l <= layer) to return gradients for; default all 0..layer.
             patch: patches (:class:`~sinklab.patching.Patch`) applied in the forward (as in :meth:`run`;
-                rows None or [0], no ``pattern``), differentiated as applied: a ``"replace"``
-                patch's entries are constants, so no gradient flows through them (the gradient
-                w.r.t. a replaced ``resid[l]`` entry is returned, but nothing below it receives
-                any); an ``"add"`` patch passes gradients through.
+                rows None or [0]), differentiated as applied: a ``"replace"`` patch's entries are
+                constants, so no gradient flows through them (the gradient w.r.t. a replaced
+                ``resid[l]`` entry is returned, but nothing below it receives any; a replaced
+                ``pattern`` row passes gradient to V only, not to q and k); an ``"add"`` patch
+                passes gradients through. A pattern patch may not put weight on keys after the
+                output position (they are not run).
 
         Returns:
             float32 (n, T, d), or (B, n, T, d) for batched cotangents, n = len(layers): row k is

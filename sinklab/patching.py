@@ -39,6 +39,10 @@ is then P'V (times its ``head_scale``), the ``attn`` capture shows P', and the s
 statistics (``stats``: importance, attention to position 0, entropy) stay those of the model's own
 probabilities. A pattern patch on a head that also has ``mask_first`` or ``zero_first_value`` is
 refused. Positions at or beyond a sequence's length (padding) are never patched.
+
+The derivatives (``Model.vjp``, ``jvp``, ``jacobian``) take the same patches on their one sequence:
+a replaced entry is a constant (no derivative flows through it; a replaced pattern row passes
+gradient to V only), an added one changes no derivative.
 """
 from __future__ import annotations
 
@@ -238,17 +242,22 @@ def patch_dims(config: Any, rope: bool) -> PatchDims:
 def derivative_patches(patches: Sequence[Patch], dims: PatchDims, T: int, t_eff: int) -> Optional[List[Tuple]]:
     """The C tuples of ``patches`` for a derivative of one sequence of T positions of which the
     first ``t_eff`` are run (later ones cannot influence the output): positions >= t_eff are
-    dropped. ValueError for a pattern patch (the derivatives recompute the probabilities from q and
-    k) or rows other than [0]. None when nothing is left."""
+    dropped, and a pattern patch's keys >= t_eff too (ValueError when it puts weight on one: the
+    patched row would then read a position the derivative does not run). ValueError for rows
+    other than [0]. None when nothing is left."""
     out = []
     for p in patches:
-        if p.point == "pattern":
-            raise ValueError("the derivatives (vjp, jvp, jacobian) do not take pattern patches")
         if p.rows is not None and list(p.rows) != [0]:
             raise ValueError(f"a derivative runs one sequence: patch rows must be None or [0], got {list(p.rows)}")
         point, mode, layer, rows, heads, pos, value = p.core(dims, 1, T)
         keep = pos < t_eff
-        if keep.any():
-            out.append((point, mode, layer, rows, heads, np.ascontiguousarray(pos[keep]),
-                        np.ascontiguousarray(value[..., keep, :])))
+        if not keep.any():
+            continue
+        value = value[..., keep, :]
+        if p.point == "pattern":
+            if np.any(value[..., t_eff:] != 0):
+                raise ValueError(f"pattern patch at layer {p.layer} puts weight on keys at or after position {t_eff}, "
+                                 f"which cannot influence the output in a causal model and are not run")
+            value = value[..., :t_eff]
+        out.append((point, mode, layer, rows, heads, np.ascontiguousarray(pos[keep]), np.ascontiguousarray(value)))
     return out or None

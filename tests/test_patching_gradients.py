@@ -3,6 +3,8 @@ torch.autograd on Hugging Face transformers (SmolLM2-135M, fp32 eager) with forw
 the same patches: a replaced entry is a constant (no gradient flows through it), an added one
 passes gradients on. Reverse mode with ``torch.autograd.grad``, forward mode with
 ``torch.autograd.forward_ad`` dual numbers."""
+import zlib
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,11 @@ T = 12
 
 
 def value(rng, cfg, point, heads, positions):
+    if point == "pattern":  # causal rows of probabilities
+        v = rng.random((1, len(heads), len(positions), T)).astype(np.float32)
+        for k, t in enumerate(positions):
+            v[..., k, t + 1:] = 0
+        return v / v.sum(-1, keepdims=True)
     width = cfg.d_model if point in ("resid", "attn_out", "mlp_out", "head_out") else cfg.head_dim
     shape = (1,) + (() if heads is None else (len(heads),)) + (len(positions), width)
     return (rng.standard_normal(shape) * 2).astype(np.float32)
@@ -28,14 +35,14 @@ SETS = {
                        ("mlp_out", 12, "replace", None, [4, 9, 11])],
     "heads-replace": [("z", 7, "replace", [1, 4], list(range(T))), ("head_out", 10, "replace", [2], [5, 11]),
                       ("q", 4, "replace", [0, 3], [7, 11]), ("k", 6, "replace", [1], [0, 2, 8]),
-                      ("v", 9, "replace", [2], [1, 10])],
+                      ("v", 9, "replace", [2], [1, 10]), ("pattern", 11, "replace", [0, 5], [4, 9])],
     "add": [("resid", 5, "add", None, [3]), ("z", 7, "add", [1], [5, 11]), ("k", 6, "add", [0], [2]),
-            ("mlp_out", 2, "add", None, [11])],
+            ("mlp_out", 2, "add", None, [11]), ("pattern", 3, "add", [1], [6, 10])],
 }
 
 
 def cases(model, name):
-    rng = np.random.default_rng(abs(hash(name)) % 2**32)
+    rng = np.random.default_rng(zlib.crc32(name.encode()))
     out = []
     for point, layer, mode, heads, pos in SETS[name]:
         out.append(dict(point=point, layer=layer, mode=mode, rows=[0], positions=pos, heads=heads,
@@ -91,9 +98,11 @@ def test_jvp_matches_forward_mode_autograd(setup, name):
     with fwAD.dual_level():
         x = fwAD.make_dual(torch.from_numpy(x0[None].copy()), torch.from_numpy(tan[None].copy()))
         res = hf_patched(hf, ids[None], cs, x0=x, grad=True)["resid"]
-        ref = {l: fwAD.unpack_dual(res[l]).tangent[0].detach().numpy().copy() for l in (6, 10, L)}
+        ref = {l: fwAD.unpack_dual(res[l]).tangent[0].detach().numpy().copy() for l in (6, 10, 20, L)}
     for l, r in ref.items():
-        assert_close(f"tangent of resid[{l}]", got[l], r, 1e-4)
+        # the last stream's tangent reaches 5.7e4 (massive activations): float32 sums over 30 layers
+        # differ from torch's by up to 1.01e-4 of it over random draws, hence 2e-4 there only
+        assert_close(f"tangent of resid[{l}]", got[l], r, 2e-4 if l == L else 1e-4)
 
 
 def test_jacobian_takes_patches_and_bad_derivative_patches(setup):
@@ -104,8 +113,9 @@ def test_jacobian_takes_patches_and_bad_derivative_patches(setup):
     d = model.config.d_model
     np.testing.assert_array_equal(J[5], model.vjp(ids, np.eye(d, dtype=np.float32)[5], at=(7, 4), layers=[5],
                                                   patch=patches)[0])
-    with pytest.raises(ValueError, match="pattern"):
-        model.vjp(ids, np.ones(d), at=(5, 3), patch=Patch("pattern", np.zeros((1, 1, T)), layer=1, positions=[0],
-                                                         heads=[0]))
+    future = np.zeros((1, 1, T))
+    future[..., 6] = 1.0                      # query 2 reading key 6, after the output position 3
+    with pytest.raises(ValueError, match="keys at or after position 4"):
+        model.vjp(ids, np.ones(d), at=(5, 3), patch=Patch("pattern", future, layer=1, positions=[2], heads=[0]))
     with pytest.raises(ValueError, match="rows must be None or"):
         model.jvp(ids, np.ones((T, d)), at=0, patch=Patch("resid", np.zeros((1, d)), layer=1, positions=[0], rows=[1]))
