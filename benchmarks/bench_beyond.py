@@ -37,7 +37,7 @@ the norm share, the gap and a_0 (max abs differences).
 
 Usage:
   python benchmarks/bench_beyond.py [--models smollm2-135m-instruct,gemma-3-270m] [--threads 1,2]
-      [--repeats 3] [--profile] [--json OUT]
+      [--repeats 3] [--profile] [--bare] [--json OUT]
 """
 import argparse
 import copy
@@ -105,7 +105,8 @@ def hf_massive(torch, hf, ids, top=8, n_neurons=5):
             a = x.abs().reshape(P, S, -1)
             tv, idx = a.topk(top, dim=-1)
             tv = torch.gather(x.reshape(P, S, -1), -1, idx)
-            med = a.quantile(0.5, dim=-1)                                # mean of the two middle ones
+            # NumPy's partition-based median (torch.quantile sorts: 2 s of the 7 s on SmolLM2)
+            med = torch.from_numpy(np.median(a.numpy(), axis=-1))
             norms = x.norm(dim=-1)
             bn, on = norms[..., 0], norms[..., 1:].mean(-1)
             ao, mo = torch.stack(got["attn"], 1), torch.stack(got["mlp"], 1)          # (P, L, d)
@@ -202,6 +203,12 @@ def hf_keygeom(torch, hf, ids):
 
 
 # ---------------------------------------------------------------------------------- sinklab side
+def hf_bare(torch, hf, ids):
+    """transformers' base model on the batch, no hooks, no outputs kept (the forward alone)."""
+    with torch.inference_mode():
+        return hf.model(input_ids=torch.from_numpy(ids), use_cache=False).last_hidden_state
+
+
 def sl_massive(sl, model, passages, T, bos):
     return sl.massive_activations(model, passages, T=T, bos=bos, skip_short=True, progress=False)
 
@@ -214,6 +221,7 @@ def agree_massive(r, h):
     rel = np.abs(r.top_ratio - h["top_ratio"]) / np.abs(h["top_ratio"])
     return {"top_ratio_max_rel": float(rel.max()),
             "bos_norm_max_rel": float((np.abs(r.bos_norm - h["bos_norm"]) / h["bos_norm"]).max()),
+            "top1_pos_equal": float((r.top_pos[..., 0] == h["top_pos"][..., 0]).mean()),
             "top_pos_equal": float((r.top_pos == h["top_pos"]).mean()),
             "top_dim_equal": float((r.top_dim == h["top_dim"]).mean()),
             "jump_layer": [r.jump_layer, h["jump_layer"]], "writer": [r.writer, h["writer"]],
@@ -241,7 +249,7 @@ def profile(f, n=14):
     return "\n".join(ln for ln in s.getvalue().splitlines() if ln.strip())
 
 
-def bench_model(sl, torch, name, threads, repeats, do_profile):
+def bench_model(sl, torch, name, threads, repeats, do_profile, bare):
     from sinklab.analysis.massive import sequences
     from sinklab.io import registry
     from sinklab.prompts import load_passages
@@ -264,12 +272,15 @@ def bench_model(sl, torch, name, threads, repeats, do_profile):
           "hf_massive": lambda: hf_massive(torch, hf, ids),
           "sl_keygeom": lambda: sl_keygeom(sl, model, passages, T, bos),
           "hf_keygeom": lambda: hf_keygeom(torch, hf, ids)}
+    if bare:                                                            # where the time goes: the forwards alone
+        fs["sl_forward"] = lambda: model.run(ids, capture=("q", "k", "stats"), progress=False)
+        fs["hf_forward"] = lambda: hf_bare(torch, hf, ids)
     rows = []
     for n in threads:
         sl.set_num_threads(n)
         torch.set_num_threads(n)
         with blas_limit(n):
-            outs = {k: f() for k, f in fs.items()}                      # warm-up and agreement
+            outs = {k: f() for k, f in fs.items()}                    # warm-up and agreement
             am, ak = agree_massive(outs["sl_massive"], outs["hf_massive"]), \
                 agree_keygeom(outs["sl_keygeom"], outs["hf_keygeom"])
             print(f"  {n} thread(s) agreement, massive: {json.dumps(am)}")
@@ -284,6 +295,15 @@ def bench_model(sl, torch, name, threads, repeats, do_profile):
                     ts[k].append(time.perf_counter() - t0)
                 print(f"  {n} thread(s) round {r}: " + ", ".join(f"{k} {ts[k][-1]:.2f} s" for k in names)
                       + f"  (load {os.getloadavg()[0]:.2f})", flush=True)
+            if bare:
+                fw = {k: statistics.median(ts[k]) for k in ("sl_forward", "hf_forward")}
+                print(f"  {n} thread(s) forward alone: sinklab model.run(q, k, stats) {fw['sl_forward']:.2f} s, "
+                      f"transformers base model {fw['hf_forward']:.2f} s: hf/sinklab "
+                      f"{fw['hf_forward'] / fw['sl_forward']:.2f}x")
+                rows.append({"model": model.name, "analysis": "forward", "threads": n,
+                             "sl_median_s": fw["sl_forward"], "hf_median_s": fw["hf_forward"],
+                             "sl_min_s": min(ts["sl_forward"]), "hf_min_s": min(ts["hf_forward"]),
+                             "ratio_hf_over_sl": fw["hf_forward"] / fw["sl_forward"]})
             for an in ("massive", "keygeom"):
                 ms, mh = statistics.median(ts["sl_" + an]), statistics.median(ts["hf_" + an])
                 row = {"model": model.name, "analysis": an, "threads": n, "sl_median_s": ms,
@@ -335,6 +355,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile each sinklab call once per thread count")
+    ap.add_argument("--bare", action="store_true", help="also time the two forwards alone (no analysis)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
 
@@ -350,7 +371,7 @@ def main():
     transformers.logging.set_verbosity_error()
     rows = []
     for name in a.models.split(","):
-        rows += bench_model(sl, torch, name, [int(x) for x in a.threads.split(",")], a.repeats, a.profile)
+        rows += bench_model(sl, torch, name, [int(x) for x in a.threads.split(",")], a.repeats, a.profile, a.bare)
     print(f"\nload average at end {os.getloadavg()}")
     print(f"{'model':28s} {'analysis':8s} {'threads':>7s} {'sinklab s':>10s} {'hf s':>8s} {'hf/sinklab':>10s}")
     for r in rows:
