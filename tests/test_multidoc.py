@@ -123,3 +123,32 @@ def test_save_load_threads_and_bad_inputs(families, tmp_path):
         M.multidoc_sinks(model, sep_id=10 ** 9, progress=False)
     with pytest.raises(ValueError, match="where"):
         r1.rate("separated", "middle")
+
+
+def iv(v, lo, hi):
+    return {"value": v, "lo": lo, "hi": hi, "n": 8}
+
+
+def test_report_section_criteria_and_outputs(families, monkeypatch):
+    """The section on a tiny model (smaller preset): markdown with one reading per model, a PNG
+    figure, and readings that follow the criteria on the intervals, not hand-written verdicts."""
+    from sinklab.report import beyond_multidoc as BM
+    from sinklab.results import to_jsonable
+
+    monkeypatch.setattr(BM, "settings", lambda quick: {"n_prompts": 3, "n_docs": 3, "doc_tokens": 40})
+    res = to_jsonable(BM.compute(families.sl("gemma3"), True, False))
+    md = BM.markdown({"tiny": res})
+    assert md.count("**Reading.**") == 1 and "| tiny |" in md
+    fig = BM.figures({"tiny": res})["beyond_multidoc.png"]
+    assert len(fig.axes) >= 1
+    sep = dict(res["separated"])
+    sep.update(start_over_first=iv(0.6, 0.55, 0.65), start_minus_rest=iv(0.1, 0.09, 0.11))
+    assert BM.boundary_kind(sep) == "sink like position 0"
+    sep.update(start_over_first=iv(0.6, 0.45, 0.75))
+    assert BM.boundary_kind(sep) == "attracts"               # 1/2 inside the interval: not sink-like
+    sep.update(start_minus_rest=iv(-0.1, -0.2, -0.01))
+    assert BM.boundary_kind(sep) == "repels"
+    sep.update(start_minus_rest=iv(0.0, -0.1, 0.1))
+    assert BM.boundary_kind(sep) == "like other keys"
+    res2 = dict(res, separated=dict(sep, start_over_first=iv(0.6, 0.55, 0.65), start_minus_rest=iv(0.1, 0.09, 0.11)))
+    assert "becomes a sink, weaker than position 0" in BM.reading("tiny", res2)

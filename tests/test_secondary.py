@@ -171,3 +171,23 @@ def test_save_load_and_bad_inputs(families, tmp_path):
         r.head_top(99, 0)
     with pytest.raises(ValueError):
         S.visible_queries(0)
+
+
+def test_report_section_criteria_and_outputs(families, monkeypatch):
+    """The section on a tiny model (smaller preset): markdown, two figures, and the class
+    readings from the enrichment intervals (above 1, below 1, containing 1)."""
+    from sinklab.report import beyond_secondary as BS
+    from sinklab.results import to_jsonable
+
+    monkeypatch.setattr(BS, "settings", lambda quick: {"n_prompts": 3, "T": 200})
+    res = to_jsonable(BS.compute(families.sl("gemma3"), True, False))
+    md = BS.markdown({"tiny": res})
+    assert md.count("**Reading.**") == 1 and "| tiny | newline |" in md
+    assert set(BS.figures({"tiny": res})) == {"beyond_secondary_classes.png", "beyond_secondary_heads.png"}
+    cls = {c: dict(v) for c, v in res["classes"].items()}
+    cls["newline"]["enrich_pos"] = {"value": 2.0, "lo": 1.5, "hi": 2.5, "n": 3}
+    cls["punctuation"]["enrich_pos"] = {"value": 0.5, "lo": 0.4, "hi": 0.6, "n": 3}
+    cls["delimiter"]["enrich_pos"] = {"value": 1.1, "lo": 0.8, "hi": 1.4, "n": 3}
+    e = BS.enriched(dict(res, classes=cls))
+    assert "newline" in e["more"] and "punctuation" in e["less"] and "delimiter" in e["as expected"]
+    assert "newline ×2.00 [1.50, 2.50]" in BS.reading("tiny", dict(res, classes=cls))
