@@ -49,6 +49,8 @@ _LAZY: Dict[str, str] = {
     "SquashingStudy": "analysis.squashing_study", "squashing_study": "analysis.squashing_study",
     "MassiveActivations": "analysis.massive", "massive_activations": "analysis.massive",
     "KeyGeometry": "analysis.key_geometry", "key_geometry": "analysis.key_geometry",
+    "SecondarySinks": "analysis.secondary", "secondary_sinks": "analysis.secondary",
+    "MultiDocSinks": "analysis.multidoc", "multidoc_sinks": "analysis.multidoc",
     "SweepResult": "sweeps.runner", "sweep": "sweeps.runner",
 }
 
@@ -63,7 +65,8 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "SquashingStudy", "sweep", "SweepResult", "bos_controls", "BosControls", "sink_location",
            "mixing_measure", "MixingResult", "collapse_trend", "CollapseTrend", "thm32_bounds", "Thm32Bounds",
            "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult",
-           "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry"]
+           "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry",
+           "secondary_sinks", "SecondarySinks", "multidoc_sinks", "MultiDocSinks"]
 
 
 def __getattr__(name: str) -> Any:

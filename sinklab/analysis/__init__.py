@@ -11,4 +11,6 @@ Beyond the paper:
 
 - ``massive``: massive activations (Sun et al., 2024) per residual stream, the ⟨bos⟩ norm jump and the block and MLP neurons that write it
 - ``key_geometry``: the sink key's norm vs angle, an exact split of the sink's mean logit gap per head
+- ``secondary``: secondary sinks, Gu's a_k for every key streamed from the C kernel (up to T = 8192), mass by token class, per-head top keys
+- ``multidoc``: sinks across concatenated documents, with and without the model's ⟨bos⟩ at each boundary
 """

@@ -1,4 +1,5 @@
 """Figures, each a matplotlib Figure built without pyplot (:mod:`figure`): ``plots`` (heatmaps and
 per-layer lines), ``figures_sinks`` (sink studies, passkey), ``figures_mixing`` (Fig. 2–3
 perturbation, collapse, no-op heads), ``figures_beyond`` (massive activations, the per-head
-sink map of the sink key's geometry)."""
+sink map of the sink key's geometry), ``figures_secondary`` (secondary sinks by token class and
+head, sinks across concatenated documents)."""
