@@ -111,7 +111,7 @@ def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     return "\n\n".join([
         "**Question.** When several documents share one sequence (packed pretraining windows, retrieval "
         "prompts), where do the sinks form: only at position 0, at every ⟨bos⟩, at every document's first "
-        "token? The paper's §5 (PAPER.md §7, Table 2) trains with and without a fixed ⟨bos⟩ and intra-document "
+        "token? The paper's §5 (Table 2) trains with and without a fixed ⟨bos⟩ and intra-document "
         "masking and finds the sink follows the ⟨bos⟩ a model was trained with; here the trained models are "
         "probed at inference: for a model trained with a ⟨bos⟩ in front of every document (Gemma 3) the "
         "expectation is that every ⟨bos⟩ becomes a sink.",

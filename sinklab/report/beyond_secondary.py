@@ -107,7 +107,7 @@ def markdown(results: Dict[str, Dict[str, Any]]) -> str:
         "collect attention too, and more than their frequency and their position would give them? Sun et al. "
         "(2024) find massive activations on the first token and on delimiters such as '.' and '\\n'; studies of "
         "sinks beyond the first token (e.g. Yu et al., 2024) report them on tokens of little meaning. Gu et al.'s "
-        "importance a_k (PAPER.md §1) is defined for every key; the paper reports it for k = 0 only.",
+        "importance a_k (the paper's sink metric) is defined for every key; the paper reports it for k = 0 only.",
         "**Here.** Stretches of the shipped passages joined by blank lines (so newlines occur between passages), "
         "each model with its own ⟨bos⟩ rule. a_k for every key is streamed by the C kernel (no T × T matrix; "
         "under a sliding window converted exactly to the mean over the queries that see k). Token classes from "
