@@ -24,7 +24,8 @@ separator when there is one, else the document's first token), j = 2..n; with a 
 at the token after it (the document's first text token); and the mean a_k over the other keys
 (k not 0 nor a start nor after a separator, k <= T - min_queries). Sink indicators a > eps as in
 the paper's sink rate. Mass shares m_k / T (m_k = sum_i A[i, k]) on position 0 and on the later
-starts together say whether copies of a sink share one budget or add to it. Intervals are bootstraps over prompts (:mod:`sinklab.analysis.stats`).
+starts together say whether copies of a sink share one budget or add to it. Intervals are
+bootstraps over prompts (:mod:`sinklab.analysis.stats`).
 """
 from __future__ import annotations
 

@@ -198,9 +198,9 @@ class SecondarySinks:
         """(P, C): per prompt, the head-mean class share over its frequency (``over="frequency"``)
         or over its uniform-attention share (``"position"``); NaN where the class is absent."""
         share = self.class_share.mean(axis=(1, 2))
-        den = self.class_freq if over == "frequency" else self.class_uniform.mean(axis=1) if over == "position" else None
-        if den is None:
+        if over not in ("frequency", "position"):
             raise ValueError(f"over must be 'frequency' or 'position', got {over!r}")
+        den = self.class_freq if over == "frequency" else self.class_uniform.mean(axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(den > 0, share / den, np.nan)
 
@@ -247,7 +247,8 @@ class SecondarySinks:
     def __str__(self) -> str:
         e = self.enrichment("position")
         ef = np.array([np.nan if np.isnan(col).all() else np.nanmean(col) for col in e.T])
-        parts = ", ".join(f"{TOKEN_CLASSES[c]} x{ef[c]:.2f}" for c in range(1, len(TOKEN_CLASSES)) if np.isfinite(ef[c]))
+        parts = ", ".join(f"{TOKEN_CLASSES[c]} x{ef[c]:.2f}" for c in range(1, len(TOKEN_CLASSES))
+                          if np.isfinite(ef[c]))
         return (f"SecondarySinks({self.model}, {self.n_prompts} prompts, T={self.T}: position 0 takes "
                 f"{self.first_share.mean():.1%} of the mass; enrichment over position: {parts})")
 

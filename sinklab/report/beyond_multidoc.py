@@ -41,7 +41,8 @@ def compute(model: Any, quick: bool, progress: bool) -> Dict[str, Any]:
     sinks_sep = r.head_mean("separated", "mass_first") + r.head_mean("separated", "mass_starts")
     change = {"a0": paired_difference(r.head_mean("concatenated", "a0"), r.head_mean("separated", "a0")).to_dict(),
               "mass": paired_difference(r.head_mean("concatenated", "mass_first"), sinks_sep).to_dict()}
-    return {"change": change, "settings": {**s, "bos": r.bos, "eps": EPS, "min_queries": r.min_queries}, "sep_id": r.sep_id,
+    return {"change": change, "settings": {**s, "bos": r.bos, "eps": EPS, "min_queries": r.min_queries},
+            "sep_id": r.sep_id,
             "sep_token": r.sep_token, "separated": sm["separated"], "concatenated": sm["concatenated"],
             "profiles": profiles, "by_boundary": by_doc, "n_layers": len(r.windows)}
 
@@ -60,15 +61,21 @@ def boundary_kind(cond: Dict[str, Any]) -> str:
     return "attracts" if d.above(0.0) else "repels" if d.below(0.0) else "like other keys"
 
 
+def code(token: str, in_table: bool = False) -> str:
+    """A token string as Markdown code (``<bos>`` would otherwise be read as an HTML tag); in a
+    table its pipes escaped."""
+    return "`" + (token.replace("|", "\\|") if in_table else token) + "`"
+
+
 def reading(name: str, res: Dict[str, Any]) -> str:
-    sep, plain, tok = res["separated"], res["concatenated"], res["sep_token"]
+    sep, plain, tok = res["separated"], res["concatenated"], code(res["sep_token"])
     k = boundary_kind(sep)
     weaker = ", weaker than position 0" if _iv(sep["start_over_first"]).below(1.0) else ""
-    what = {"sink like position 0": f"every {tok!r} at a boundary becomes a sink{weaker}",
-            "attracts": f"a {tok!r} at a boundary attracts more attention than other tokens but stays far below "
+    what = {"sink like position 0": f"every {tok} at a boundary becomes a sink{weaker}",
+            "attracts": f"a {tok} at a boundary attracts more attention than other tokens but stays far below "
                         "position 0",
-            "repels": f"a {tok!r} at a boundary gets less attention than other tokens",
-            "like other keys": f"a {tok!r} at a boundary gets no more attention than other tokens"}[k]
+            "repels": f"a {tok} at a boundary gets less attention than other tokens",
+            "like other keys": f"a {tok} at a boundary gets no more attention than other tokens"}[k]
     text = (f"{name} ({'⟨bos⟩ + text' if res['settings']['bos'] else 'text only'} at position 0): {what} "
             f"(mean a {_iv(sep['a_start']).fmt('.3f')} against {_iv(sep['a0']).fmt('.3f')} at position 0 and "
             f"{_iv(sep['a_rest']).fmt('.4f')} elsewhere; {_iv(sep['start_over_first']).fmt('.2f')} of position 0's; "
@@ -101,7 +108,8 @@ def reading(name: str, res: Dict[str, Any]) -> str:
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []
     for name, r in results.items():
-        for cond, label in (("separated", f"{r['sep_token']} at each boundary"), ("concatenated", "no separator")):
+        labels = (("separated", f"{code(r['sep_token'], True)} at each boundary"), ("concatenated", "no separator"))
+        for cond, label in labels:
             c = r[cond]
             rows.append([name, label, num(_iv(c["a0"]), ".3f"), num(_iv(c["a_start"]), ".3f"),
                          num(_iv(c["a_after"]), ".4f") if c.get("a_after") else "—", num(_iv(c["a_rest"]), ".4f"),

@@ -101,7 +101,8 @@ def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     for name, r in results.items():
         for e in r["examples"]:
             ex.append([name, f"L{e['layer']}H{e['head']}", f"{e['a_max2']:.3f}",
-                       "; ".join(f"{t['token']!r} @{t['pos']} ({t['class']}, {t['a']:.2f})" for t in e["top"])])
+                       "; ".join(f"{t['token']!r} @{t['pos']} ({t['class']}, {t['a']:.2f})".replace("|", "\\|")
+                                 for t in e["top"])])
     return "\n\n".join([
         "**Question.** Is position 0 the only sink, or do other keys, newlines, full stops, brackets, "
         "collect attention too, and more than their frequency and their position would give them? Sun et al. "

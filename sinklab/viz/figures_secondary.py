@@ -35,7 +35,8 @@ def class_enrichment_figure(classes: Dict[str, Dict[str, Any]], ax: Any = None, 
     fig, ax = _axes(ax, (5.0, 3.4))
     names = list(classes)
     x = np.arange(len(names))
-    for dx, key, label in ((-0.17, "enrich_freq", "over frequency"), (0.17, "enrich_pos", "over position (uniform attention)")):
+    bars = ((-0.17, "enrich_freq", "over frequency"), (0.17, "enrich_pos", "over position (uniform attention)"))
+    for dx, key, label in bars:
         v = np.array([_iv(classes[n].get(key)) for n in names])
         ok = np.isfinite(v[:, 0]) & (v[:, 0] > 0)
         err = np.abs(np.stack([v[ok, 0] - v[ok, 1], v[ok, 2] - v[ok, 0]]))
