@@ -12,7 +12,7 @@ Contenders, timed alternately in one process (the order rotates every round), pe
            torch.inference_mode(), torch.set_num_threads(n): a forward hook on every attention
            module sums the eager probabilities it returns over the queries (a_k in torch), then
            drops them, so one layer's (H, T, T) is held at a time
-  hf_oa    (T <= --oa-max-T) the same model with output_attentions=True, a_k from every layer's
+  hf_oa    (T <= --oa-max) the same model with output_attentions=True, a_k from every layer's
            returned probabilities afterwards (what a user of output_attentions does; it holds
            L x H x T x T floats)
 All read the same weights: transformers loads the same GGUF (dequantized to fp32 by its loader).
@@ -22,8 +22,8 @@ difference of the contenders' a_k, and lscpu's CPU model and SIMD flags.
 
 Usage:
   python benchmarks/bench_secondary.py [--model PATH.gguf] [--T 512 2048] [--threads 1 2]
-      [--repeats 3] [--oa-max-T 1024] [--sl-only-T 8192]
---sl-only-T times sinklab alone at those lengths (transformers' eager attention at T = 8192 needs
+      [--repeats 3] [--oa-max 1024] [--sl-only 8192]
+--sl-only times sinklab alone at those lengths (transformers' eager attention at T = 8192 needs
 one 2.4 GB probability tensor per layer for SmolLM2, and output_attentions 72 GB in all).
 """
 import argparse
@@ -116,8 +116,8 @@ def main():
     ap.add_argument("--T", type=int, nargs="+", default=[512, 2048])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--oa-max-T", type=int, default=1024)
-    ap.add_argument("--sl-only-T", type=int, nargs="*", default=[])
+    ap.add_argument("--oa-max", type=int, default=1024)
+    ap.add_argument("--sl-only", type=int, nargs="*", default=[])
     a = ap.parse_args()
     import torch
     import sinklab as sl
@@ -140,7 +140,7 @@ def main():
         for T in a.T:
             ids = long_sequences(model, T, 1, bool(model.tokenizer.add_bos_default))[0]
             runs = {"sl": lambda: sl_a(model, ids), "hf_hook": lambda: hf_hook_a(base, ids, windows)}
-            if T <= a.oa_max_T:
+            if T <= a.oa_max:
                 runs["hf_oa"] = lambda: hf_oa_a(base, ids, windows)
             times = {k: [] for k in runs}
             res = {}
@@ -159,7 +159,7 @@ def main():
             ratio = lambda k: f"{med[k] / med['sl']:.2f}x" if k in med else "—"  # noqa: E731
             print(f"| {n} | {T} | {cell('sl')} | {cell('hf_hook')} | {cell('hf_oa')} | {ratio('hf_hook')} | "
                   f"{ratio('hf_oa')} | {diff:.1e} |", flush=True)
-        for T in a.sl_only_T:
+        for T in a.sl_only:
             ids = long_sequences(model, T, 1, bool(model.tokenizer.add_bos_default))[0]
             t, _ = timed(lambda: sl_a(model, ids))
             rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
