@@ -284,6 +284,9 @@ def long_sequences(model: Any, T: int, n: int, bos: bool) -> np.ndarray:
     (:func:`sinklab.analysis.long_context.long_texts`), each starting at another passage, with
     the model's ⟨bos⟩ in front when ``bos`` (counted among the T)."""
     texts = long_texts(model, T, n)
+    short = min(len(x) for x in texts)
+    if short < T:
+        raise ValueError(f"the shipped passages give {short} tokens of {model.name}'s tokenizer, fewer than T={T}")
     return np.stack([prepare(model, x, bos, T) for x in texts])
 
 
