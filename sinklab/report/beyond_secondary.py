@@ -114,7 +114,8 @@ def markdown(results: Dict[str, Dict[str, Any]]) -> str:
         "under a sliding window converted exactly to the mean over the queries that see k). Token classes from "
         "each key's decoded string (a token holding a line break is a newline: Qwen2.5 merges '.\\n\\n' into one "
         "token, SmolLM2 splits '\\n\\n' in two). Per head, the class's share of the mass on keys k ≥ 1, over its "
-        "frequency and over its share under uniform attention (which carries only the positional advantage of early keys); "
+        "frequency and over its share under uniform attention (which carries only the positional advantage of "
+        "early keys); "
         f"means over heads within each prompt, intervals over prompts. Secondary sink heads: some key "
         f"1 ≤ k ≤ T − {next(iter(results.values()))['settings']['min_queries']} with a_k > {EPS}. Differs from "
         "the literature: literary prose only (no code, no chat), few long prompts, small models.",
