@@ -191,3 +191,29 @@ def test_report_section_criteria_and_outputs(families, monkeypatch):
     e = BS.enriched(dict(res, classes=cls))
     assert "newline" in e["more"] and "punctuation" in e["less"] and "delimiter" in e["as expected"]
     assert "newline ×2.00 [1.50, 2.50]" in BS.reading("tiny", dict(res, classes=cls))
+
+
+def test_a_k_under_the_packing_mask(families):
+    """key_start (intra-document masking) with and without keep_first on the tiny Gemma 3 (windows
+    too): a_k from the C importance equals the column sums of the run's attention over the
+    queries that the mask, written out here, lets see k."""
+    model = families.sl("gemma3")
+    T = 36
+    ids = rm.random_ids(model.config.vocab_size, T, seed=7, bos=False)
+    ks = np.repeat([0, 9, 20, 27], [9, 11, 7, 9])
+    i = np.arange(T)
+    for keep in (False, True):
+        tr = model.run(ids, capture=("stats", "attn"), key_start=ks, keep_first=keep, progress=False)
+        for l in range(model.config.n_layers):
+            w = model.config.layer_window(l)
+            vis = (i[:, None] >= i[None, :]) & (ks[:, None] <= i[None, :])
+            if w:
+                vis &= i[:, None] - i[None, :] < w
+            if keep:
+                vis[:, 0] = True            # a fixed ⟨bos⟩: every query reads key 0, window or not
+            np.testing.assert_array_equal(S.visible_queries(T, w, key_start=ks, keep_first=keep), vis.sum(0))
+            want = (tr.attn[l].astype(np.float64) * vis).sum(-2) / vis.sum(0)
+            got = S.column_mean(tr.stats.importance[l], w, key_start=ks, keep_first=keep)
+            assert rel_err(got, want) <= 1e-6, (keep, l)
+    with pytest.raises(ValueError, match="key_start"):
+        S.visible_queries(4, key_start=[0, 2, 1, 3])

@@ -93,16 +93,29 @@ def token_classes(model: Any, ids: np.ndarray, bos_id: Optional[int] = None,
     return out
 
 
-def visible_queries(T: int, window: int = 0, bidirectional: bool = False) -> np.ndarray:
+def visible_queries(T: int, window: int = 0, bidirectional: bool = False, key_start: Optional[np.ndarray] = None,
+                    keep_first: bool = False) -> np.ndarray:
     """(T,) float64: n_k, how many queries see key k (causal T - k; min(T - k, window) with a
-    sliding window of ``window`` keys; T when bidirectional)."""
+    sliding window of ``window`` keys; T when bidirectional). With ``key_start`` (T,) (the
+    packing mask of :meth:`sinklab.Model.run`: query i sees keys >= key_start[i], nondecreasing)
+    only the queries of k's own document count, and with ``keep_first`` every query sees key 0
+    (also outside a window, as csrc/attention.c keeps it)."""
     T = int(T)
     if T < 1:
         raise ValueError(f"T must be >= 1, got {T}")
     if bidirectional:
         return np.full(T, float(T))
-    n = T - np.arange(T, dtype=np.float64)
-    return np.minimum(n, float(window)) if window and window > 0 else n
+    k = np.arange(T)
+    end = np.full(T, T) if not window or window <= 0 else np.minimum(k + int(window), T)  # one past the last query
+    if key_start is not None:
+        ks = np.asarray(key_start, np.int64).reshape(-1)
+        if ks.shape != (T,) or np.any(np.diff(ks) < 0) or np.any(ks > k) or np.any(ks < 0):
+            raise ValueError(f"key_start must be {T} nondecreasing integers with 0 <= key_start[i] <= i")
+        own = np.searchsorted(ks, k, side="right")               # queries i < own[k] have key_start[i] <= k
+        end = np.minimum(end, own)
+        if keep_first:                  # the C kernel keeps key 0 visible to every query, window or not
+            end[0] = T
+    return (end - k).astype(np.float64)
 
 
 def column_mass(importance: np.ndarray) -> np.ndarray:
@@ -113,12 +126,15 @@ def column_mass(importance: np.ndarray) -> np.ndarray:
     return imp * (T - np.arange(T, dtype=np.float64))
 
 
-def column_mean(importance: np.ndarray, window: int = 0) -> np.ndarray:
+def column_mean(importance: np.ndarray, window: int = 0, key_start: Optional[np.ndarray] = None,
+                keep_first: bool = False) -> np.ndarray:
     """(..., T) float64 Gu et al.'s a_k over the queries that see key k, from the C importance
-    of one causal layer with sliding window ``window`` (0: none; then a_k == importance)."""
+    of one causal layer with sliding window ``window`` (0: none; then a_k == importance) and the
+    run's ``key_start`` / ``keep_first`` (the C statistic counts the queries outside k's
+    document as 0 too, dividing by T - k)."""
     imp = np.asarray(importance, np.float64)
     T = imp.shape[-1]
-    return column_mass(imp) / visible_queries(T, window)
+    return column_mass(imp) / visible_queries(T, window, key_start=key_start, keep_first=keep_first)
 
 
 def uniform_mass(T: int, window: int = 0) -> np.ndarray:
