@@ -11,6 +11,8 @@ built here from the causal rule and the window):
 - Gemma-3-270M past its 512-token window (T = 600; slow): within 5e-5 (measured at most 1.1e-5),
   and the C statistic alone (which averages over all later queries) does NOT match there.
 
+Under the packing mask (key_start, keep_first) the conversion is checked against the mask written
+out here and the run's own attention capture (transformers has no such mask to compare with).
 Plus the token classes on known strings, class shares and the uniform baseline against loops,
 the top keys against a brute-force sort, and thread-count independence."""
 import numpy as np
