@@ -54,6 +54,8 @@ _LAZY: Dict[str, str] = {
     "Patch": "patching",
     "PatchingResult": "analysis.patching_experiment", "patching_experiment": "analysis.patching_experiment",
     "name_swap_pairs": "analysis.patching_experiment",
+    "SecondarySinks": "analysis.secondary", "secondary_sinks": "analysis.secondary",
+    "MultiDocSinks": "analysis.multidoc", "multidoc_sinks": "analysis.multidoc",
     "SweepResult": "sweeps.runner", "sweep": "sweeps.runner",
 }
 
@@ -70,7 +72,8 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult",
            "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry",
            "windowed_perplexity", "WindowedPerplexity", "head_ablation", "HeadAblation",
-           "Patch", "patching_experiment", "PatchingResult", "name_swap_pairs"]
+           "Patch", "patching_experiment", "PatchingResult", "name_swap_pairs",
+           "secondary_sinks", "SecondarySinks", "multidoc_sinks", "MultiDocSinks"]
 
 
 def __getattr__(name: str) -> Any:

@@ -352,8 +352,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "on Gemma-3-270M and Qwen2.5-0.5B (families.md, families.json)")
     r.add_argument("--beyond", action="store_true",
                    help="instead of the paper's report: the analyses beyond the paper (massive activations, the sink "
-                        "key's geometry, ...) on Gemma-3-270M, SmolLM2-135M and Qwen2.5-0.5B side by side, or the "
-                        "--model ones (beyond.md, beyond.json; resumable)")
+                        "key's geometry, secondary sinks, sinks across documents, windowed attention with kept sinks, "
+                        "sink-head ablation, activation patching) on Gemma-3-270M, SmolLM2-135M and Qwen2.5-0.5B side "
+                        "by side, or the --model ones (beyond.md, beyond.json; resumable)")
     r.add_argument("--eps", type=float, nargs="+", default=list(DEFAULT_EPS),
                    help="sink thresholds in (0, 1) (default 0.3 0.8)")
     r.add_argument("--quick", action="store_true", help="small prompt sets and lengths")

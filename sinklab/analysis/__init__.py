@@ -14,4 +14,6 @@ Beyond the paper:
 - ``windowed``: StreamingLLM-style sliding-window perplexity with and without the first k tokens kept visible
 - ``head_ablation``: the top sink heads switched off against matched random non-sink heads of the same layers
 - ``patching_experiment``: activation patching (denoising) from a clean into a corrupted prompt per (layer, position) or (layer, head), the recovered logit difference with intervals over pairs
+- ``secondary``: secondary sinks, Gu's a_k for every key streamed from the C kernel (up to T = 8192), mass by token class, per-head top keys
+- ``multidoc``: sinks across concatenated documents, with and without the model's ⟨bos⟩ at each boundary
 """

@@ -8,9 +8,10 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .figure import Figure, subplots
+from .figure import Figure, colormap, restylable, subplots
 
 
+@restylable
 def patching_figure(result: Any, ax: Any = None, title: Optional[str] = None, annotate: bool = False) -> Figure:
     """Heatmap of the mean recovered share (0 = corrupted run, 1 = clean run; diverging colours
     centred on 0) with layers down and positions (labelled by the clean tokens) or heads across;
@@ -30,7 +31,7 @@ def patching_figure(result: Any, ax: Any = None, title: Optional[str] = None, an
     else:
         fig = ax.figure
     lim = max(1.0, float(np.nanmax(np.abs(mean))) if np.isfinite(mean).any() else 1.0)
-    im = ax.imshow(mean, cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
+    im = ax.imshow(mean, cmap=colormap("RdBu_r"), vmin=-lim, vmax=lim, aspect="auto", interpolation="nearest")
     lo = np.asarray(result.lo, np.float64)
     for li, xi in zip(*np.nonzero(np.nan_to_num(lo, nan=-np.inf) > 0.5)):
         ax.add_patch(_rect(xi, li))
