@@ -35,8 +35,8 @@ FIGURES: Dict[str, Tuple[str, int]] = {
     "families_bos_removal.png": ("reproduce_paper.ipynb", 27),
     "training_curve.png": ("training.ipynb", 3),
     "training_sinks.png": ("training.ipynb", 6),
-    "fig5_quick.png": ("training.ipynb", 12),
-    "table2_quick.png": ("training.ipynb", 15),
+    "fig5_cpu.png": ("training.ipynb", 12),
+    "table2_cpu.png": ("training.ipynb", 15),
 }
 
 
