@@ -86,6 +86,12 @@ def test_every_public_name_has_an_api_entry(site):
         assert f'id="{module}.{name}"' in html, f"sinklab.{name} ({module}) has no API entry"
     # the docstrings were rendered, not just the headings: a phrase of Model.run's docstring
     assert "attention probabilities" in page_html(site, "api/model.md")
+    # docs/hooks/rst_docstrings.py: no reStructuredText role left, and Model.run's capture table
+    # (a simple table) is preformatted, its columns kept
+    assert ":class:`" not in html and ":func:`" not in html
+    run = page_html(site, "api/model.md").split('id="sinklab.model.Model.run"')[1]
+    blocks = re.findall(r"<pre[^>]*>(.*?)</pre>", run.split('id="sinklab.model.Model.', 1)[0], flags=re.S)
+    assert any("TransformerLens hook" in b for b in blocks), "Model.run's capture table is not preformatted"
 
 
 def test_notebooks_are_rendered_with_their_outputs(site):
@@ -112,10 +118,11 @@ def test_a_bogus_api_name_fails_the_strict_build(tmp_path):
     cfg = CONFIG.read_text(encoding="utf-8")
     plugins = cfg[cfg.index("  - mkdocstrings:"):cfg.index("\nnav:")]
     (tmp_path / "mkdocs.yml").write_text(
-        f"site_name: t\ndocs_dir: docs\nplugins:\n{plugins.replace('paths: [.]', f'paths: [{ROOT}]')}\n")
+        f"site_name: t\ndocs_dir: docs\nplugins:\n"
+        f"{plugins.replace('paths: [.]', f'paths: [{ROOT}]').replace('- docs/hooks/', f'- {ROOT}/docs/hooks/')}\n")
     if MISSING:
         unavailable(MISSING)
-    with pytest.raises(Abort):
+    with pytest.raises(Abort):  # mkdocs counts the warning and aborts at the end of the build
         build(tmp_path / "mkdocs.yml", tmp_path / "site")
     # and the same page with a real name builds
     (tmp_path / "docs" / "index.md").write_text("# x\n\n::: sinklab.model.Model\n")
