@@ -659,6 +659,58 @@ static int layer_selection(PyObject *o, npy_intp L, int64_t **sel, Py_ssize_t *n
     return 1;
 }
 
+/* The patch table from a list of (point, mode, layer, rows, heads, positions, value) tuples:
+ * rows, positions int64 (n,) arrays, heads None (stream points) or an int64 array, value a
+ * float32 C-contiguous array (never copied: the list keeps it alive for the call). The core checks
+ * every index and size (sl_patch_check); *table stays NULL for None. */
+static int patch_table(PyObject *o, sl_patch_table *pt, sl_patch **table) {
+    *table = NULL;
+    pt->p = NULL, pt->n = 0;
+    if (o == Py_None) return 1;
+    if (!PyList_Check(o)) {
+        PyErr_SetString(PyExc_TypeError, "patch must be None or a list of (point, mode, layer, rows, heads, "
+                                         "positions, value) tuples");
+        return 0;
+    }
+    const Py_ssize_t n = PyList_GET_SIZE(o);
+    if (n == 0) return 1;
+    sl_patch *p = PyMem_Calloc((size_t)n, sizeof *p);
+    if (!p) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *rows_o, *heads_o, *pos_o, *val_o;
+        int point, mode;
+        long long layer;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(o, i), "iiLOOOO;a patch is (point, mode, layer, rows, heads, "
+                              "positions, value)", &point, &mode, &layer, &rows_o, &heads_o, &pos_o, &val_o))
+            goto fail;
+        PyArrayObject *rows = sl_py_check_array(rows_o, "patch rows", NPY_INT64, 1, NULL, 0);
+        PyArrayObject *pos = rows ? sl_py_check_array(pos_o, "patch positions", NPY_INT64, 1, NULL, 0) : NULL;
+        PyArrayObject *heads = NULL;
+        if (pos && heads_o != Py_None && !(heads = sl_py_check_array(heads_o, "patch heads", NPY_INT64, 1, NULL, 0)))
+            goto fail;
+        if (!pos) goto fail;
+        if (!PyArray_Check(val_o) || PyArray_TYPE((PyArrayObject *)val_o) != NPY_FLOAT32 ||
+            !PyArray_IS_C_CONTIGUOUS((PyArrayObject *)val_o) || !PyArray_ISALIGNED((PyArrayObject *)val_o)) {
+            PyErr_Format(PyExc_ValueError, "patch %zd: value must be a C-contiguous float32 array", i);
+            goto fail;
+        }
+        PyArrayObject *val = (PyArrayObject *)val_o;
+        p[i] = (sl_patch){.point = point, .mode = mode, .layer = layer, .n_rows = PyArray_DIM(rows, 0),
+                          .n_heads = heads ? PyArray_DIM(heads, 0) : 1, .n_pos = PyArray_DIM(pos, 0),
+                          .rows = PyArray_DATA(rows), .heads = heads ? PyArray_DATA(heads) : NULL,
+                          .pos = PyArray_DATA(pos), .value = PyArray_DATA(val), .n_value = PyArray_SIZE(val)};
+    }
+    pt->p = p, pt->n = n;
+    *table = p;
+    return 1;
+fail:
+    PyMem_Free(p);
+    return 0;
+}
+
 typedef struct {
     const sl_model *m;
     const int64_t *ids;
@@ -679,7 +731,8 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
                              "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", "key_start",
-                             "keep_first", "precision", "window", NULL};
+                             "keep_first", "precision", "window", "patch", NULL};
+    PyObject *patch_o = Py_None;
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
@@ -688,10 +741,10 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     long long logits_from = 0;
     int keep_first = 0, precision = SL_PREC_FP32;
     long long window = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOiiL", kwlist, &capsule, &ids_o, &attn_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOiiLO", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
-                                     &len_o, &layers_o, &ks_o, &keep_first, &precision, &window))
+                                     &len_o, &layers_o, &ks_o, &keep_first, &precision, &window, &patch_o))
         return NULL;
     if (keep_first < 0 || window < 0)
         return PyErr_Format(PyExc_ValueError, "keep_first=%d and window=%lld must be >= 0", keep_first, window);
@@ -755,6 +808,10 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
              interventions(m, mask_o, zero_o, scale_o, &iv) && packing_mask(ks_o, keep_first, T, &iv);
     iv.window = (int64_t)window;
 #undef CAPTURE
+    sl_patch_table pt;
+    sl_patch *patches = NULL;
+    ok = ok && patch_table(patch_o, &pt, &patches);
+    if (patches) iv.patch = &pt;
     if (ok && logits_o != Py_None) {
         PyArrayObject *lg = sl_py_check_array(logits_o, "logits", NPY_FLOAT32, batched ? 3 : 2,
                                         batched ? logit_dims : logit_dims + 1, 1);
@@ -763,6 +820,7 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     }
     forward_call c = {m, PyArray_DATA(ids), B, T, lengths, &cap, &iv, &h->cache};
     ok = ok && sl_py_call(run_forward, &c, 1) == 0;
+    PyMem_Free(patches);
     PyMem_Free(ptrs);
     PyMem_Free(sel);
     if (!ok) return NULL;
@@ -939,14 +997,14 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "cotangent", "at", "dresid", "sqnorm", "spectral",
                              "spectral_rtol", "spectral_max_iter", "mask_first", "zero_first_value",
-                             "head_scale", NULL};
+                             "head_scale", "patch", NULL};
     PyObject *capsule, *ids_o, *cot_o, *dresid_o = Py_None, *sq_o = Py_None, *spec_o = Py_None;
-    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None, *patch_o = Py_None;
     long long at;
     double rtol = 1e-9;
     int max_iter = 300;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
-                                     &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOdiOOOO", kwlist, &capsule, &ids_o, &cot_o, &at, &dresid_o,
+                                     &sq_o, &spec_o, &rtol, &max_iter, &mask_o, &zero_o, &scale_o, &patch_o))
         return NULL;
     PyArrayObject *ids, *cot;
     const sl_model *m = direction_call(capsule, ids_o, cot_o, "cotangent", at, &ids, &cot);
@@ -964,8 +1022,13 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
              array_list(sq_o, "sqnorm", L + 1, NPY_FLOAT64, 2, sq_dims, ptrs + L + 1) &&
              array_list(spec_o, "spectral", L + 1, NPY_FLOAT64, 1, spec_dims, ptrs + 2 * (L + 1)) &&
              interventions(m, mask_o, zero_o, scale_o, &iv);
+    sl_patch_table pt;
+    sl_patch *patches = NULL;
+    ok = ok && patch_table(patch_o, &pt, &patches);
+    if (patches) iv.patch = &pt;
     derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, B, PyArray_DATA(cot), &out, NULL};
     ok = ok && sl_py_call(run_vjp, &c, 1) == 0;
+    PyMem_Free(patches);
     PyMem_Free(ptrs);
     if (!ok) return NULL;
     return PyLong_FromLong(out.spectral_iters);
@@ -974,11 +1037,12 @@ static PyObject *py_model_vjp(PyObject *self, PyObject *args, PyObject *kw) {
 static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     (void)self;
     static char *kwlist[] = {"handle", "ids", "tangent", "at", "tout", "mask_first", "zero_first_value",
-                             "head_scale", NULL};
+                             "head_scale", "patch", NULL};
     PyObject *capsule, *ids_o, *tan_o, *tout_o = Py_None, *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
+    PyObject *patch_o = Py_None;
     long long at;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
-                                     &zero_o, &scale_o))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOL|OOOOO", kwlist, &capsule, &ids_o, &tan_o, &at, &tout_o, &mask_o,
+                                     &zero_o, &scale_o, &patch_o))
         return NULL;
     PyArrayObject *ids, *tan;
     const sl_model *m = direction_call(capsule, ids_o, tan_o, "tangent", at, &ids, &tan);
@@ -989,8 +1053,13 @@ static PyObject *py_model_jvp(PyObject *self, PyObject *args, PyObject *kw) {
     npy_intp dims[3] = {PyArray_DIM(tan, 0), T, m->d_model};
     sl_intervention iv = {0};
     int ok = capture_list(tout_o, "tout", L + 1, 3, dims, tout) && interventions(m, mask_o, zero_o, scale_o, &iv);
+    sl_patch_table pt;
+    sl_patch *patches = NULL;
+    ok = ok && patch_table(patch_o, &pt, &patches);
+    if (patches) iv.patch = &pt;
     derivative_call c = {m, PyArray_DATA(ids), T, &iv, at, dims[0], PyArray_DATA(tan), NULL, tout};
     ok = ok && sl_py_call(run_jvp, &c, 1) == 0;
+    PyMem_Free(patches);
     PyMem_Free(tout);
     if (!ok) return NULL;
     Py_RETURN_NONE;
@@ -1159,9 +1228,9 @@ static PyMethodDef methods[] = {
     {"model_new", py_model_new, METH_VARARGS, "model_new(config: dict, tensors: dict) -> handle."},
     {"model_vjp", (PyCFunction)(void (*)(void))py_model_vjp, METH_VARARGS | METH_KEYWORDS,
      "model_vjp(handle, ids, cotangent (B,T,d), at, dresid=None, sqnorm=None, spectral=None, spectral_rtol=1e-9, "
-     "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None) -> the most Lanczos steps any spectral norm took"},
+     "spectral_max_iter=300, mask_first=None, zero_first_value=None, head_scale=None, patch=None) -> the most Lanczos steps any spectral norm took"},
     {"model_jvp", (PyCFunction)(void (*)(void))py_model_jvp, METH_VARARGS | METH_KEYWORDS,
-     "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None)"},
+     "model_jvp(handle, ids, tangent (B,T,d), at, tout=None, mask_first=None, zero_first_value=None, head_scale=None, patch=None)"},
     {"train_buffers", sl_py_train_buffers, METH_VARARGS,
      "train_buffers(n, count) -> tuple of count zeroed float32 arrays of n elements, owned by the core "
      "(64-byte aligned): flat parameters, gradients and Adam moments."},
@@ -1177,7 +1246,7 @@ static PyMethodDef methods[] = {
      "model_forward(handle, ids int64 (T,) or (B, T), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
      "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None,\n"
-     "lengths=None, layers=None, key_start=None, keep_first=0, precision=0, window=0):\n"
+     "lengths=None, layers=None, key_start=None, keep_first=0, precision=0, window=0, patch=None):\n"
      "runs all B sequences in one call (their tokens packed through every weight product).\n"
      "Each per-layer capture is None or one float32 array (B, L', ...) (no B axis for (T,) ids)\n"
      "whose slot s is layer layers[s] (layers: increasing indices, default all): attn (H, T, T);\n"
@@ -1190,7 +1259,8 @@ static PyMethodDef methods[] = {
      "3 queries i >= 1 read v_0 as the mean of their other keys' values; other values raise\n"
      "ValueError), head_scale float32. precision: 0 fp32 (exact, the default), 1 bf16 (weight products\n"
      "in bf16 with fp32 accumulation) or 2 int8 (weights as int8 with per-block scales, activations\n"
-     "quantized per row in blocks of 32); the model's panels built at first use; others raise ValueError."},
+     "quantized per row in blocks of 32); the model's panels built at first use; others raise ValueError.\n"
+     "patch: None or a list of (point, mode, layer, rows, heads, positions, value) (csrc/patch.h)."},
     {"model_tape_floats", py_model_tape_floats, METH_VARARGS,
      "model_tape_floats(handle, T) -> floats one layer's saved activations take for T tokens (the backward's tape)."},
     {"model_grad_floats", (PyCFunction)(void (*)(void))py_model_grad_floats, METH_VARARGS | METH_KEYWORDS,

@@ -375,8 +375,150 @@ static float *block_output_backward(const sl_model *m, const sl_norm *post, cons
     return dxn;
 }
 
-static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
-                        grad_bufs *g, sl_layer_grads *lg) {
+/* ------------------------------------------------------------------------------------------
+ * Patches (patch.h) in the derivatives: a "replace" patch makes its entries constants, so no
+ * derivative flows through them (the cotangent into them, or their tangent, is zero there); an
+ * "add" patch adds a constant and changes no derivative. The forward's tape already holds the
+ * patched values. */
+
+static int replaces(const sl_intervention *iv, int point, int64_t l) {
+    for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
+        const sl_patch *p = &iv->patch->p[i];
+        if (p->point == point && p->layer == l && p->mode == SL_PATCH_REPLACE) return 1;
+    }
+    return 0;
+}
+
+/* Zeroes the entries layer l's replace patches of `point` cover, in each of nb directions'
+ * (T, stride) block of buf (heads of `width` floats; the stream points have one). */
+static void cut_patched(const sl_intervention *iv, int point, int64_t l, float *buf, int64_t nb, int64_t T,
+                        int64_t stride, int64_t width) {
+    for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
+        const sl_patch *p = &iv->patch->p[i];
+        if (p->point != point || p->layer != l || p->mode != SL_PATCH_REPLACE) continue;
+        for (int64_t b = 0; b < nb; b++)
+            for (int64_t j = 0; j < p->n_heads; j++)
+                for (int64_t k = 0; k < p->n_pos; k++) {
+                    const int64_t h = p->heads ? p->heads[j] : 0;
+                    memset(buf + (b * T + p->pos[k]) * stride + h * width, 0, (size_t)width * sizeof(float));
+                }
+    }
+}
+
+/* What the derivatives cannot take: a replaced attn_out / mlp_out under a post-LN residual norm. */
+static int check_grad_patches(const sl_model *m, const sl_intervention *iv) {
+    for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
+        const sl_patch *p = &iv->patch->p[i];
+        if ((p->point == SL_PATCH_ATTN_OUT || p->point == SL_PATCH_MLP_OUT) && p->mode == SL_PATCH_REPLACE &&
+            (m->layers[0].attn_res_norm.w || m->layers[0].ffn_res_norm.w))
+            return sl_fail(SL_ERR_VALUE, "patch %lld: the derivatives of a post-LN model do not take replaced "
+                                         "attn_out / mlp_out", (long long)i);
+    }
+    return SL_OK;
+}
+
+/* The cotangent of a block's product output (before its post-norm) when the block's output
+ * (after the post-norm: attn_out / mlp_out) is replaced at some entries: dx with those entries
+ * zeroed (in `cut`, rows x d), through the post-norm's backward into dxn when there is one.
+ * Without a residual norm (check_grad_patches) dx itself is the cotangent of the block's output. */
+static const float *cut_block_output(const sl_model *m, const sl_norm *post, const sl_intervention *iv, int point,
+                                     int64_t l, const float *dx, float *dxn, float *cut, int64_t nb, int64_t T,
+                                     const float *p_in, const float *p_mean, const float *p_rstd) {
+    const int64_t d = m->d_model, rows = nb * T;
+    memcpy(cut, dx, (size_t)(rows * d) * sizeof(float));
+    cut_patched(iv, point, l, cut, nb, T, d, d);
+    if (!post->w) return cut;
+    norm_backward(m, post, dxn, 0, NULL, NULL, cut, p_in, p_mean, p_rstd, rows, T, d);
+    return dxn;
+}
+
+/* cut: NULL, or scratch for chunk*T rows when mlp_out is replaced (cut_block_output). */
+/* Pattern patches of layer l in the derivatives. A patched query row t of head h computes
+ * z[t, h] = c_h · P'[t, :] · V_g (replace) or z[t, h] = c_h · (P[t, :] + ΔP[t, :]) · V_g (add), c_h
+ * its head_scale, over the keys s < T of the one sequence (direction b's rows start at b*T). */
+
+/* Entries (direction, patched row, head) of layer l's pattern patches, each hd floats of `saved`. */
+static int64_t pattern_entries(const sl_intervention *iv, int64_t l) {
+    int64_t n = 0;
+    for (int64_t i = 0; iv && iv->patch && i < iv->patch->n; i++) {
+        const sl_patch *p = &iv->patch->p[i];
+        if (p->point == SL_PATCH_PATTERN && p->layer == l) n += p->n_heads * p->n_pos;
+    }
+    return n;
+}
+
+/* Runs BODY for every (patch p, head j, position k) of layer l's pattern patches, with h, its kv
+ * head g, the position t, its head_scale c and e the running entry number. */
+#define FOR_PATTERN_ENTRY(iv, aiv, l, H, group, BODY)                                                    \
+    do {                                                                                             \
+        int64_t e_ = 0;                                                                              \
+        for (int64_t i_ = 0; (iv) && (iv)->patch && i_ < (iv)->patch->n; i_++) {                     \
+            const sl_patch *p = &(iv)->patch->p[i_];                                                 \
+            if (p->point != SL_PATCH_PATTERN || p->layer != (l)) continue;                           \
+            for (int64_t j = 0; j < p->n_heads; j++)                                                 \
+                for (int64_t k = 0; k < p->n_pos; k++, e_++) {                                        \
+                    const int64_t h = p->heads[j], g = h / (group), t = p->pos[k], e = e_;           \
+                    const float c = (aiv)->head_scale ? (aiv)->head_scale[h] : 1.0f;                 \
+                    (void)g, (void)c, (void)e, (void)t;                                              \
+                    BODY                                                                             \
+                }                                                                                    \
+        }                                                                                            \
+    } while (0)
+
+/* Reverse mode, before the attention's backward: each patched row's cotangent dz[t, h] copied
+ * to saved (n_entries x nb x hd) and, for a replaced row, taken out of dz (its softmax does not
+ * reach z). */
+static void pattern_take(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                         float *dz, float *saved, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, qd = H * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        for (int64_t b = 0; b < nb; b++) {
+            float *zt = dz + (b * T + t) * qd + h * hd;
+            memcpy(saved + (e * nb + b) * hd, zt, (size_t)hd * sizeof(float));
+            if (p->mode == SL_PATCH_REPLACE) memset(zt, 0, (size_t)hd * sizeof(float));
+        }
+    });
+}
+
+/* Reverse mode, after it: dV_g[s] += c_h · P'[t, s] · dz[t, h] (replace; ΔP for add). */
+static void pattern_give(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                         float *dv, const float *saved, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, kvd = m->n_kv_heads * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        const float *pv = sl_patch_entry(p, 0, j, k, T);
+        for (int64_t b = 0; b < nb; b++) {
+            const float *dzt = saved + (e * nb + b) * hd;
+            for (int64_t s = 0; s < T; s++) {
+                const float w = c * pv[s];
+                float *vs = dv + (b * T + s) * kvd + g * hd;
+                for (int64_t q = 0; q < hd && w != 0.0f; q++) vs[q] += w * dzt[q];
+            }
+        }
+    });
+}
+
+/* Forward mode, after the attention's JVP: a replaced row's tangent is c_h · P' · tV, an added
+ * one gains c_h · ΔP · tV. */
+static void pattern_jvp(const sl_model *m, const sl_intervention *iv, const sl_attn_intervention *aiv, int64_t l,
+                        float *tz, const float *tv, int64_t nb, int64_t T) {
+    const int64_t H = m->n_heads, hd = m->head_dim, qd = H * hd, kvd = m->n_kv_heads * hd, group = H / m->n_kv_heads;
+    FOR_PATTERN_ENTRY(iv, aiv, l, H, group, {
+        const float *pv = sl_patch_entry(p, 0, j, k, T);
+        for (int64_t b = 0; b < nb; b++) {
+            float *zt = tz + (b * T + t) * qd + h * hd;
+            if (p->mode == SL_PATCH_REPLACE) memset(zt, 0, (size_t)hd * sizeof(float));
+            for (int64_t s = 0; s < T; s++) {
+                const float w = c * pv[s];
+                const float *vs = tv + (b * T + s) * kvd + g * hd;
+                for (int64_t q = 0; q < hd && w != 0.0f; q++) zt[q] += w * vs[q];
+            }
+        }
+    });
+}
+#undef FOR_PATTERN_ENTRY
+
+static int mlp_backward_cut(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                            grad_bufs *g, sl_layer_grads *lg, const sl_intervention *iv, float *cut) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
     const int gated = lw->w_gate.data != NULL;
     const float *gate = gated ? lt->gate : NULL;
@@ -385,7 +527,9 @@ static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw
     for (int64_t b0 = 0; b0 < g->B; b0 += g->chunk) {
         const int64_t nb = g->B - b0 < g->chunk ? g->B - b0 : g->chunk, rows = nb * T;
         float *dx = g->dx + b0 * T * d, *dxn = g->dxn + b0 * T * d;
-        const float *dm = block_output_backward(
+        const float *dm = cut ? cut_block_output(m, &lw->ffn_post_norm, iv, SL_PATCH_MLP_OUT, l, dx, dxn, cut, nb, T,
+                                                 lt->mo, lt->mo_mean, lt->mo_rstd)
+                              : block_output_backward(
             m, &lw->ffn_post_norm, &lw->ffn_res_norm, dx, dxn, rows, T, lt->mo, lt->mo_mean, lt->mo_rstd, lt->yr,
             lt->yr_mean, lt->yr_rstd, lg ? lg->ffn_post_norm : NULL, lg ? lg->ffn_post_norm_b : NULL,
             lg ? lg->ffn_res_norm : NULL, lg ? lg->ffn_res_norm_b : NULL);
@@ -417,13 +561,26 @@ static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw
     return SL_OK;
 }
 
-static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
-                              grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg) {
-    const int64_t T = g->T, rows = g->B * T, d = m->d_model;
+static int mlp_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                        grad_bufs *g, sl_layer_grads *lg, const sl_intervention *iv) {
+    float *cut = NULL;
+    if (replaces(iv, SL_PATCH_MLP_OUT, l) && !(cut = sl_alloc_floats_uninit(g->chunk * g->T * m->d_model)))
+        return sl_fail(SL_ERR_MEMORY, "vjp: cannot allocate a patch cotangent");
+    const int rc = mlp_backward_cut(m, l, lw, lt, g, lg, iv, cut);
+    sl_free(cut);
+    return rc;
+}
+
+static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                                  grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg,
+                                  const sl_intervention *iv, float *cut, float *saved) {
+    const int64_t T = g->T, rows = g->B * T, d = m->d_model, hd = m->head_dim;
     const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
     const sl_attn_shape s = attn_shape(m, lw, T);
     rope_tables_for(m, lw, g);
-    const float *dout = block_output_backward(
+    const float *dout = cut ? cut_block_output(m, &lw->attn_post_norm, iv, SL_PATCH_ATTN_OUT, l, g->dx, g->dxn, cut,
+                                               g->B, T, lt->o, lt->o_mean, lt->o_rstd)
+                            : block_output_backward(
         m, &lw->attn_post_norm, &lw->attn_res_norm, g->dx, g->dxn, rows, T, lt->o, lt->o_mean, lt->o_rstd, lt->hr,
         lt->hr_mean, lt->hr_rstd, lg ? lg->attn_post_norm : NULL, lg ? lg->attn_post_norm_b : NULL,
         lg ? lg->attn_res_norm : NULL, lg ? lg->attn_res_norm_b : NULL);
@@ -431,9 +588,17 @@ static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weigh
     SL_TRY(product_nn(m, l, SL_SLOT_O, rows, dout, &lw->wo, g->dz, 0));
     if (lg) SL_TRY(weight_grad(m, lg->wo, d, qd, rows, dout, lt->z));
     if (lg && lg->bo) sl_bias_backward(lg->bo, dout, rows, d, d);
+    /* a replaced head output or z is a constant: nothing flows into that head's z there */
+    cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
+    cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
+    if (saved) pattern_take(m, iv, aiv, l, g->dz, saved, g->B, T);
     SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
                                  aiv));
+    if (saved) pattern_give(m, iv, aiv, l, g->dv, saved, g->B, T);
+    cut_patched(iv, SL_PATCH_Q, l, g->dq, g->B, T, qd, hd);
+    cut_patched(iv, SL_PATCH_K, l, g->dk, g->B, T, kvd, hd);
+    cut_patched(iv, SL_PATCH_V, l, g->dv, g->B, T, kvd, hd);
     rope_rows(m, lw, g, g->dq, qd, H, 1);
     rope_rows(m, lw, g, g->dk, kvd, G, 1);
     qk_norm(m, g, g->dq, lw->attn_q_norm, lg ? lg->attn_q_norm : NULL, lt->qr, lt->q_rstd, H, 1);
@@ -460,12 +625,28 @@ static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weigh
     return SL_OK;
 }
 
+static int attention_backward(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                              grad_bufs *g, const sl_attn_intervention *aiv, sl_layer_grads *lg,
+                              const sl_intervention *iv) {
+    float *cut = NULL, *saved = NULL;
+    const int64_t n_pat = pattern_entries(iv, l);
+    if ((replaces(iv, SL_PATCH_ATTN_OUT, l) && !(cut = sl_alloc_floats_uninit(g->B * g->T * m->d_model))) ||
+        (n_pat && !(saved = sl_alloc_floats_uninit(n_pat * g->B * m->head_dim)))) {
+        sl_free(cut);
+        return sl_fail(SL_ERR_MEMORY, "vjp: cannot allocate a patch cotangent");
+    }
+    const int rc = attention_backward_cut(m, l, lw, lt, g, aiv, lg, iv, cut, saved);
+    sl_free(cut);
+    sl_free(saved);
+    return rc;
+}
+
 static int layer_backward(const sl_model *m, const sl_intervention *iv, int64_t l, grad_bufs *g,
                           sl_layer_grads *lg) {
     sl_attn_intervention aiv;
     sl_layer_intervention(m, iv, l, &aiv);
-    SL_TRY(mlp_backward(m, l, &m->layers[l], &g->tapes[l], g, lg));
-    return attention_backward(m, l, &m->layers[l], &g->tapes[l], g, &aiv, lg);
+    SL_TRY(mlp_backward(m, l, &m->layers[l], &g->tapes[l], g, lg, iv));
+    return attention_backward(m, l, &m->layers[l], &g->tapes[l], g, &aiv, lg, iv);
 }
 
 /* Copies and reduces the gradient w.r.t. resid[l] as out asks. */
@@ -501,6 +682,7 @@ static int check_directions(const sl_model *m, int64_t at, int64_t B, const void
 int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_intervention *iv, int64_t at,
                  int64_t B, const float *cot, sl_vjp_out *out) {
     SL_TRY(check_directions(m, at, B, cot, "vjp"));
+    SL_TRY(check_grad_patches(m, iv));
     if (out) out->spectral_iters = 0;
     const int64_t low = lowest_requested(out, at), d = m->d_model;
     grad_bufs g;
@@ -510,9 +692,12 @@ int sl_model_vjp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
         memcpy(g.dx, cot, (size_t)(B * T * d) * sizeof(float));
         rc = record_layer(out, at, &g, d);
     }
+    /* dresid[l] is the gradient w.r.t. the (patched) stream; what lies below a replaced entry gets none */
+    if (rc == SL_OK) cut_patched(iv, SL_PATCH_RESID, at, g.dx, B, T, d, d);
     for (int64_t l = at - 1; l >= low && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; l--) {
         rc = layer_backward(m, iv, l, &g, NULL);
         if (rc == SL_OK) rc = record_layer(out, l, &g, d);
+        if (rc == SL_OK) cut_patched(iv, SL_PATCH_RESID, l, g.dx, B, T, d, d);
     }
     grad_bufs_free(&g);
     return rc;
@@ -693,14 +878,16 @@ int sl_model_loss_grad_sum(const sl_model *m, const int64_t *ids, const int64_t 
 
 /* The end of a block forwards: dout (rows, d) the tangent of the block's product output;
  * dx += post_norm'(dout), then dx = res_norm'(dx), through the scratch ds. */
-static void block_output_jvp(const sl_model *m, const sl_norm *post, const sl_norm *res, float *dx, const float *dout,
+static void block_output_jvp(const sl_model *m, const sl_norm *post, const sl_norm *res, float *dx, float *dout,
                              float *ds, int64_t rows, int64_t T, const float *p_in, const float *p_mean,
-                             const float *p_rstd, const float *r_in, const float *r_mean, const float *r_rstd) {
+                             const float *p_rstd, const float *r_in, const float *r_mean, const float *r_rstd,
+                             const sl_intervention *iv, int point, int64_t l) {
     const int64_t d = m->d_model;
     if (post->w) {
         norm_jvp(m, post, ds, dout, p_in, p_mean, p_rstd, rows, T, d);
         dout = ds;
     }
+    cut_patched(iv, point, l, dout, rows / T, T, d, d); /* a replaced block output has no tangent */
     sl_add_inplace(dx, dout, rows * d);
     if (res->w) {
         norm_jvp(m, res, ds, dx, r_in, r_mean, r_rstd, rows, T, d);
@@ -708,9 +895,9 @@ static void block_output_jvp(const sl_model *m, const sl_norm *post, const sl_no
     }
 }
 
-static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
-                         const sl_attn_intervention *aiv) {
-    const int64_t T = g->T, rows = g->B * T, d = m->d_model;
+static int attention_jvp(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt,
+                         grad_bufs *g, const sl_attn_intervention *aiv, const sl_intervention *iv) {
+    const int64_t T = g->T, rows = g->B * T, d = m->d_model, hd = m->head_dim;
     const int64_t H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
     const sl_attn_shape s = attn_shape(m, lw, T);
     rope_tables_for(m, lw, g);
@@ -726,15 +913,22 @@ static int attention_jvp(const sl_model *m, const sl_layer_weights *lw, const sl
     qk_norm(m, g, g->dk, lw->attn_k_norm, NULL, lt->kr, lt->k_rstd, G, 0);
     rope_rows(m, lw, g, g->dq, qd, H, 0);
     rope_rows(m, lw, g, g->dk, kvd, G, 0);
+    cut_patched(iv, SL_PATCH_Q, l, g->dq, g->B, T, qd, hd);
+    cut_patched(iv, SL_PATCH_K, l, g->dk, g->B, T, kvd, hd);
+    cut_patched(iv, SL_PATCH_V, l, g->dv, g->B, T, kvd, hd);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
+    pattern_jvp(m, iv, aiv, l, g->dz, g->dv, g->B, T);
+    cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
+    cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
     SL_TRY(sl_linear_nt(rows, g->dz, qd, &lw->wo, g->dxn, d, 0, 1));
     block_output_jvp(m, &lw->attn_post_norm, &lw->attn_res_norm, g->dx, g->dxn, g->ds, rows, T, lt->o, lt->o_mean,
-                     lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd);
+                     lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd, iv, SL_PATCH_ATTN_OUT, l);
     return SL_OK;
 }
 
-static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g) {
+static int mlp_jvp(const sl_model *m, int64_t l, const sl_layer_weights *lw, const sl_layer_tape *lt, grad_bufs *g,
+                   const sl_intervention *iv) {
     const int64_t T = g->T, d = m->d_model, F = m->d_ff;
     const int gated = lw->w_gate.data != NULL;
     sl_mlp_act_partials(m->act, gated ? g->dh_dg : NULL, g->dh_du, gated ? lt->gate : NULL, lt->up, T * F);
@@ -751,7 +945,7 @@ static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer
         sl_swiglu_jvp(g->dact, gated ? g->dg : NULL, g->du, gated ? g->dh_dg : NULL, g->dh_du, rows * F, T * F);
         SL_TRY(sl_linear_nt(rows, g->dact, F, &lw->w_down, dxn, d, 0, 1));
         block_output_jvp(m, &lw->ffn_post_norm, &lw->ffn_res_norm, dx, dxn, ds, rows, T, lt->mo, lt->mo_mean,
-                         lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd);
+                         lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, iv, SL_PATCH_MLP_OUT, l);
     }
     return SL_OK;
 }
@@ -759,6 +953,7 @@ static int mlp_jvp(const sl_model *m, const sl_layer_weights *lw, const sl_layer
 int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_intervention *iv, int64_t at,
                  int64_t B, const float *tangent, float **tout) {
     SL_TRY(check_directions(m, at, B, tangent, "jvp"));
+    SL_TRY(check_grad_patches(m, iv));
     const int64_t L = m->n_layers, d = m->d_model;
     grad_bufs g;
     SL_TRY(grad_bufs_alloc(&g, m, T > 0 ? T : 1, B, L, 0, 1));
@@ -768,8 +963,10 @@ int sl_model_jvp(const sl_model *m, const int64_t *ids, int64_t T, const sl_inte
     for (int64_t l = at; l < L && rc == SL_OK && (rc = sl_check_interrupt()) == SL_OK; l++) {
         sl_attn_intervention aiv;
         sl_layer_intervention(m, iv, l, &aiv);
-        rc = attention_jvp(m, &m->layers[l], &g.tapes[l], &g, &aiv);
-        if (rc == SL_OK) rc = mlp_jvp(m, &m->layers[l], &g.tapes[l], &g);
+        rc = attention_jvp(m, l, &m->layers[l], &g.tapes[l], &g, &aiv, iv);
+        if (rc == SL_OK) rc = mlp_jvp(m, l, &m->layers[l], &g.tapes[l], &g, iv);
+        /* the tangent of the (patched) stream: none on a replaced entry */
+        if (rc == SL_OK) cut_patched(iv, SL_PATCH_RESID, l + 1, g.dx, B, T, d, d);
         if (rc == SL_OK && tout && tout[l + 1]) memcpy(tout[l + 1], g.dx, (size_t)(B * T * d) * sizeof(float));
     }
     grad_bufs_free(&g);

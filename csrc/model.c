@@ -746,6 +746,118 @@ static int captures_layer(float **list, int64_t n_list, int64_t l, const acts *a
     return 0;
 }
 
+/* ------------------------------------------------------------------------------------------
+ * Patches (patch.h), applied where each activation is produced. */
+
+/* Patches of (point, l) onto a packed activation data (row stride `stride`, width floats per head). */
+static void patch_rows(const sl_patch_table *pt, int point, int64_t l, const acts *w, float *data, int64_t stride,
+                       int64_t width, int adjacent) {
+    if (!sl_patch_any(pt, point, l)) return;
+    const sl_patch_target t = {data, stride, w->ab.off, w->ab.len, adjacent};
+    sl_patch_apply(pt, point, l, width, &t);
+}
+
+/* Pattern patches of layer l: z[t, h] = head_scale_h * (P'[t, :] · V_g) for a replaced row of
+ * probabilities P', z[t, h] += head_scale_h * (ΔP[t, :] · V_g) for an added ΔP (z is linear in P),
+ * over the sequence's keys s < len; V is the layer's (unintervened: sl_patch_check refuses
+ * mask_first and zero_first_value on these heads). The attn capture, when taken, is rewritten to
+ * show P' (P + ΔP); the streamed statistics (importance, to_first, entropy) stay those of the
+ * model's own probabilities. */
+static void patch_pattern(const sl_model *m, const sl_patch_table *pt, int64_t l, const acts *w,
+                          const sl_attn_intervention *aiv, const sl_capture *cap) {
+    if (!sl_patch_any(pt, SL_PATCH_PATTERN, l)) return;
+    const int64_t H = m->n_heads, hd = m->head_dim, qd = H * hd, kvd = m->n_kv_heads * hd, T = w->ab.T_pad;
+    const int64_t group = H / m->n_kv_heads;
+    for (int64_t n = 0; n < pt->n; n++) {
+        const sl_patch *p = &pt->p[n];
+        if (p->point != SL_PATCH_PATTERN || p->layer != l) continue;
+        for (int64_t i = 0; i < p->n_rows; i++) {
+            const int64_t b = p->rows[i], len = w->ab.len[b], off = w->ab.off[b];
+            float *attn = cap_at(cap ? cap->attn : NULL, m->n_layers, b, l);
+            for (int64_t j = 0; j < p->n_heads; j++) {
+                const int64_t h = p->heads[j], g = h / group;
+                const float scale = aiv->head_scale ? aiv->head_scale[h] : 1.0f;
+                for (int64_t k = 0; k < p->n_pos; k++) {
+                    const int64_t t = p->pos[k];
+                    if (t >= len) continue;
+                    const float *pv = sl_patch_entry(p, i, j, k, T);
+                    float *z = w->att + (off + t) * qd + h * hd;
+                    if (p->mode == SL_PATCH_REPLACE) memset(z, 0, (size_t)hd * sizeof(float));
+                    /* key by key, so V's rows are read contiguously; the sum over keys runs in
+                     * key order, the same for any thread count */
+                    for (int64_t s = 0; s < len; s++) {
+                        const float ps = scale * pv[s], *vs = w->v + (off + s) * kvd + g * hd;
+                        if (ps != 0.0f)
+                            for (int64_t e = 0; e < hd; e++) z[e] += ps * vs[e];
+                    }
+                    float *row = attn ? attn + (h * T + t) * T : NULL;
+                    for (int64_t s = 0; row && s < len; s++) row[s] = p->mode == SL_PATCH_ADD ? row[s] + pv[s] : pv[s];
+                }
+            }
+        }
+    }
+}
+
+/* head_out patches of layer l on o = W_O z + b_O (in xb): o += v - z_h W_O[:, h]ᵀ for a replaced
+ * head output v, o += v for an added one; the head_out capture, taken before, is rewritten to
+ * show the patched value. */
+static int patch_head_out(const sl_model *m, const sl_layer_weights *lw, const sl_patch_table *pt, int64_t l,
+                          const acts *w, float *o, const sl_capture *cap) {
+    if (!sl_patch_any(pt, SL_PATCH_HEAD_OUT, l)) return SL_OK;
+    const int64_t d = m->d_model, hd = m->head_dim, qd = m->n_heads * hd, T = w->ab.T_pad;
+    float *decoded = NULL, *own = NULL;
+    const float *wo = (const float *)lw->wo.data;
+    int rc = SL_OK;
+    if (lw->wo.type != SL_GGML_F32) {
+        if (!(decoded = sl_alloc_floats_uninit(d * qd)))
+            return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a decoded W_O");
+        rc = sl_weight_cols(&lw->wo, 0, qd, decoded);
+        wo = decoded;
+    }
+    /* the largest position list: one product per (row, head) over its positions */
+    int64_t most = 0;
+    for (int64_t n = 0; n < pt->n; n++)
+        if (pt->p[n].point == SL_PATCH_HEAD_OUT && pt->p[n].layer == l && pt->p[n].n_pos > most) most = pt->p[n].n_pos;
+    float *zrows = NULL;
+    if (rc == SL_OK && (!(own = sl_alloc_floats_uninit(most * d)) || !(zrows = sl_alloc_floats_uninit(most * hd))))
+        rc = sl_fail(SL_ERR_MEMORY, "forward: cannot allocate a head_out patch's scratch");
+    for (int64_t n = 0; n < pt->n && rc == SL_OK; n++) {
+        const sl_patch *p = &pt->p[n];
+        if (p->point != SL_PATCH_HEAD_OUT || p->layer != l) continue;
+        for (int64_t i = 0; i < p->n_rows && rc == SL_OK; i++) {
+            const int64_t b = p->rows[i];
+            float *hcap = cap_at(cap ? cap->head_out : NULL, m->n_layers, b, l);
+            for (int64_t j = 0; j < p->n_heads && rc == SL_OK; j++) {
+                const int64_t h = p->heads[j];
+                if (p->mode == SL_PATCH_REPLACE) {
+                    /* this head's own share at the patched positions (as capture_head_out computes
+                     * it), gathered into one product */
+                    for (int64_t k = 0; k < p->n_pos; k++) {
+                        const int64_t t = p->pos[k] < w->ab.len[b] ? p->pos[k] : 0;
+                        memcpy(zrows + k * hd, w->att + (w->ab.off[b] + t) * qd + h * hd, (size_t)hd * sizeof(float));
+                    }
+                    rc = sl_sgemm_nt(p->n_pos, d, hd, zrows, hd, wo + h * hd, qd, own, d, 0, 1);
+                }
+                for (int64_t k = 0; k < p->n_pos && rc == SL_OK; k++) {
+                    const int64_t t = p->pos[k], r = w->ab.off[b] + t;
+                    if (t >= w->ab.len[b]) continue;
+                    const float *val = sl_patch_entry(p, i, j, k, d);
+                    float *orow = o + r * d, *crow = hcap ? hcap + (h * T + t) * d : NULL;
+                    if (p->mode == SL_PATCH_REPLACE)
+                        for (int64_t e = 0; e < d; e++) orow[e] += val[e] - own[k * d + e];
+                    else
+                        for (int64_t e = 0; e < d; e++) orow[e] += val[e];
+                    for (int64_t e = 0; crow && e < d; e++) crow[e] = p->mode == SL_PATCH_ADD ? crow[e] + val[e] : val[e];
+                }
+            }
+        }
+    }
+    sl_free(zrows);
+    sl_free(own);
+    sl_free(decoded);
+    return rc;
+}
+
 /* The end of a block: s = the block's output in `out` (rows, d); out = post_norm(out); x += out;
  * x = res_norm(x), saving each norm's input and statistics when a tape asks. With `next` (from
  * fusable_next) the add also leaves next(x) in out, and this returns 1; the next block then skips
@@ -753,12 +865,14 @@ static int captures_layer(float **list, int64_t n_list, int64_t l, const acts *a
  * on one thread). */
 static int block_output(const sl_model *m, const sl_norm *post, const sl_norm *res, float *x, float *out,
                         int64_t rows, float *t_in, float *t_mean, float *t_rstd, float *r_in, float *r_mean,
-                        float *r_rstd, const sl_norm *next) {
+                        float *r_rstd, const sl_norm *next, const sl_patch_table *pt, int point, int64_t l,
+                        const acts *w) {
     const int64_t d = m->d_model;
     if (post->w) {
         tape_copy(t_in, out, rows, d);
         norm_rows(m, post, out, t_mean, t_rstd, out, rows, d);
     }
+    patch_rows(pt, point, l, w, out, d, d, 0); /* attn_out / mlp_out: after the post-norm, before the add */
     if (next) {
         residual_norm(m, next, x, out, out, rows, d);
         return 1;
@@ -850,7 +964,7 @@ static int capture_head_out(const sl_model *m, const sl_layer_weights *lw, acts 
  * (q, k, v, z, gate, up) or copied there (the norms' inputs and outputs), for the backward and
  * the JVP. */
 static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap,
-                           int64_t l, const sl_attn_intervention *aiv, sl_layer_tape *lt) {
+                           int64_t l, const sl_attn_intervention *aiv, sl_layer_tape *lt, const sl_patch_table *pt) {
     const int64_t d = m->d_model, hd = m->head_dim, H = m->n_heads, G = m->n_kv_heads, L = m->n_layers;
     const int64_t qd = H * hd, kvd = G * hd, rows = w->ab.off[w->ab.B];
     const int adjacent = m->rope_layout == SL_ROPE_ADJACENT;
@@ -879,11 +993,15 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     float *qkv_out[3] = {w->q, w->k, w->v};
     SL_TRY(linear_shared(m, l, qkv_slots, 3, rows, a, qkv, qkv_bias, qkv_out));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
-    /* RoPE goes into the attention's parallel region, unless q or k is captured: the captures are
-     * copied before the attention, and after RoPE. */
+    /* RoPE goes into the attention's parallel region, unless q or k is captured or patched: the
+     * captures are copied, and the patches applied, before the attention and after RoPE. */
+    const int qk_patched = sl_patch_any(pt, SL_PATCH_Q, l) || sl_patch_any(pt, SL_PATCH_K, l);
     const int rope_in_attention = lw->rope_inv_freq && !captures_layer(cap ? cap->q : NULL, L, l, w) &&
-                                  !captures_layer(cap ? cap->k : NULL, L, l, w);
+                                  !captures_layer(cap ? cap->k : NULL, L, l, w) && !qk_patched;
     position_qk(m, lw, w, lt, lw->rope_inv_freq && !rope_in_attention);
+    patch_rows(pt, SL_PATCH_Q, l, w, w->q, qd, hd, adjacent);
+    patch_rows(pt, SL_PATCH_K, l, w, w->k, kvd, hd, adjacent);
+    patch_rows(pt, SL_PATCH_V, l, w, w->v, kvd, hd, 0);
     if (cap) {
         capture_heads(cap->q, L, l, w, w->q, qd, H, hd, adjacent);
         capture_heads(cap->k, L, l, w, w->k, kvd, G, hd, adjacent);
@@ -899,11 +1017,14 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const int rc = sl_attention_forward_batch(&s, &w->ab, w->q, qd, w->k, w->v, kvd, w->att, aiv);
     w->ab.prologue = NULL, w->ab.prologue_arg = NULL;
     SL_TRY(rc);
+    patch_pattern(m, pt, l, w, aiv, cap);
+    patch_rows(pt, SL_PATCH_Z, l, w, w->att, qd, hd, 0);
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
     SL_TRY(linear(m, layer_slot(l, SLOT_O), rows, w->att, &lw->wo, lw->bo, w->xb));
+    SL_TRY(patch_head_out(m, lw, pt, l, w, w->xb, cap));
     w0->xb_normed = block_output(m, &lw->attn_post_norm, &lw->attn_res_norm, w->x, w->xb, rows, lt->o, lt->o_mean,
-                                 lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd, next);
+                                 lt->o_rstd, lt->hr, lt->hr_mean, lt->hr_rstd, next, pt, SL_PATCH_ATTN_OUT, l, w);
     /* What the block adds to the stream (after the post-norm; before a residual norm). */
     if (cap) capture_rows(cap->attn_out, L, l, 0, w, w->xb, d);
     tape_copy(lt->h, w->x, rows, d);
@@ -912,7 +1033,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
 
 /* next_norm: the next layer's pre-norm (NULL after the last layer run), for block_output. */
 static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, const sl_capture *cap, int64_t l,
-                     sl_layer_tape *lt, const sl_norm *next_norm) {
+                     sl_layer_tape *lt, const sl_norm *next_norm, const sl_patch_table *pt) {
     const int64_t d = m->d_model, F = m->d_ff, rows = w->ab.off[w->ab.B];
     const int normed = w->xb_normed; /* the attention block's add left n2(x) in xb */
     w->xb_normed = 0;
@@ -939,12 +1060,18 @@ static int mlp_block(const sl_model *m, const sl_layer_weights *lw, acts *w, con
     const sl_row_prologue act = {act_row, (void *)&ar};
     SL_TRY(linear_pro(m, layer_slot(l, SLOT_DOWN), rows, w->gate, &lw->w_down, lw->b_down, w->xb, &act));
     w->xb_normed = block_output(m, &lw->ffn_post_norm, &lw->ffn_res_norm, w->x, w->xb, rows, lt->mo, lt->mo_mean,
-                                lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, next);
+                                lt->mo_rstd, lt->yr, lt->yr_mean, lt->yr_rstd, next, pt, SL_PATCH_MLP_OUT, l, w);
     if (cap) capture_rows(cap->mlp_out, m->n_layers, l, 0, w, w->xb, d);
     return SL_OK;
 }
 
-static void capture_resid(const sl_model *m, const sl_capture *cap, int64_t l, const acts *w) {
+/* resid[l]'s patches, then its capture. A patch makes the previous block's fused pre-norm of x
+ * (left in xb) stale, so the next block computes it again. */
+static void capture_resid(const sl_model *m, const sl_capture *cap, int64_t l, acts *w, const sl_patch_table *pt) {
+    if (sl_patch_any(pt, SL_PATCH_RESID, l)) {
+        patch_rows(pt, SL_PATCH_RESID, l, w, w->x, m->d_model, m->d_model, 0);
+        w->xb_normed = 0;
+    }
     if (cap) capture_rows(cap->resid, m->n_layers + 1, l, 0, w, w->x, m->d_model);
 }
 
@@ -953,6 +1080,9 @@ static int check_run(const sl_model *m, const int64_t *ids, int64_t B, int64_t T
                      const sl_intervention *iv) {
     SL_TRY(sl_model_check(m));
     SL_TRY(check_intervention(m, iv, T));
+    if (iv && iv->patch)
+        SL_TRY(sl_patch_check(iv->patch, m->n_layers, m->n_heads, m->n_kv_heads, m->d_model, m->head_dim, B, T,
+                              iv->mask_first, iv->zero_first_value));
     if (T <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty sequence");
     if (B <= 0) return sl_fail(SL_ERR_VALUE, "forward: empty batch");
     if (T > sl_model_max_positions(m))
@@ -998,13 +1128,14 @@ static int embed(const sl_model *m, float *x, const int64_t *ids, int64_t n, sl_
 static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts *w, const sl_capture *cap,
                       const sl_intervention *iv, sl_layer_tape *tapes, sl_embd_tape *et) {
     const int64_t d = m->d_model;
+    const sl_patch_table *pt = iv ? iv->patch : NULL;
     w->freq_valid = 0;
     w->xb_normed = 0;
     for (int64_t b = 0; b < w->ab.B; b++)
         SL_TRY(embed(m, w->x + w->ab.off[b] * d, ids + b * w->ab.T_pad, w->ab.len[b], et));
     for (int64_t l = 0; l < n_run; l++) {
         SL_TRY(sl_check_interrupt());
-        capture_resid(m, cap, l, w);
+        capture_resid(m, cap, l, w, pt);
         sl_attn_intervention aiv;
         sl_layer_intervention(m, iv, l, &aiv);
         sl_layer_tape *lt = tapes ? &tapes[l] : NULL;
@@ -1015,9 +1146,9 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
             windowed.window = iv->window;
             lw = &windowed;
         }
-        SL_TRY(attention_block(m, lw, w, cap, l, &aiv, lt));
+        SL_TRY(attention_block(m, lw, w, cap, l, &aiv, lt, pt));
         SL_TRY(sl_check_interrupt()); /* the MLP's three products are the layer's longest stretch */
-        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt, l + 1 < n_run ? &m->layers[l + 1].attn_norm : NULL));
+        SL_TRY(mlp_block(m, &m->layers[l], w, cap, l, lt, l + 1 < n_run ? &m->layers[l + 1].attn_norm : NULL, pt));
     }
     return SL_OK;
 }
@@ -1074,7 +1205,7 @@ int sl_model_forward_batch(const sl_model *m, const int64_t *ids, int64_t B, int
     acts w;
     int rc = acts_bind(&w, ws, m, B, T, lengths, cap && cap->importance);
     if (rc == SL_OK) rc = run_layers(m, ids, m->n_layers, &w, cap, iv, NULL, NULL);
-    if (rc == SL_OK) capture_resid(m, cap, m->n_layers, &w);
+    if (rc == SL_OK) capture_resid(m, cap, m->n_layers, &w, iv ? iv->patch : NULL);
     if (rc == SL_OK && cap && cap->logits) rc = logits_head(m, &w, cap);
     ws_put(cache, ws);
     return rc;
@@ -1149,6 +1280,7 @@ int sl_model_forward_tape(const sl_model *m, const int64_t *ids, int64_t T, int6
     acts w;
     int rc = acts_bind(&w, ws, m, 1, T, NULL, 0);
     if (rc == SL_OK) rc = run_layers(m, ids, n_run, &w, NULL, iv, tapes, et);
+    if (rc == SL_OK) capture_resid(m, NULL, n_run, &w, iv ? iv->patch : NULL);
     if (rc == SL_OK && x_out) memcpy(x_out, w.x, (size_t)(T * m->d_model) * sizeof(float));
     ws_destroy(ws);
     return rc;

@@ -7,6 +7,7 @@
 
 #include "attention.h"
 #include "ops.h"
+#include "patch.h"
 #include "sgemm.h"
 
 /* The architecture is data: one block structure covers the LLaMA, Mistral, Qwen2/3, Gemma 1-3,
@@ -238,6 +239,10 @@ typedef struct {
      * (the window is the smaller of the two). The forward only (sl_model_forward); the
      * derivatives use each layer's own window. */
     int64_t window;
+    /* Activation patches (patch.h), NULL: none; checked against the call's batch before the run.
+     * The forward (and the derivatives' tape forward) applies them; grad.c cuts the derivative
+     * through replaced entries. */
+    const sl_patch_table *patch;
 } sl_intervention;
 
 /* Layer l's slice of iv (NULL: none) as the attention kernel reads it. */

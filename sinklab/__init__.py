@@ -51,6 +51,9 @@ _LAZY: Dict[str, str] = {
     "KeyGeometry": "analysis.key_geometry", "key_geometry": "analysis.key_geometry",
     "WindowedPerplexity": "analysis.windowed", "windowed_perplexity": "analysis.windowed",
     "HeadAblation": "analysis.head_ablation", "head_ablation": "analysis.head_ablation",
+    "Patch": "patching",
+    "PatchingResult": "analysis.patching_experiment", "patching_experiment": "analysis.patching_experiment",
+    "name_swap_pairs": "analysis.patching_experiment",
     "SweepResult": "sweeps.runner", "sweep": "sweeps.runner",
 }
 
@@ -66,7 +69,8 @@ __all__ = ["load", "Model", "ModelConfig", "QuantizedTensor", "UnsupportedArchit
            "mixing_measure", "MixingResult", "collapse_trend", "CollapseTrend", "thm32_bounds", "Thm32Bounds",
            "multikey_retrieval", "RetrievalResult", "cloze", "ClozeResult",
            "massive_activations", "MassiveActivations", "key_geometry", "KeyGeometry",
-           "windowed_perplexity", "WindowedPerplexity", "head_ablation", "HeadAblation"]
+           "windowed_perplexity", "WindowedPerplexity", "head_ablation", "HeadAblation",
+           "Patch", "patching_experiment", "PatchingResult", "name_swap_pairs"]
 
 
 def __getattr__(name: str) -> Any:

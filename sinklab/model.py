@@ -13,6 +13,7 @@ from .families.config import ModelConfig
 from .families.rope import layer_inv_freq
 from .families.tensors import QuantizedTensor, to_f32
 from .interventions import Intervention, core_arrays
+from .patching import check_patches, chunk_patches, derivative_patches, patch_dims
 from .progress import progress_bar
 from .system import available_memory  # run's size checks call this name (tests patch it here)
 from .tokenizer import Tokenizer
@@ -289,7 +290,7 @@ class Model:
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: Optional[int] = None,
             key_start: Any = None, keep_first: Union[bool, int] = 0, precision: Optional[str] = None,
-            window: Optional[int] = None) -> Trace:
+            window: Optional[int] = None, patch: Any = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -387,6 +388,11 @@ class Model:
                 a matrix whose width is not a multiple of 32 stays fp32. ``head_out`` is still
                 an fp32 product of ``z`` with W_O, so it sums to ``attn_out`` only to that
                 rounding. ``Trace.meta["precision"]`` records it.
+            patch: None, a :class:`~sinklab.patching.Patch` or a list of them: arrays that replace
+                or are added to ``resid``, ``attn_out``, ``mlp_out``, ``head_out``, ``z``, ``q``,
+                ``k``, ``v`` or the attention ``pattern`` at chosen layers, rows, positions and
+                heads, applied inside the C forward before the activation is captured or read
+                (:mod:`sinklab.patching`); ``Trace.meta["patched"]`` counts them.
 
         Raises:
             ValueError: an unknown capture name, a layer out of range, bad ids, bad lengths,
@@ -412,6 +418,8 @@ class Model:
         keep, win = self._check_window(keep_first, window)
         c = self.config
         ivs = core_arrays(intervene, c.n_layers, c.n_heads)
+        patches = check_patches(patch)
+        dims = patch_dims(c, "rope_inv_freq" in self.weights)
         shapes = buffer_shapes(c, T, len(sel), logits_from)
         wanted = [k for k in shapes if capture_of(k) in capture]
         if out is not None:
@@ -427,6 +435,7 @@ class Model:
             _core.model_forward(self._handle, batch[b0:b1], logits_from=logits_from, layers=sel,
                                 lengths=None if lens is None else lens[b0:b1], key_start=ks,
                                 keep_first=keep, window=win, precision=PRECISIONS[prec],
+                                patch=chunk_patches(patches, dims, B, T, b0, b1) if patches else None,
                                 **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
@@ -434,7 +443,7 @@ class Model:
         meta = {"model": self.name, "source": self.source, "bos_token_id": bos,
                 "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
                 "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()},
-                "precision": prec}
+                "precision": prec, "patched": len(patches)}
         st = None
         if "stats" in capture:
             st = AttentionStats(**{k: get(k) for k in STATS})
@@ -614,7 +623,8 @@ class Model:
                                            None if n_tape is None else int(n_tape))
 
     def vjp(self, ids: Any, cotangent: Any, at: Any, intervene: Optional[Intervention] = None,
-            layers: Optional[Sequence[int]] = None, precision: Optional[str] = None) -> np.ndarray:
+            layers: Optional[Sequence[int]] = None, precision: Optional[str] = None,
+            patch: Any = None) -> np.ndarray:
         """Vector-Jacobian product: gradients of ``<cotangent, resid[layer][positions]>`` with
         respect to the residual stream entering each layer.
 
@@ -634,6 +644,13 @@ class Model:
                 means every position.
             intervene: an :class:`Intervention`, differentiated as applied.
             layers: which ``resid[l]`` (l <= layer) to return gradients for; default all 0..layer.
+            patch: patches (:class:`~sinklab.patching.Patch`) applied in the forward (as in :meth:`run`;
+                rows None or [0]), differentiated as applied: a ``"replace"`` patch's entries are
+                constants, so no gradient flows through them (the gradient w.r.t. a replaced
+                ``resid[l]`` entry is returned, but nothing below it receives any; a replaced
+                ``pattern`` row passes gradient to V only, not to q and k); an ``"add"`` patch
+                passes gradients through. A pattern patch may not put weight on keys after the
+                output position (they are not run).
 
         Returns:
             float32 (n, T, d), or (B, n, T, d) for batched cotangents, n = len(layers): row k is
@@ -659,7 +676,8 @@ class Model:
         for l in out_layers:  # the C core writes (B, t_eff, d) C-contiguous blocks
             bufs[l] = np.empty((B, t_eff, d), np.float32)
         ivs = core_arrays(intervene, self.config.n_layers, self.config.n_heads)
-        _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, dresid=bufs, **ivs)
+        pt = derivative_patches(check_patches(patch), patch_dims(self.config, "rope_inv_freq" in self.weights), T, t_eff)
+        _core.model_vjp(self._handle, np.ascontiguousarray(arr[:t_eff]), full, layer, dresid=bufs, patch=pt, **ivs)
         for k, l in enumerate(out_layers):
             out[:, k, :t_eff] = bufs[l]
         return out if batched else out[0]
@@ -721,7 +739,7 @@ class Model:
         return VjpNorms(sq=sq, spectral=spec, layers=sel, iters=int(iters))
 
     def jvp(self, ids: Any, tangent: Any, at: Any, intervene: Optional[Intervention] = None,
-            precision: Optional[str] = None) -> np.ndarray:
+            precision: Optional[str] = None, patch: Any = None) -> np.ndarray:
         """Jacobian-vector product: how the residual stream of every later layer moves when
         ``resid[at]`` moves along ``tangent``, at the cost of about one forward per tangent.
 
@@ -731,6 +749,8 @@ class Model:
                 finite (NaN or inf is a ValueError naming its index).
             at: the layer index l in [0, L] of the stream the tangent enters.
             intervene: an :class:`Intervention`, differentiated as applied.
+            patch: patches as in :meth:`vjp`: a replaced entry has no tangent (a replaced
+                ``resid[l]`` entry's tangent is 0 for l > at), an added one passes it on.
 
         Returns:
             float32 (L+1-at, T, d), or (B, L+1-at, T, d): row k is the tangent of ``resid[at+k]``
@@ -747,13 +767,15 @@ class Model:
         out = np.empty((B, L + 1 - at, T, d), np.float32)
         bufs: List[Optional[np.ndarray]] = [None] * at + [np.ascontiguousarray(out[:, k]) for k in range(L + 1 - at)]
         ivs = core_arrays(intervene, L, self.config.n_heads)
-        _core.model_jvp(self._handle, arr, tan, at, tout=bufs, **ivs)
+        pt = derivative_patches(check_patches(patch), patch_dims(self.config, "rope_inv_freq" in self.weights), T, T)
+        _core.model_jvp(self._handle, arr, tan, at, tout=bufs, patch=pt, **ivs)
         for k in range(L + 1 - at):
             out[:, k] = bufs[at + k]
         return out if batched else out[0]
 
     def jacobian(self, ids: Any, of: Tuple[int, int], wrt: int = 0, intervene: Optional[Intervention] = None,
-                 progress: bool = True, chunk: Optional[int] = None, precision: Optional[str] = None) -> np.ndarray:
+                 progress: bool = True, chunk: Optional[int] = None, precision: Optional[str] = None,
+                 patch: Any = None) -> np.ndarray:
         """The exact Jacobian block ``J[a, j, b] = d resid[layer][position, a] / d resid[wrt][j, b]``.
 
         Computed as d unit cotangents pushed back through the C backward together (one product
@@ -764,6 +786,7 @@ class Model:
             of: ``(layer, position)``, the output row; layer in [1, L].
             wrt: the layer whose input stream it is differentiated by, 0 <= wrt < layer.
             chunk: cotangents per backward call (default: all d when they fit in memory).
+            patch: patches as in :meth:`vjp`, differentiated as applied.
 
         Returns:
             float32 (d, T, d); in a causal model rows j > position are zero.
@@ -785,7 +808,7 @@ class Model:
             cot = np.zeros((n, d), np.float32)
             cot[np.arange(n), a0 + np.arange(n)] = 1.0
             J[a0:a0 + n] = self.vjp(arr, cot, at=(layer, pos), intervene=intervene, layers=[wrt],
-                                   precision="fp32")[:, 0]
+                                   precision="fp32", patch=patch)[:, 0]
         return J
 
     def influence_end(self, position: int, T: int) -> int:

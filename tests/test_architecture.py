@@ -16,7 +16,7 @@ Floors, bottom to top, after DESIGN.md's layout (a module may import its own flo
     0 ground   _core, system (memory, atomic writes, stale temporaries), runtime (threads,
                SIMD, build info, dequantization), progress, results, prompts
     1 files    io/, families/, tokenizer/ (file formats and the weight schema)
-    2 model    model, trace, interventions, inputs, batching (the door to the C core)
+    2 model    model, trace, interventions, patching, inputs, batching (the door to the C core)
     3 viz      viz/ (draws plain results: no analysis, no training)
     4 analysis analysis/
     5 train    train/
@@ -53,7 +53,8 @@ FLOORS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("ground", ("sinklab._core", "sinklab.system", "sinklab.runtime", "sinklab.progress", "sinklab.results",
                 "sinklab.prompts", "sinklab.reprs", "sinklab.labels")),
     ("files", ("sinklab.io", "sinklab.families", "sinklab.tokenizer")),
-    ("model", ("sinklab.model", "sinklab.trace", "sinklab.interventions", "sinklab.inputs", "sinklab.batching")),
+    ("model", ("sinklab.model", "sinklab.trace", "sinklab.interventions", "sinklab.patching", "sinklab.inputs",
+               "sinklab.batching")),
     ("viz", ("sinklab.viz",)),
     ("analysis", ("sinklab.analysis",)),
     ("train", ("sinklab.train",)),

@@ -13,4 +13,5 @@ Beyond the paper:
 - ``key_geometry``: the sink key's norm vs angle, an exact split of the sink's mean logit gap per head
 - ``windowed``: StreamingLLM-style sliding-window perplexity with and without the first k tokens kept visible
 - ``head_ablation``: the top sink heads switched off against matched random non-sink heads of the same layers
+- ``patching_experiment``: activation patching (denoising) from a clean into a corrupted prompt per (layer, position) or (layer, head), the recovered logit difference with intervals over pairs
 """

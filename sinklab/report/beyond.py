@@ -37,7 +37,7 @@ from ..results import save_json, to_jsonable
 from ..system import write_atomic
 from .run import anchor, versions
 
-BEYOND_SECTIONS = ("massive", "key_geometry", "windowed", "ablation")
+BEYOND_SECTIONS = ("massive", "key_geometry", "patching", "windowed", "ablation")
 """The sections, in report order (section ``x`` is the module ``beyond_x`` of this package)."""
 
 BEYOND_MODELS = ("gemma-3-270m", "smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
