@@ -625,7 +625,7 @@ class Model:
     def vjp(self, ids: Any, cotangent: Any, at: Any, intervene: Optional[Intervention] = None,
             layers: Optional[Sequence[int]] = None, precision: Optional[str] = None,
             patch: Any = None) -> np.ndarray:
-        """Vector-Jacobian product: gradients of <cotangent, resid[layer][positions]> with
+        """Vector-Jacobian product: gradients of ``<cotangent, resid[layer][positions]>`` with
         respect to the residual stream entering each layer.
 
         ``resid[l]`` is the stream entering layer l (``resid[0]`` the input embeddings,
@@ -689,12 +689,12 @@ class Model:
         the (B, n, T, d) gradients: the C backward reduces each block as it computes it.
 
         For B cotangents u_b at one position p of ``resid[layer]`` and each returned layer l, the
-        squared norm ||u_b^T d resid[layer][p] / d resid[l][j]||^2 of every source position j;
+        squared norm ``||u_b^T d resid[layer][p] / d resid[l][j]||^2`` of every source position j;
         with ``spectral``, the largest singular value of each (B, d) block of those B
         products, by Lanczos iteration on its Gram matrix until the Ritz value changes by less
         than ``spectral_rtol`` (relative; at most 300 steps): with the d unit vectors as
-        cotangents, the spectral norm of the d x d Jacobian block d resid[layer][p] /
-        d resid[l][j]. Only sources j < t are returned, t = :meth:`influence_end` (p + 1 in a
+        cotangents, the spectral norm of the d x d Jacobian block
+        ``d resid[layer][p] / d resid[l][j]``. Only sources j < t are returned, t = :meth:`influence_end` (p + 1 in a
         causal model, whose later positions cannot influence p; T in an encoder).
 
         Args:
@@ -776,7 +776,7 @@ class Model:
     def jacobian(self, ids: Any, of: Tuple[int, int], wrt: int = 0, intervene: Optional[Intervention] = None,
                  progress: bool = True, chunk: Optional[int] = None, precision: Optional[str] = None,
                  patch: Any = None) -> np.ndarray:
-        """The exact Jacobian block J[a, j, b] = d resid[layer][position, a] / d resid[wrt][j, b].
+        """The exact Jacobian block ``J[a, j, b] = d resid[layer][position, a] / d resid[wrt][j, b]``.
 
         Computed as d unit cotangents pushed back through the C backward together (one product
         with d*T rows per linear layer), in chunks of ``chunk`` cotangents when memory is short.

@@ -5,6 +5,8 @@
   ``a|b|c`` among the flag's choices), and every ``--flag`` in its prose in some parser; every
   environment variable it names is read or set somewhere in the code (THIRD_PARTY_ENV aside);
   every repository path and test file it names exists; its ``#anchor`` links resolve.
+- docs/**/*.md (the documentation site, tests/test_docs_site.py builds it): the same checks as the
+  README's, page by page.
 - The package: every ``sinklab.x.y`` name in a docstring or comment exists.
 - benchmarks/RESULTS.md: each summary row has a command, a date and a CPU; every
   ``benchmarks/X.py --flag`` command in it (and in the README) names a script that defines the
@@ -29,6 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+# The documentation site's pages (mkdocs.yml): checked with the README's checkers
+DOCS = ROOT / "docs"
 
 # Where an environment variable counts as read or set: the package, the C core, the build, CI, the
 # tests and the benchmarks.
@@ -52,6 +56,7 @@ OTHER_FLAGS: Dict[str, Optional[str]] = {
     "--no-cache-dir": None,  # `pip install --no-cache-dir`, pip's own flag
     "--durations": None,  # `python -m pytest --durations=25`, pytest's own flag
     "--dist": None,  # `python -m pytest -n 2 --dist loadfile`, pytest-xdist's flag
+    "--strict": None,  # `mkdocs build --strict`, MkDocs' own flag (the documentation site)
 }
 
 
@@ -422,6 +427,14 @@ def results() -> str:
     return RESULTS.read_text(encoding="utf-8")
 
 
+@pytest.fixture(scope="module")
+def doc_pages() -> Dict[str, str]:
+    """The documentation site's Markdown pages, by path under docs/."""
+    pages = {str(p.relative_to(DOCS)): p.read_text(encoding="utf-8") for p in sorted(DOCS.rglob("*.md"))}
+    assert len(pages) >= 20, sorted(pages)  # the site is there at all
+    return pages
+
+
 def test_every_python_name_the_readme_gives_exists(readme):
     names = python_names(readme)
     assert len(names) >= 30, names  # the extraction finds the README's names at all
@@ -487,6 +500,28 @@ def test_results_sections_the_code_cites_exist(results):
 def test_readme_links_to_its_own_sections(readme):
     anchors = {slug(h) for h in headings(readme)}
     assert [a for a in re.findall(r"\]\(#([\w-]+)\)", readme) if a not in anchors] == []
+
+
+def test_every_name_command_and_path_the_doc_pages_give_exists(doc_pages):
+    every = "\n".join(doc_pages.values())
+    assert len(python_names(every)) >= 30  # the extraction finds the pages' names at all
+    assert {sub for sub, _ in sinklab_invocations(every)} >= {"sinks", "reproduce", "train", "experiment", "sweep"}
+    bad = {}
+    for page, text in doc_pages.items():
+        problems = (missing_python_names(text) + missing_methods(text) + unknown_cli_flags(text)
+                    + unknown_flags_anywhere(text) + bad_benchmark_commands(text)
+                    + missing_paths(text) + missing_test_files(text))
+        if problems:
+            bad[page] = problems
+    assert bad == {}
+
+
+def test_every_environment_variable_the_doc_pages_name_is_read(doc_pages):
+    code = code_env_names()
+    named = set(ENV_PATTERN.findall("\n".join(doc_pages.values())))
+    assert {"SINKLAB_HOME", "SINKLAB_NUM_THREADS", "SINKLAB_SIMD"} <= named, named
+    assert {page: unread_env_names(text, code) for page, text in doc_pages.items()
+            if unread_env_names(text, code)} == {}
 
 
 # -- the checkers do fail ------------------------------------------------------------------------

@@ -499,7 +499,7 @@ class CollapseTrend:
         return mean_ci(self.context_slope(measure, layer, setting))
 
     def mean_ci(self, measure: str = "rank", setting: Optional[str] = None) -> List[List[Interval]]:
-        """[T][layer] bootstrap intervals over units of the measure itself."""
+        """``[T][layer]`` bootstrap intervals over units of the measure itself."""
         m = self.measure(measure, setting)
         return [[mean_ci(m[:, i, l]) for l in range(m.shape[2])] for i in range(m.shape[1])]
 

@@ -157,7 +157,7 @@ class MixingResult:
         return [mean_ci(lm[:, i]) for i in range(lm.shape[1])]
 
     def effect_grid(self) -> List[List[Interval]]:
-        """[T][layer] interval over units of the mean log ratio."""
+        """``[T][layer]`` interval over units of the mean log ratio."""
         lr = self.log_ratio()
         return [[mean_ci(lr[:, i, k]) for k in range(lr.shape[2])] for i in range(lr.shape[1])]
 
@@ -166,7 +166,7 @@ class MixingResult:
         return mean_ci(self.slopes())
 
     def share_difference_grid(self) -> List[List[Interval]]:
-        """[T][layer] share_nobos − share_bos, units resampled in pairs."""
+        """``[T][layer]`` share_nobos − share_bos, units resampled in pairs."""
         a, b = self.share(BOS), self.share(NOBOS)
         return [[paired_difference(a[:, i, k], b[:, i, k]) for k in range(a.shape[2])] for i in range(a.shape[1])]
 

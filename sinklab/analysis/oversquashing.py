@@ -376,14 +376,14 @@ def _layer_bound(model: Any, tr: Any, l: int, intervene: Optional[Intervention],
 @compact_repr
 @dataclass
 class OversquashingBound:
-    """Thm. 3.2's bound on ||d resid[L][target] / d resid[l][j]||_2 at one input, and optionally
+    """Thm. 3.2's bound on ``||d resid[L][target] / d resid[l][j]||_2`` at one input, and optionally
     the measured Jacobian norms it bounds.
 
     Attributes:
         bound: (L+1, T) float64. Row l bounds the spectral norm of the d x d block
-            d resid[L][target] / d resid[l][j] for every source position j; row L is the
+            ``d resid[L][target] / d resid[l][j]`` for every source position j; row L is the
             identity (1 at j = target, 0 elsewhere); 0 for j > target (causality).
-        abar: (L, T, T) float64 path-sum matrices (abar[l][k, m] bounds the (k, m) block of
+        abar: (L, T, T) float64 path-sum matrices (``abar[l][k, m]`` bounds the (k, m) block of
             layer l's Jacobian); None if not kept.
         layers: [0, ..., L], the rows of ``bound``.
         target: the target position (non-negative).

@@ -35,7 +35,7 @@ METHODS = ("exact", "estimate")
 
 @dataclass
 class Sensitivity:
-    """Norms of d resid[L][target] / d resid[l][j] for l in ``layers`` and every position j.
+    """Norms of ``d resid[L][target] / d resid[l][j]`` for l in ``layers`` and every position j.
 
     Attributes:
         fro: (len(layers), T) float64 Frobenius norms (the estimate's square root for
