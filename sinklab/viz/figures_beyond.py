@@ -9,7 +9,7 @@ from typing import Any, Optional, Tuple
 
 import numpy as np
 
-from .figure import Figure, colormap, readable_log, restylable, subplots
+from .figure import Figure, LINESTYLES, colormap, readable_log, restylable, subplots
 
 
 def _axes(ax: Any, figsize: Tuple[float, float]) -> Tuple[Figure, Any]:
@@ -93,11 +93,14 @@ def windowed_figure(result: Any, ax: Any = None, title: Optional[str] = None) ->
     """
     fig, ax = _axes(ax, (5.0, 3.6))
     w = np.asarray(result.windows, np.float64)
-    for k in result.keeps:
+    n = len(result.keeps)
+    for j, k in enumerate(result.keeps):
         ivs = [result.delta(int(x), k) for x in result.windows]
         v = np.exp([i.value for i in ivs])
         lo, hi = np.exp([i.lo for i in ivs]), np.exp([i.hi for i in ivs])
-        ax.errorbar(w, v, yerr=[v - lo, hi - v], marker="o", capsize=3, label=f"window + first {k} kept")
+        dodge = 2.0 ** (0.05 * (j - (n - 1) / 2))      # side by side, so near-equal curves stay visible
+        ax.errorbar(w * dodge, v, yerr=[v - lo, hi - v], marker="osD^v"[j % 5], ls=LINESTYLES[j % len(LINESTYLES)],
+                    capsize=3, label=f"window + first {k} kept")
     ax.axhline(1.0, ls="--", lw=1, c="gray", label="full attention")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
