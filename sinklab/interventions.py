@@ -48,7 +48,7 @@ Running without the ⟨bos⟩ token needs no intervention: tokenize with ``bos=F
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
@@ -111,7 +111,7 @@ class Intervention:
                 "head_scale": _scale(self.head_scale, shape)}
 
 
-def core_arrays(intervene: Optional[Intervention], n_layers: int, n_heads: int) -> Dict[str, Optional[np.ndarray]]:
+def core_arrays(intervene: Optional[Intervention], n_layers: int, n_heads: int) -> Dict[str, Any]:
     """:meth:`Intervention.arrays` of ``intervene``, or of no intervention when it is None: the
     keyword arguments (``mask_first``, ``zero_first_value``, ``head_scale``, each (L, H) or
     None) every C forward and derivative call takes."""

@@ -446,8 +446,8 @@ class Model:
                 "precision": prec, "patched": len(patches)}
         st = None
         if "stats" in capture:
-            st = AttentionStats(**{k: get(k) for k in STATS})
-        fields = dict(ids=arr, attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=st,
+            st = AttentionStats(**{k: get(k) for k in STATS})  # type: ignore[arg-type]  # captured: not None
+        fields: Dict[str, Any] = dict(ids=arr, attn=get("attn"), resid=get("resid"), logits=get("logits"), stats=st,
                       layers=sel, meta=meta, lengths=lens, **{k: get(k) for k in ACTIVATIONS})
         decode = None if self.tokenizer is None else self.tokenizer.decode
         if out is None:

@@ -85,7 +85,7 @@ def _repr(self: Any) -> str:
 def compact_repr(cls: C) -> C:
     """Class decorator (put it above ``@dataclass``): replaces the generated repr by the compact
     one. Fields declared with ``field(repr=False)`` are left out; None fields are omitted."""
-    cls.__repr__ = _repr
+    cls.__repr__ = _repr  # type: ignore[assignment]
     cls.__compact_repr__ = True
     return cls
 

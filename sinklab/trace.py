@@ -259,5 +259,5 @@ class Trace:
         stats = None
         if "stats_importance" in arrays:
             stats = AttentionStats(*(arrays[f"stats_{k}"] for k in STATS))
-        return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"],
-                   **{k: arrays.get(k) for k in _ARRAYS})
+        saved: Dict[str, Any] = {k: arrays.get(k) for k in _ARRAYS}
+        return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"], **saved)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 # what sinklab reads from a safetensors repo (nothing else is downloaded)
 FOLDER_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", "tokenizer.json",
@@ -66,15 +66,15 @@ def resolve(repo_id: str, revision: Optional[str] = None, filename: Optional[str
         raise ImportError("loading a Hugging Face repo id needs huggingface_hub: pip install huggingface_hub") \
             from None
     where = f"{repo_id}{'@' + revision if revision else ''}"
-    kw = dict(repo_id=repo_id, revision=revision, cache_dir=cache_dir(), local_files_only=offline(),
-              endpoint=os.environ.get("HF_ENDPOINT") or None)
+    kw: Dict[str, Any] = dict(repo_id=repo_id, revision=revision, cache_dir=cache_dir(),
+                              local_files_only=offline(), endpoint=os.environ.get("HF_ENDPOINT") or None)
     silence = quiet and not hh.utils.are_progress_bars_disabled()    # the user's own setting is kept
     if silence:
         hh.utils.disable_progress_bars()
     try:
         if filename is not None:
-            return Path(hh.hf_hub_download(filename=filename, **kw))
-        folder = Path(hh.snapshot_download(allow_patterns=FOLDER_FILES, **kw))
+            return Path(str(hh.hf_hub_download(filename=filename, **kw)))
+        folder = Path(str(hh.snapshot_download(allow_patterns=FOLDER_FILES, **kw)))
     except errors.RevisionNotFoundError:
         raise FileNotFoundError(f"{where}: no such revision on the hub") from None
     except errors.LocalEntryNotFoundError:     # (a subclass of EntryNotFoundError: first)
@@ -97,7 +97,7 @@ def resolve(repo_id: str, revision: Optional[str] = None, filename: Optional[str
     return folder
 
 
-def _gguf_files(hh, folder: Path, kw) -> List[str]:
+def _gguf_files(hh: Any, folder: Path, kw: Dict[str, Any]) -> List[str]:
     """The repo's .gguf files: from the hub, or offline from what the cached snapshot holds."""
     if kw["local_files_only"]:
         return sorted(str(p.relative_to(folder)) for p in folder.rglob("*.gguf"))

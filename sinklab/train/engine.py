@@ -245,12 +245,15 @@ class Trainer:
         # Ctrl-C: the C step either stops before the update (KeyboardInterrupt, nothing changed) or
         # applies it whole; a SIGINT that lands as it returns is held until step_count agrees with
         # the weights, so an interrupted trainer is always at a step boundary.
+        group_grads = None
+        if groups > 1:
+            assert self._group_grads is not None      # allocated for grad_groups > 1 in __init__
+            group_grads = self._group_grads[:groups - 1]
         with _sigint_deferred():
             loss, norm = _core.train_step(self.model._handle, self._core_grads, self.params, self.grads, self.mom,
                                           self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
                                           float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,
                                           self.step_count + 1,
-                                          self._group_grads[:groups - 1] if groups > 1 else None,
-                                          TRAIN_PRECISIONS[self.precision])
+                                          group_grads, TRAIN_PRECISIONS[self.precision])
             self.step_count += 1
         return float(loss), float(norm)

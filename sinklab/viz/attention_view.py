@@ -73,6 +73,7 @@ def attention_pattern_figure(trace: Any, heads: Sequence[Tuple[int, int]], title
         ax.set_title(f"layer {layer}, head {head}", fontsize=9)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
+    assert im is not None                       # heads is not empty
     fig.colorbar(im, ax=axes.ravel()[:n].tolist(), shrink=0.8, label="attention probability")
     fig.suptitle(title or f"{trace.meta.get('model', '')}: attention patterns")
     return fig
