@@ -454,6 +454,7 @@ class Model:
             return Trace(**fields, decode=decode)
         # the arrays were refilled in place; only what describes the run changes
         out.ids, out.layers, out.meta, out.lengths, out.decode = arr, sel, meta, lens, decode
+        out.token_texts = None                         # the texts of an earlier run no longer apply
         return out
 
     def _check_head(self, capture: Iterable[str]) -> None:

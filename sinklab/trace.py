@@ -162,6 +162,7 @@ class Trace:
     mlp_out: Optional[np.ndarray] = None
     lengths: Optional[np.ndarray] = None
     decode: Optional[Callable[[Any], str]] = field(default=None, repr=False, compare=False)
+    token_texts: Optional[List[Any]] = field(default=None, repr=False, compare=False)  # as saved, or None
 
     @property
     def tokens(self) -> Union[List[str], List[List[str]]]:
@@ -173,9 +174,8 @@ class Trace:
             ValueError: the trace has no tokenizer (a model file without one, or a trace saved
                 without it).
         """
-        saved = self.meta.get("tokens")
-        if saved is not None:
-            return saved
+        if self.token_texts is not None:
+            return self.token_texts
         if self.decode is None:
             raise ValueError("this trace has no token texts: its model carries no tokenizer, and none were saved")
         rows = [[self.decode([int(i)]) for i in row] for row in np.atleast_2d(self.ids)]
@@ -213,7 +213,7 @@ class Trace:
             coords["stream"] = np.arange(self.resid.shape[-3])
         if self.lengths is not None:
             data["lengths"] = (("batch",), self.lengths)
-        if self.meta.get("tokens") is not None or self.decode is not None:
+        if self.token_texts is not None or self.decode is not None:
             tok = np.asarray(self.tokens, dtype=object)
             for dim, name in (("position", "token"), ("query", "query_token"), ("key", "key_token")):
                 coords[name] = (lead + (dim,), tok)
@@ -248,8 +248,8 @@ class Trace:
         arrays = {k: getattr(self, k) for k in _ARRAYS if getattr(self, k) is not None}
         if self.stats is not None:
             arrays.update({f"stats_{k}": v for k, v in vars(self.stats).items()})
-        meta = self.meta if self.decode is None else {**self.meta, "tokens": self.tokens}  # texts outlive the model
-        return save_npz(path, arrays, {"layers": list(self.layers), "meta": meta})
+        extra = {} if self.token_texts is None and self.decode is None else {"tokens": self.tokens}  # outlive the model
+        return save_npz(path, arrays, {"layers": list(self.layers), "meta": self.meta, **extra})
 
     @classmethod
     def load(cls, path: Union[str, os.PathLike]) -> "Trace":
@@ -260,4 +260,5 @@ class Trace:
         if "stats_importance" in arrays:
             stats = AttentionStats(*(arrays[f"stats_{k}"] for k in STATS))
         saved: Dict[str, Any] = {k: arrays.get(k) for k in _ARRAYS}
-        return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"], **saved)
+        return cls(stats=stats, layers=[int(x) for x in m["layers"]], meta=m["meta"], token_texts=m.get("tokens"),
+                   **saved)
