@@ -373,12 +373,18 @@ def main():
     for name in a.models.split(","):
         rows += bench_model(sl, torch, name, [int(x) for x in a.threads.split(",")], a.repeats, a.profile, a.bare)
     print(f"\nload average at end {os.getloadavg()}")
+    report(rows, a.json)
+
+
+def report(rows, json_path=None):
+    """The rows as a table (sinklab and transformers medians, their ratio), and as JSON with the
+    CPU when ``json_path`` is given."""
     print(f"{'model':28s} {'analysis':8s} {'threads':>7s} {'sinklab s':>10s} {'hf s':>8s} {'hf/sinklab':>10s}")
     for r in rows:
         print(f"{r['model']:28s} {r['analysis']:8s} {r['threads']:>7d} {r['sl_median_s']:>10.2f} "
               f"{r['hf_median_s']:>8.2f} {r['ratio_hf_over_sl']:>9.2f}x")
-    if a.json:
-        with open(a.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump({"cpu": cpu_name(), "lscpu": lscpu_lines(), "rows": rows}, f, indent=1, default=str)
 
 

@@ -56,7 +56,7 @@ for p in (_ROOT, os.path.dirname(os.path.abspath(__file__))):
     if p not in sys.path:
         sys.path.insert(0, p)
 
-from bench_beyond import blas_limit, model_run_timer, profile  # noqa: E402
+from bench_beyond import blas_limit, model_run_timer, profile, report  # noqa: E402
 from machine import cpu_name, lscpu_lines  # noqa: E402
 
 
@@ -323,13 +323,7 @@ def main():
     for name in a.models.split(","):
         rows += bench_model(sl, torch, name, [int(x) for x in a.threads.split(",")], a.repeats, analyses, a.profile)
     print(f"\nload average at end {os.getloadavg()}; {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
-    print(f"{'model':28s} {'analysis':8s} {'threads':>7s} {'sinklab s':>10s} {'hf s':>8s} {'hf/sinklab':>10s}")
-    for r in rows:
-        print(f"{r['model']:28s} {r['analysis']:8s} {r['threads']:>7d} {r['sl_median_s']:>10.2f} "
-              f"{r['hf_median_s']:>8.2f} {r['ratio_hf_over_sl']:>9.2f}x")
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"cpu": cpu_name(), "lscpu": lscpu_lines(), "rows": rows}, f, indent=1, default=str)
+    report(rows, a.json)
 
 
 if __name__ == "__main__":
