@@ -25,6 +25,7 @@ from ..analysis.sensitivity import sensitivity as run_sensitivity
 from ..analysis.sinkset import sink_study as run_sink_study
 from ..inputs import prepare, text_budget, text_ids
 from ..model import load
+from ..runtime import get_num_threads
 from ..train.evaluate import EPS
 from ..train.experiments import profile as profile_of
 from ..train.run import TrainConfig
@@ -185,9 +186,12 @@ def train(task: Task, out_dir: str) -> Tuple[Rows, Arrays]:
     fields.update(task.point["train"])
     if "steps" in fields and "total_tokens" in fields:
         fields.pop("total_tokens")
+    elif "total_tokens" in fields:        # the run's length in tokens: not TrainConfig's default steps
+        fields["steps"] = None
     for r in task.rows:
         if r["eps"] not in EPS:
             raise SpecError(f"train runs log sink rates at eps {EPS}; got eps={r['eps']}")
+    fields.setdefault("threads", get_num_threads())   # recorded in the run's config: its cost is wall x threads
     cfg = TrainConfig(**fields, out_dir=out_dir, keep_last=1)
     log = run_training(cfg, progress=False).log
     last = [line for line in log if line.get("val_loss_bos") is not None][-1]
@@ -196,7 +200,8 @@ def train(task: Task, out_dir: str) -> Tuple[Rows, Arrays]:
         mode = "bos" if r["bos"] else "text"
         rows.append({"val_loss": last[f"val_loss_{mode}"], "sink_rate": last[f"sink_{mode}_{r['eps']:g}"],
                      "mean_importance": last[f"importance_{mode}"], "steps": last["step"],
-                     "train_loss": last["train_loss"]})
+                     "train_loss": last["train_loss"], "tokens": last["tokens"], "wall_s": log[-1]["wall_s"],
+                     "threads": cfg.threads})
     curve = np.array([[x["step"], x["train_loss"]] for x in log], np.float64)
     return rows, {"train_loss_curve": curve}
 

@@ -1,0 +1,192 @@
+"""The search for the miniature: the cheapest training setting on a small CPU machine where a
+model trained with a fixed ⟨bos⟩ (causal packing) comes to depend on it.
+
+The paper's Table 2 and Fig. 5 train ~120M-parameter models on billions of tokens; at the size
+this project first trained (1.9M parameters, 4.1M tokens) no head becomes a sink and removing a
+fixed ⟨bos⟩ costs +0.013 nats (the paper: +4.87). The search trains one model per setting with
+``sinklab sweep`` (``analysis = ["train"]``: each run resumable, the sweep's store keeps what has
+finished) and reads every finished run back into one table (:func:`search_rows`,
+:func:`search_markdown`): the setting, its cost (parameters, tokens, epochs of the training
+split, wall time and threads) and its result:
+
+* ``delta_loss``: the validation loss without ⟨bos⟩ minus with it, the same targets (the
+  document's text tokens after its first), per held-out document, with its 95 % bootstrap
+  interval over documents (:func:`bos_dependence`, on the run's last checkpoint);
+* ``sink_bos``: the sink rate at ε 0.3 with ⟨bos⟩ (fraction of (document, layer, head) with
+  a_0 > 0.3 on the first 64 tokens, Gu et al.'s metric, :mod:`.evaluate`), and ``a0_ratio``, the
+  mean a_0 over the value of a head attending uniformly (1.0: no lean on position 0 at all);
+* ``verdict`` (:func:`dependence_verdict`): ``"meets the targets"`` when the sink rate is at
+  least :data:`TARGET_SINK` and the whole loss interval lies above :data:`TARGET_LOSS` nats (the
+  issue's targets for the fixed-⟨bos⟩ causal model of Table 2), ``"depends, below the targets"``
+  when the interval excludes zero on the positive side, ``"does not depend"`` otherwise.
+
+One seed per setting: the search ranks settings; the found one is then trained with seeds
+(:mod:`.experiments`).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..analysis.quality import perplexity
+from ..analysis.stats import paired_difference
+from ..viz.reference import uniform_first_importance
+from . import checkpoint as ckpt_io
+from .corpus import prepare_corpus
+from .evaluate import SINK_TOKENS, eval_documents
+from .run import read_log
+
+TARGET_SINK = 0.30     # sink rate at eps 0.3 with <bos> (the issue's Table 2 target)
+TARGET_LOSS = 0.5      # nats the loss must rise by when <bos> is removed, the whole interval
+SETTING_KEYS = ("d_model", "n_layers", "n_heads", "context", "vocab_size", "lr", "min_lr", "weight_decay",
+                "tokens_per_step", "warmup_steps", "masking", "fixed_bos", "attention")
+
+
+def bos_dependence(run_dir: str, corpus: Any = None, n_docs: Optional[int] = None, seed: int = 0) -> Dict[str, Any]:
+    """What removing ⟨bos⟩ costs the run's newest checkpoint, per held-out document.
+
+    Args:
+        run_dir: a training run's folder (``sinklab train`` or a sweep's ``runs/train-*``).
+        corpus: the prepared corpus (default: the one the run's vocabulary names).
+        n_docs: held-out documents (default: the run's ``eval_docs``).
+        seed: the bootstrap's seed.
+
+    Returns:
+        ``{"step", "n_docs", "loss_bos", "loss_text" (token-weighted means, nats),
+        "per_doc_bos", "per_doc_text" ((N,) each document's mean NLL), "delta" (Interval of the
+        mean over documents of text-only minus ⟨bos⟩+text, nats)}``.
+    """
+    latest = ckpt_io.latest_checkpoint(run_dir)
+    if latest is None:
+        raise ValueError(f"{run_dir} has no checkpoint to evaluate")
+    ck = ckpt_io.load_checkpoint(latest)
+    cfg = ck.state.get("run_config", {})
+    if corpus is None:
+        corpus = prepare_corpus(root=cfg.get("corpus_root"), vocab_size=int(cfg.get("vocab_size", 4096)))
+    model = ckpt_io.trainer_from_checkpoint(ck).model
+    docs = eval_documents(corpus.heldout_documents(), int(n_docs or cfg.get("eval_docs", 64)))
+    C = int(cfg.get("context", model.config.context_length))
+    res = {m: perplexity(model, docs, bos=m == "bos", max_tokens=C - 1, progress=False) for m in ("bos", "text")}
+    return {"step": ck.step, "n_docs": len(docs), "loss_bos": res["bos"].mean_nll, "loss_text": res["text"].mean_nll,
+            "per_doc_bos": res["bos"].nll, "per_doc_text": res["text"].nll,
+            "delta": paired_difference(res["bos"].nll, res["text"].nll, seed=seed)}
+
+
+def dependence_verdict(sink_bos: float, delta_lo: float) -> str:
+    """The search's reading of one run (module docstring)."""
+    if sink_bos >= TARGET_SINK and delta_lo >= TARGET_LOSS:
+        return "meets the targets"
+    if delta_lo > 0:
+        return "depends, below the targets"
+    return "does not depend"
+
+
+def _run_dirs(sweep_dirs: Sequence[str]) -> List[str]:
+    out = []
+    for s in sweep_dirs:
+        runs = os.path.join(s, "runs")
+        if os.path.isdir(runs):
+            out += [os.path.join(runs, r) for r in sorted(os.listdir(runs))]
+    return out
+
+
+def search_row(run_dir: str, corpus: Any = None, threads: Optional[int] = None) -> Optional[Dict[str, Any]]:
+    """One finished run as a row of the search table (None when it has not finished);
+    ``threads`` stands for the OpenMP threads of a run whose config did not record them."""
+    latest = ckpt_io.latest_checkpoint(run_dir)
+    if latest is None:
+        return None
+    state = ckpt_io.read_state(latest)
+    cfg = state.get("run_config", {})
+    log = read_log(run_dir)
+    steps = int(cfg["total_tokens"]) // int(cfg["tokens_per_step"]) if cfg.get("steps") is None else int(cfg["steps"])
+    if not log or log[-1]["step"] != steps:
+        return None
+    if corpus is None:
+        corpus = prepare_corpus(root=cfg.get("corpus_root"), vocab_size=int(cfg.get("vocab_size", 4096)))
+    dep = bos_dependence(run_dir, corpus)
+    last = [x for x in log if x.get("val_loss_bos") is not None][-1]
+    T = min(SINK_TOKENS, int(cfg["context"]))
+    train_tokens = int(len(corpus.train_tokens))
+    d = dep["delta"]
+    row: Dict[str, Any] = {k: cfg.get(k) for k in SETTING_KEYS}
+    row.update({
+        "run": os.path.basename(run_dir), "attention": cfg.get("attention", "softmax"),
+        "n_params": int(state["n_params"]),
+        "tokens": int(log[-1]["tokens"]), "epochs": int(log[-1]["tokens"]) / train_tokens,
+        "wall_s": float(log[-1]["wall_s"]), "threads": cfg.get("threads") or threads,
+        "val_loss_bos": dep["loss_bos"], "val_loss_text": dep["loss_text"],
+        "delta_loss": d.value, "delta_lo": d.lo, "delta_hi": d.hi, "n_docs": dep["n_docs"],
+        "sink_bos": float(last["sink_bos_0.3"]), "sink_text": float(last["sink_text_0.3"]),
+        "a0_bos": float(last["importance_bos"]), "a0_uniform": uniform_first_importance(T),
+        "a0_curve": [[int(x["tokens"]), float(x["importance_bos"])] for x in log if x.get("importance_bos") is not None],
+    })
+    row["a0_ratio"] = row["a0_bos"] / row["a0_uniform"]
+    row["verdict"] = dependence_verdict(row["sink_bos"], row["delta_lo"])
+    return row
+
+
+def search_rows(sweep_dirs: Sequence[str], corpus: Any = None, progress: bool = True,
+                threads: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Every finished run of the given sweep folders, as :func:`search_row` rows."""
+    from ..progress import progress_bar
+    rows = []
+    for r in progress_bar(_run_dirs(sweep_dirs), progress, desc="search runs", unit="run"):
+        row = search_row(r, corpus, threads)
+        if row is not None:
+            rows.append(row)
+    return rows
+
+
+def _fmt_tokens(n: int) -> str:
+    return f"{n / 1e6:.1f}M"
+
+
+def search_markdown(rows: Sequence[Dict[str, Any]]) -> str:
+    """The committed table: one line per run, cheapest first."""
+    head = ("| model (d × L × H) | params | C | lr | wd | tokens (epochs) | wall (threads) | val loss ⟨bos⟩ | "
+            "Δ loss w/o ⟨bos⟩ [95 % CI over docs] | sink % ε 0.3 | a₀ / uniform | reading |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
+    lines = []
+    for r in sorted(rows, key=lambda r: (r["tokens"] * (r["n_params"] or 0), r["run"])):
+        wall = f"{r['wall_s'] / 60:.0f} min ({r['threads'] or '?'})"
+        lines.append(
+            f"| {r['d_model']} × {r['n_layers']} × {r['n_heads']}"
+            f"{'' if r['attention'] in (None, 'softmax') else ' ' + r['attention']} | "
+            f"{(r['n_params'] or 0) / 1e6:.2f}M | {r['context']} | {r['lr']:g} | {r['weight_decay']:g} | "
+            f"{_fmt_tokens(r['tokens'])} ({r['epochs']:.1f}) | {wall} | {r['val_loss_bos']:.3f} | "
+            f"{r['delta_loss']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | {100 * r['sink_bos']:.1f} | "
+            f"{r['a0_ratio']:.2f} | {r['verdict']} |")
+    return head + "\n".join(lines) + "\n"
+
+
+def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = True,
+                 threads: Optional[int] = None) -> List[Dict[str, Any]]:
+    """Rows of every finished run written to ``out_prefix.json`` and ``out_prefix.md``."""
+    rows = search_rows(sweep_dirs, progress=progress, threads=threads)
+    with open(out_prefix + ".json", "w") as f:
+        json.dump({"targets": {"sink_bos": TARGET_SINK, "delta_loss": TARGET_LOSS}, "rows": rows}, f, indent=1,
+                  default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
+    with open(out_prefix + ".md", "w") as f:
+        f.write(search_markdown(rows))
+    return rows
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m sinklab.train.miniature",
+                                description="Read the miniature search's sweeps into one table.")
+    p.add_argument("sweeps", nargs="+", help="sweep folders (each with runs/train-*)")
+    p.add_argument("--out", required=True, help="output prefix: writes PREFIX.json and PREFIX.md")
+    p.add_argument("--threads", type=int, default=None,
+                   help="OpenMP threads of the runs whose config does not record them (the sweep's threads)")
+    a = p.parse_args(argv)
+    rows = write_search(a.sweeps, a.out, threads=a.threads)
+    print(f"{len(rows)} finished run(s) -> {a.out}.md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

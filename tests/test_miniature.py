@@ -1,0 +1,82 @@
+"""The miniature search's reading of a run (sinklab.train.miniature): what removing ⟨bos⟩ costs
+a trained checkpoint, per held-out document, against transformers' LlamaForCausalLM loaded from
+the same checkpoint (float64 log-softmax), its interval, the verdict's thresholds, and the rows
+of finished and unfinished runs."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sinklab.train import checkpoint as ck
+from sinklab.train import miniature as mini
+from sinklab.train.evaluate import eval_documents
+from sinklab.train.run import TrainConfig, train
+from tests.support.reference_models import require
+
+CFG = dict(d_model=32, n_layers=1, n_heads=2, context=32, tokens_per_step=128, steps=4, eval_every=4,
+           eval_docs=5, eval_windows=2, fixed_bos=True, lr=1e-2, warmup_steps=1, seed=3)
+
+
+@pytest.fixture(scope="module")
+def tiny_run(training_corpus, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("mini") / "runs" / "train-tiny")
+    train(TrainConfig(**CFG, out_dir=out), progress=False, corpus=training_corpus)
+    return out
+
+
+def _hf_doc_nll(path, docs, C, bos_id, with_bos):
+    torch = require("torch")
+    transformers = require("transformers")
+    hf = transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager")
+    out = []
+    for d in docs:
+        x = np.asarray(d[:C - 1], np.int64)
+        ids = np.concatenate([[bos_id], x]) if with_bos else x
+        with torch.no_grad():
+            logits = hf(input_ids=torch.from_numpy(ids)[None]).logits[0].double()
+        lp = torch.log_softmax(logits, -1).numpy()
+        first = 1 if with_bos else 0           # the row that predicts x[1]
+        rows = lp[first:first + len(x) - 1]
+        out.append(-rows[np.arange(len(x) - 1), x[1:]].mean())
+    return np.array(out)
+
+
+def test_bos_dependence_matches_transformers(tiny_run, training_corpus):
+    dep = mini.bos_dependence(tiny_run, training_corpus)
+    docs = eval_documents(training_corpus.heldout_documents(), CFG["eval_docs"])
+    path = ck.latest_checkpoint(tiny_run)
+    bos = _hf_doc_nll(path, docs, CFG["context"], training_corpus.bos_id, True)
+    text = _hf_doc_nll(path, docs, CFG["context"], training_corpus.bos_id, False)
+    assert dep["n_docs"] == len(docs) == CFG["eval_docs"] and dep["step"] == CFG["steps"]
+    np.testing.assert_allclose(dep["per_doc_bos"], bos, rtol=1e-5)
+    np.testing.assert_allclose(dep["per_doc_text"], text, rtol=1e-5)
+    assert dep["delta"].value == pytest.approx(float(np.mean(text - bos)), abs=1e-5)
+    assert dep["delta"].lo <= dep["delta"].value <= dep["delta"].hi and dep["delta"].n == len(docs)
+
+
+def test_verdict_thresholds():
+    assert mini.dependence_verdict(0.30, 0.50) == "meets the targets"
+    assert mini.dependence_verdict(0.29, 0.60) == "depends, below the targets"
+    assert mini.dependence_verdict(0.90, 0.49) == "depends, below the targets"
+    assert mini.dependence_verdict(0.90, 0.0) == "does not depend"
+    assert mini.dependence_verdict(0.0, -0.2) == "does not depend"
+
+
+def test_rows_of_finished_and_unfinished_runs(tiny_run, training_corpus, tmp_path):
+    sweep = tiny_run.rsplit("/runs/", 1)[0]
+    rows = mini.search_rows([sweep], training_corpus, progress=False, threads=1)
+    assert len(rows) == 1
+    r = rows[0]
+    assert r["tokens"] == CFG["steps"] * CFG["tokens_per_step"] and r["threads"] == 1
+    assert r["epochs"] == pytest.approx(r["tokens"] / len(training_corpus.train_tokens))
+    assert r["a0_uniform"] == pytest.approx(sum(1 / (i + 1) for i in range(32)) / 32)   # T = min(64, C)
+    assert "| 32 × 1 × 2 |" in mini.search_markdown(rows)
+    longer = str(tmp_path / "runs" / "train-longer")           # stopped before its last step
+    train(TrainConfig(**{**CFG, "steps": 8}, out_dir=longer), progress=False, corpus=training_corpus)
+    log = open(longer + "/log.jsonl").read().splitlines()
+    assert len(log) == 2
+    import shutil
+    shutil.rmtree(ck.latest_checkpoint(longer))
+    (tmp_path / "runs" / "train-longer" / "latest").write_text("step-000004\n")
+    open(longer + "/log.jsonl", "w").write(log[0] + "\n")
+    assert mini.search_row(longer, training_corpus) is None
