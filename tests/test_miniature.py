@@ -80,3 +80,15 @@ def test_rows_of_finished_and_unfinished_runs(tiny_run, training_corpus, tmp_pat
     (tmp_path / "runs" / "train-longer" / "latest").write_text("step-000004\n")
     open(longer + "/log.jsonl", "w").write(log[0] + "\n")
     assert mini.search_row(longer, training_corpus) is None
+
+
+def test_token_trend_on_an_exact_line():
+    # delta = 0.01 + 0.02 log2(t / 1M): slope 0.02 per doubling; 0.5 nats at 2^24.5 M tokens
+    curve = [[t, 0.01 + 0.02 * np.log2(t / 1e6)] for t in (1e6, 2e6, 4e6, 8e6, 16e6)]
+    slope, t = mini.token_trend(curve, curve[-1][1])
+    assert slope == pytest.approx(0.02) and t == pytest.approx(1e6 * 2 ** 24.5, rel=1e-9)
+    lin = [[t, 0.1 + 0.05 * t / 1e6] for t in (3e6, 6e6, 9e6)]       # 0.05 nats per million tokens
+    slope, t = mini.token_trend(lin, lin[-1][1], linear=True)
+    assert slope == pytest.approx(0.05) and t == pytest.approx(8e6)   # 0.1 + 0.05 * 8 = 0.5
+    assert mini.token_trend([[1e6, 0.3], [2e6, 0.2], [3e6, 0.1]], 0.1)[1] is None   # falling: never
+    assert mini.token_trend([[1e6, 0.1]], 0.1) == (None, None)

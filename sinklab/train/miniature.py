@@ -28,7 +28,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ..analysis.quality import perplexity
 from ..analysis.stats import paired_difference
@@ -83,6 +85,33 @@ def dependence_verdict(sink_bos: float, delta_lo: float) -> str:
     return "does not depend"
 
 
+def token_trend(curve: Sequence[Sequence[float]], delta_now: float, target: float = TARGET_LOSS,
+                linear: bool = False) -> Tuple[Optional[float], Optional[float]]:
+    """How far a run is from the loss target along its own training: the least-squares slope of
+    Δ loss (text only − ⟨bos⟩+text, nats, the log's evaluations) against log2(tokens) (nats per
+    doubling of the tokens; ``linear``: against tokens, nats per million tokens, the optimistic
+    reading) over the evaluations in the last two thirds of the run, and the tokens at which that
+    line would reach ``target`` from ``delta_now`` at the last evaluation (None when the slope is
+    not positive). An extrapolation of a trend, not a prediction: the learning rate decays over a
+    run, and a longer run would have a longer schedule."""
+    pts = [(float(t), float(d)) for t, d in curve if t > 0]
+    if len(pts) < 3:
+        return None, None
+    last = pts[-1][0]
+    pts = [p for p in pts if p[0] >= last / 3]
+    if len(pts) < 2:
+        return None, None
+    t = np.array([p[0] for p in pts])
+    x = t / 1e6 if linear else np.log2(t)
+    y = np.array([p[1] for p in pts])
+    slope = float(np.polyfit(x, y, 1)[0])
+    if slope <= 0:
+        return slope, None
+    if linear:
+        return slope, float(last + 1e6 * (target - delta_now) / slope)
+    return slope, float(last * 2.0 ** ((target - delta_now) / slope))
+
+
 def _run_dirs(sweep_dirs: Sequence[str]) -> List[str]:
     out = []
     for s in sweep_dirs:
@@ -124,6 +153,11 @@ def search_row(run_dir: str, corpus: Any = None, threads: Optional[int] = None) 
         "a0_curve": [[int(x["tokens"]), float(x["importance_bos"])] for x in log if x.get("importance_bos") is not None],
     })
     row["a0_ratio"] = row["a0_bos"] / row["a0_uniform"]
+    row["delta_curve"] = [[int(x["tokens"]), float(x["val_loss_text"]) - float(x["val_loss_bos"])] for x in log
+                          if x.get("val_loss_bos") is not None and x.get("val_loss_text") is not None]
+    row["delta_per_doubling"], row["tokens_to_target"] = token_trend(row["delta_curve"], row["delta_loss"])
+    row["delta_per_mtok"], row["tokens_to_target_linear"] = token_trend(row["delta_curve"], row["delta_loss"],
+                                                                        linear=True)
     row["verdict"] = dependence_verdict(row["sink_bos"], row["delta_lo"])
     return row
 
@@ -147,8 +181,8 @@ def _fmt_tokens(n: int) -> str:
 def search_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     """The committed table: one line per run, cheapest first."""
     head = ("| model (d × L × H) | params | C | lr | wd | tokens (epochs) | wall (threads) | val loss ⟨bos⟩ | "
-            "Δ loss w/o ⟨bos⟩ [95 % CI over docs] | sink % ε 0.3 | a₀ / uniform | reading |\n"
-            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|\n")
+            "Δ loss w/o ⟨bos⟩ [95 % CI over docs] | Δ per doubling of tokens | sink % ε 0.3 | a₀ / uniform | "
+            "reading |\n|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---|\n")
     lines = []
     for r in sorted(rows, key=lambda r: (r["tokens"] * (r["n_params"] or 0), r["run"])):
         wall = f"{r['wall_s'] / 60:.0f} min ({r['threads'] or '?'})"
@@ -157,9 +191,42 @@ def search_markdown(rows: Sequence[Dict[str, Any]]) -> str:
             f"{'' if r['attention'] in (None, 'softmax') else ' ' + r['attention']} | "
             f"{(r['n_params'] or 0) / 1e6:.2f}M | {r['context']} | {r['lr']:g} | {r['weight_decay']:g} | "
             f"{_fmt_tokens(r['tokens'])} ({r['epochs']:.1f}) | {wall} | {r['val_loss_bos']:.3f} | "
-            f"{r['delta_loss']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | {100 * r['sink_bos']:.1f} | "
+            f"{r['delta_loss']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | "
+            f"{'–' if r.get('delta_per_doubling') is None else format(r['delta_per_doubling'], '+.4f')} | "
+            f"{100 * r['sink_bos']:.1f} | "
             f"{r['a0_ratio']:.2f} | {r['verdict']} |")
-    return head + "\n".join(lines) + "\n"
+    return head + "\n".join(lines) + "\n\n" + search_reading(rows) + "\n"
+
+
+def search_reading(rows: Sequence[Dict[str, Any]]) -> str:
+    """The search's conclusion, computed from the rows: the runs that meet the targets (the
+    cheapest named), else the closest run and how far its own trend says it is."""
+    if not rows:
+        return "No run has finished."
+    met = [r for r in rows if r["verdict"] == "meets the targets"]
+    if met:
+        r = min(met, key=lambda r: r["tokens"] * r["n_params"])
+        return (f"{len(met)} of {len(rows)} runs meet the targets; the cheapest is {r['d_model']} × {r['n_layers']} × "
+                f"{r['n_heads']} ({r['n_params'] / 1e6:.2f}M parameters, {_fmt_tokens(r['tokens'])} tokens): sink rate "
+                f"{100 * r['sink_bos']:.1f} %, Δ loss {r['delta_loss']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}].")
+    best = max(rows, key=lambda r: r["delta_lo"])
+    top_sink = max(rows, key=lambda r: r["sink_bos"])
+    out = (f"None of the {len(rows)} runs meets the targets (sink rate ≥ {100 * TARGET_SINK:.0f} % and the Δ loss "
+           f"interval above {TARGET_LOSS} nats). The largest Δ loss is {best['delta_loss']:+.3f} "
+           f"[{best['delta_lo']:+.3f}, {best['delta_hi']:+.3f}] nats ({best['d_model']} × {best['n_layers']} × "
+           f"{best['n_heads']}, wd {best['weight_decay']:g}, {_fmt_tokens(best['tokens'])} tokens); the highest sink rate "
+           f"{100 * top_sink['sink_bos']:.1f} % (wd {top_sink['weight_decay']:g}, a₀ {top_sink['a0_ratio']:.2f}× uniform).")
+    t = best.get("tokens_to_target")
+    if t is not None:
+        out += (f" Along its own run Δ loss grew {best['delta_per_doubling']:+.4f} nats per doubling of tokens; "
+                f"on that line it would reach {TARGET_LOSS} nats at ~{t:.1e} tokens "
+                f"({t / best['tokens']:.1e}× its budget)")
+        tl = best.get("tokens_to_target_linear")
+        if tl is not None:
+            out += (f"; even read as linear in tokens ({best['delta_per_mtok']:+.4f} nats per million) it would take "
+                    f"~{tl:.1e} tokens, {tl / best['tokens']:.0f}× its budget")
+        out += ": the targets are out of reach at this size on this machine."
+    return out
 
 
 def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = True,
