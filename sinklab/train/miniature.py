@@ -25,6 +25,7 @@ One seed per setting: the search ranks settings; the found one is then trained w
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
@@ -34,6 +35,7 @@ import numpy as np
 
 from ..analysis.quality import perplexity
 from ..analysis.stats import paired_difference
+from ..progress import progress_bar
 from ..viz.reference import uniform_first_importance
 from . import checkpoint as ckpt_io
 from .corpus import prepare_corpus
@@ -70,7 +72,8 @@ def bos_dependence(run_dir: str, corpus: Any = None, n_docs: Optional[int] = Non
     model = ckpt_io.trainer_from_checkpoint(ck).model
     docs = eval_documents(corpus.heldout_documents(), int(n_docs or cfg.get("eval_docs", 64)))
     C = int(cfg.get("context", model.config.context_length))
-    res = {m: perplexity(model, docs, bos=m == "bos", max_tokens=C - 1, progress=False) for m in ("bos", "text")}
+    texts: List[Any] = list(docs)         # token-id arrays, which perplexity takes as id sequences
+    res = {m: perplexity(model, texts, bos=m == "bos", max_tokens=C - 1, progress=False) for m in ("bos", "text")}
     return {"step": ck.step, "n_docs": len(docs), "loss_bos": res["bos"].mean_nll, "loss_text": res["text"].mean_nll,
             "per_doc_bos": res["bos"].nll, "per_doc_text": res["text"].nll,
             "delta": paired_difference(res["bos"].nll, res["text"].nll, seed=seed)}
@@ -165,7 +168,6 @@ def search_row(run_dir: str, corpus: Any = None, threads: Optional[int] = None) 
 def search_rows(sweep_dirs: Sequence[str], corpus: Any = None, progress: bool = True,
                 threads: Optional[int] = None) -> List[Dict[str, Any]]:
     """Every finished run of the given sweep folders, as :func:`search_row` rows."""
-    from ..progress import progress_bar
     rows = []
     for r in progress_bar(_run_dirs(sweep_dirs), progress, desc="search runs", unit="run"):
         row = search_row(r, corpus, threads)
@@ -242,7 +244,6 @@ def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = Tr
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
     p = argparse.ArgumentParser(prog="python -m sinklab.train.miniature",
                                 description="Read the miniature search's sweeps into one table.")
     p.add_argument("sweeps", nargs="+", help="sweep folders (each with runs/train-*)")
