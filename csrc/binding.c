@@ -450,7 +450,8 @@ static int model_config(PyObject *cfg, sl_model *m) {
     return cfg_small_int(cfg, "norm_kind", SL_NORM_RMS, &m->norm_kind) && cfg_small_int(cfg, "act", SL_ACT_SWIGLU, &m->act) &&
            cfg_small_int(cfg, "bidirectional", 0, &m->bidirectional) && cfg_float(cfg, "embd_scale", 1.0, &m->embd_scale) &&
            cfg_float(cfg, "attn_scale", 1.0 / sqrt((double)m->head_dim), &m->attn_scale) &&
-           cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap);
+           cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap) &&
+           cfg_small_int(cfg, "attn_variant", SL_ATTN_SOFTMAX, &m->attn_variant);
 }
 
 /* The schema's global tensors of m, then n_pos from the learned positions' length. */
