@@ -72,7 +72,7 @@ def step_dir_name(step: int) -> str:
 def model_kwargs(cfg: ModelConfig) -> Dict[str, Any]:
     """The :func:`llama_config` arguments that rebuild ``cfg`` (JSON-able); ``attn_variant`` only
     when it is not ``"softmax"``, so softmax checkpoints keep the state they always had."""
-    out = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+    out: Dict[str, Any] = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
                n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, context_length=cfg.context_length,
                rope_theta=float(cfg.rope_theta), norm_eps=float(cfg.norm_eps),
                tied_embeddings=bool(cfg.tied_embeddings), bos_token_id=cfg.bos_token_id,
