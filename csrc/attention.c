@@ -38,6 +38,8 @@ typedef struct {
     int64_t keep;             /* keys [0, keep) visible to every query despite a window or key_start */
     float *to_first, *entropy; /* NULL or (n) for this head */
     double *colsum;            /* NULL or (n): running sum over queries of A[i, k] */
+    int sink;                  /* a sink logit in the denominator (sl_attn_shape.variant) */
+    float sink_logit;          /* s_h: sinks[h], or 0 for softmax-plus-one */
 } head_opts;
 
 /* Keys [*lo, *hi] of query i in a sequence of n, and the kept first keys [*fa, *fe) that are
@@ -119,7 +121,21 @@ static int check_keep(const sl_attn_shape *s, const sl_attn_intervention *iv) {
     return SL_OK;
 }
 
+static int check_variant(const sl_attn_shape *s) {
+    if (s->variant < SL_ATTN_SOFTMAX || s->variant > SL_ATTN_SOFTMAX1)
+        return sl_fail(SL_ERR_VALUE, "attention: variant=%d, expected 0 (softmax), 1 (sink logit) or 2 (softmax-plus-one)",
+                       s->variant);
+    if (s->variant != SL_ATTN_SINK_LOGIT) return SL_OK;
+    if (!s->sinks) return sl_fail(SL_ERR_VALUE, "attention: the sink-logit variant needs sinks (n_heads floats)");
+    for (int64_t h = 0; h < s->n_heads; h++)
+        if (!isfinite(s->sinks[h]))
+            return sl_fail(SL_ERR_VALUE, "attention: sinks[%lld]=%g, expected a finite logit", (long long)h,
+                           (double)s->sinks[h]);
+    return SL_OK;
+}
+
 static int check_mask(const sl_attn_shape *s) {
+    SL_TRY(check_variant(s));
     if (!s->bidirectional && s->window < 0)
         return sl_fail(SL_ERR_VALUE, "attention: window=%lld, expected >= 0 (0: no window)", (long long)s->window);
     if (!(s->softcap >= 0.0f) || isinf(s->softcap))
@@ -131,6 +147,30 @@ static int check_mask(const sl_attn_shape *s) {
 /* Gemma 2's soft-capped score of a raw product x = q·k, in Hugging Face's order of operations
  * (scale, divide, tanh, multiply) so that the rounding matches its eager attention. */
 static inline float capped_score(float x, float scale, float cap) { return tanhf(x * scale / cap) * cap; }
+
+/* The probabilities of one row's visible scores x[0..n) with a sink logit in the denominator:
+ * x_j <- exp(x_j - m) / (exp(sink - m) + sum_j' exp(x_j' - m)), m the max of the scores and the
+ * sink, so neither a large score nor a large sink overflows. Returns the entropy -sum_j p_j log p_j
+ * of the keys (nats; the sink's own mass is no key's). Scalar, in order: the same bits for any
+ * thread count (the plain softmax keeps its SIMD kernel). */
+static float sink_softmax(float *x, int64_t n, float sink) {
+    float m = sink;
+    for (int64_t j = 0; j < n; j++)
+        if (x[j] > m) m = x[j];
+    double sum = exp((double)sink - (double)m);
+    for (int64_t j = 0; j < n; j++) {
+        x[j] = expf(x[j] - m);
+        sum += (double)x[j];
+    }
+    const double inv = 1.0 / sum;
+    double h = 0.0;
+    for (int64_t j = 0; j < n; j++) {
+        const float p = (float)((double)x[j] * inv);
+        x[j] = p;
+        if (p > 0.0f) h -= (double)p * log((double)p);
+    }
+    return (float)h;
+}
 
 /* Probabilities of queries [i0, i1) over the block's keys [ka, kb) in place in p (p points at
  * key ka of query i0, row stride ld; keys outside a query's range are zero), with the per-row
@@ -162,7 +202,8 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
             memmove(seg, row + fa - fo, (size_t)nk1 * sizeof(float));
             for (int64_t c = 0; c < nk1; c++) seg[c] = cap > 0.0f ? capped_score(seg[c], s->scale, cap) : seg[c] * s->scale;
         }
-        const float h = sl_softmax_entropy(seg, nk1 + hi + 1 - lo);
+        const float h = o->sink ? sink_softmax(seg, nk1 + hi + 1 - lo, o->sink_logit)
+                                : sl_softmax_entropy(seg, nk1 + hi + 1 - lo);
         if (nk1 > 0) memmove(row + fa - fo, seg, (size_t)nk1 * sizeof(float));
         if (capture) {
             zero_hidden(row - ka, 0, width, fa, fe, lo, hi);
@@ -244,9 +285,11 @@ static int weighted_values_block(const sl_attn_shape *s, const head_opts *o, con
 }
 
 /* Head h's options; statistics rows have stride `ld` (the padded length of the capture). */
-static head_opts options_for_head(const sl_attn_intervention *iv, const sl_attn_stats *st,
+static head_opts options_for_head(const sl_attn_shape *s, const sl_attn_intervention *iv, const sl_attn_stats *st,
                                   int64_t h, int64_t ld, double *colsum) {
-    head_opts o = {0, 0, 1.0f, NULL, 0, NULL, NULL, NULL};
+    head_opts o = {0, 0, 1.0f, NULL, 0, NULL, NULL, NULL, 0, 0.0f};
+    o.sink = s->variant != SL_ATTN_SOFTMAX;
+    o.sink_logit = s->variant == SL_ATTN_SINK_LOGIT ? s->sinks[h] : 0.0f;
     if (iv) {
         o.key_start = iv->key_start;
         o.keep = iv->keep_first;
@@ -322,7 +365,7 @@ static int attend_task(const sl_attn_shape *s, const sl_attn_batch *bt, int64_t 
     v.vsum = vsum ? vsum + v.off * s->n_kv_heads * s->head_dim : NULL;
     const int64_t T = bt->T_pad, hd = s->head_dim, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t nb = n_query_blocks(v.n), b0 = seg * nb / v.n_seg, b1 = (seg + 1) * nb / v.n_seg;
-    head_opts o = options_for_head(iv, &v.st, h, T, v.partial ? v.partial + (h * v.n_seg + seg) * v.n : NULL);
+    head_opts o = options_for_head(s, iv, &v.st, h, T, v.partial ? v.partial + (h * v.n_seg + seg) * v.n : NULL);
     const float *qs = q + v.off * q_stride + h * hd, *ks = k + v.off * kv_stride + g * hd;
     float *os = out + v.off * s->n_heads * hd + h * hd;
     for (int64_t blk = b0; blk < b1; blk++) {
@@ -530,6 +573,8 @@ typedef struct {
     float *pk, *pv;                       /* backward: where each head's dk, dv go (row stride ld_kv) */
     int64_t ld_kv;
     float *probs_out;                     /* sl_attention_probs output */
+    float *dsinks;                        /* backward: NULL or (B, H), each sink logit's gradient */
+    const float *tsinks;                  /* JVP: NULL or (B, H), each sink logit's tangent */
 } attn_grad_job;
 
 static int probs_task(void *arg, int64_t task, float *scratch) {
@@ -539,7 +584,7 @@ static int probs_task(void *arg, int64_t task, float *scratch) {
     const int64_t T = s->T, hd = s->head_dim, nb = n_query_blocks(T);
     const int64_t h = task / nb, b = task % nb, g = h / (s->n_heads / s->n_kv_heads);
     const int64_t i0 = b * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    head_opts o = options_for_head(s, j->iv, NULL, h, T, NULL);
     int64_t ka, kb, nf;
     block_keys(s, &o, i0, i1, T, &ka, &kb, &nf);
     return probs_block(s, &o, j->q + h * hd, s->n_heads * hd, j->k + g * hd, s->n_kv_heads * hd, T, i0, i1, ka, kb,
@@ -599,6 +644,13 @@ static int softcap_factors(const sl_attn_shape *s, const float *qh, int64_t q_st
     return SL_OK;
 }
 
+/* p_sink = 1 - sum of a row's key probabilities (pr[0..nk): every key the query sees), in double. */
+static double sink_mass(const float *pr, int64_t nk) {
+    double sum = 0.0;
+    for (int64_t c = 0; c < nk; c++) sum += (double)pr[c];
+    return 1.0 - sum;
+}
+
 /* One (cotangent b, query head h), query blocks in order, each over its keys [ka, kb):
  *   do_i = scale_h dout_i,  dP_ij = do_i . v'_j,  dS_ij = P_ij (dP_ij - sum_j' P_ij' dP_ij') c'_ij
  *   dq_i = sum_j dS_ij k_j,  dk_j += sum_i dS_ij q_i,  dv_j += sum_i P_ij do_i
@@ -624,9 +676,10 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
         memset(dv + t * ld, 0, (size_t)hd * sizeof(float));
     }
     float *ds = scratch, *dob = scratch + SL_ATTN_QBLOCK * T, *dcap = dob + SL_ATTN_QBLOCK * hd;
-    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    head_opts o = options_for_head(s, j->iv, NULL, h, T, NULL);
     const int mean = o.zero_first_value == SL_ZFV_MEAN;
     double *vps = NULL, *dmean = NULL; /* (T, hd) and (T + 1, hd), after dcap's block */
+    double dsink = 0.0;                /* ds_h = -sum_i p_i,sink (p_i . dP_i), queries in order */
     if (mean) {
         vps = (double *)(dcap + (s->softcap > 0.0f ? SL_ATTN_QBLOCK * T : 0)), dmean = vps + T * hd;
         value_prefix(j->v + g * hd, kvd, T, hd, vps);
@@ -662,6 +715,7 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
             }
             double dot = 0.0;
             for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
+            if (o.sink) dsink -= sink_mass(pr, nk) * dot;
             if (s->softcap > 0.0f) {
                 const float *f = dcap + i * nk;
                 for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot) * f[c];
@@ -678,6 +732,7 @@ static int backward_task(void *arg, int64_t task, float *scratch) {
         if (keeps_row0_value(&o) && i0 == 0) /* query 0 reads v_0 (ka == 0 here) */
             for (int64_t e = 0; e < hd; e++) dv[e] += p[0] * dob[e];
     }
+    if (j->dsinks) j->dsinks[b * H + h] = (float)dsink;
     if (mean) { /* dv_j += the running sum of the difference array: what the means took from v_j */
         for (int64_t e = 0; e < hd; e++) dmean[e] = 0.0; /* j = 0 is never among the other keys */
         for (int64_t t = 1; t < T; t++)
@@ -710,13 +765,19 @@ static void sum_group_partials(const sl_attn_shape *s, int64_t B, const float *p
 int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
                           const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
                           float *pv, const sl_attn_intervention *iv) {
+    return sl_attention_backward_sink(s, B, q, k, v, probs, dout, dq, dk, dv, pk, pv, iv, NULL);
+}
+
+int sl_attention_backward_sink(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                               const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
+                               float *pv, const sl_attn_intervention *iv, float *dsinks) {
     SL_TRY(check_mask(s));
     SL_TRY(check_keep(s, iv));
     const int shared = s->n_heads != s->n_kv_heads;
     if (shared && (!pk || !pv)) return sl_fail(SL_ERR_VALUE, "attention backward: grouped heads need partial buffers");
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs, .dout = dout,
                        .dq = dq, .dk = dk, .dv = dv, .pk = shared ? pk : dk, .pv = shared ? pv : dv,
-                       .ld_kv = (shared ? s->n_heads : s->n_kv_heads) * s->head_dim};
+                       .ld_kv = (shared ? s->n_heads : s->n_kv_heads) * s->head_dim, .dsinks = dsinks};
     const int64_t scratch = SL_ATTN_QBLOCK * (s->T + s->head_dim + (s->softcap > 0.0f ? s->T : 0)) +
                             (any_value_mean(s, iv) ? 2 * (2 * s->T + 1) * s->head_dim : 0);
     SL_TRY(run_tasks(B * s->n_heads, scratch, backward_task, &j));
@@ -737,7 +798,7 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     const int64_t qd = H * hd, kvd = G * hd, nblk = n_query_blocks(T);
     const int64_t b = task / (H * nblk), h = (task / nblk) % H, blk = task % nblk, g = h / (H / G);
     const int64_t i0 = blk * SL_ATTN_QBLOCK, i1 = i0 + SL_ATTN_QBLOCK < T ? i0 + SL_ATTN_QBLOCK : T;
-    head_opts o = options_for_head(j->iv, NULL, h, T, NULL);
+    head_opts o = options_for_head(s, j->iv, NULL, h, T, NULL);
     int64_t ka, kb;
     dense_block_keys(s, &o, i0, i1, T, &ka, &kb);
     const int64_t nb = i1 - i0, nk = kb - ka;
@@ -745,6 +806,8 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
     const float *tq = j->dq + (b * T + i0) * qd + h * hd, *tk = j->dk + b * T * kvd + g * hd;
     const float *tv = j->dv + b * T * kvd + g * hd, *vh = j->v + g * hd;
     float *ds = scratch, *dcap = scratch + SL_ATTN_QBLOCK * T, *out = j->tout + (b * T + i0) * qd + h * hd;
+    /* the sink's tangent enters each row's mean as p_i,sink ts_h */
+    const double ts = o.sink && j->tsinks ? (double)j->tsinks[b * H + h] : 0.0;
     SL_TRY(sl_sgemm(0, 1, nb, nk, hd, tq, qd, j->k + g * hd + ka * kvd, kvd, ds, nk, 0, 0));
     SL_TRY(sl_sgemm(0, 1, nb, nk, hd, j->q + i0 * qd + h * hd, qd, tk + ka * kvd, kvd, ds, nk, 1, 0));
     if (s->softcap > 0.0f) {
@@ -757,6 +820,7 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
                 row[c] *= f[c];
                 dot += (double)pr[c] * row[c];
             }
+            if (ts != 0.0) dot += sink_mass(pr, nk) * ts;
             for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] - (float)dot);
         }
     } else {
@@ -765,7 +829,7 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
             const float *pr = p + i * T;
             double dot = 0.0;
             for (int64_t c = 0; c < nk; c++) dot += (double)pr[c] * row[c];
-            const float mean = (float)(dot * (double)s->scale);
+            const float mean = (float)(dot * (double)s->scale + (ts != 0.0 ? sink_mass(pr, nk) * ts : 0.0));
             for (int64_t c = 0; c < nk; c++) row[c] = pr[c] * (row[c] * s->scale - mean);
         }
     }
@@ -807,11 +871,49 @@ static int jvp_task(void *arg, int64_t task, float *scratch) {
 int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
                      const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
                      const sl_attn_intervention *iv) {
+    return sl_attention_jvp_sink(s, B, q, k, v, probs, tq, tk, tv, NULL, tout, iv);
+}
+
+int sl_attention_jvp_sink(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                          const float *probs, const float *tq, const float *tk, const float *tv, const float *tsinks,
+                          float *tout, const sl_attn_intervention *iv) {
     SL_TRY(check_mask(s));
     SL_TRY(check_keep(s, iv));
     attn_grad_job j = {.s = s, .iv = iv, .B = B, .q = q, .k = k, .v = v, .probs = probs,
-                       .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout};
+                       .dq = (float *)tq, .dk = (float *)tk, .dv = (float *)tv, .tout = tout, .tsinks = tsinks};
     const int64_t scratch = SL_ATTN_QBLOCK * s->T * (s->softcap > 0.0f ? 2 : 1) +
                             (any_value_mean(s, iv) ? 4 * s->T * s->head_dim : 0);
     return run_tasks(B * s->n_heads * n_query_blocks(s->T), scratch, jvp_task, &j);
+}
+
+/* ------------------------------------------------------------------------------------------
+ * Gated attention's elementwise gate (attention.h). Elements are independent: any split over
+ * threads gives the same bits. */
+
+static inline float gate_sigmoid(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+void sl_attn_gate_forward(float *zg, const float *z, const float *g, int64_t n) {
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) zg[i] = z[i] * gate_sigmoid(g[i]);
+}
+
+void sl_attn_gate_backward(float *dz, float *dg, const float *dzg, const float *z, const float *g, int64_t n,
+                           int64_t period) {
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = i % period;
+        const float sg = gate_sigmoid(g[t]), d = dzg[i];
+        dg[i] = d * z[t] * sg * (1.0f - sg);
+        dz[i] = d * sg;
+    }
+}
+
+void sl_attn_gate_jvp(float *tzg, const float *tz, const float *tg, const float *z, const float *g, int64_t n,
+                      int64_t period) {
+#pragma omp parallel for schedule(static) num_threads(sl_num_threads()) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t t = i % period;
+        const float sg = gate_sigmoid(g[t]);
+        tzg[i] = tz[i] * sg + (tg ? z[t] * sg * (1.0f - sg) * tg[i] : 0.0f);
+    }
 }

@@ -22,7 +22,24 @@ typedef struct {
     int bidirectional;
     int64_t window;
     float softcap;
+    /* The normaliser of the probabilities (SL_ATTN_*; 0, zero-initialised, is the softmax). With
+     * a sink logit s_h for query head h the probabilities of the keys j that query i sees are
+     *   p_ij = exp(z_ij) / (exp(s_h) + sum_{j' visible} exp(z_ij'))
+     * (z the scaled, possibly capped score; s_h is neither scaled nor capped): the sink absorbs
+     * mass but contributes no value, so a row sums to 1 - p_i,sink < 1 and probabilities, captures
+     * and statistics are those of the real keys. SL_ATTN_SINK_LOGIT reads s_h from sinks (n_heads
+     * finite floats: gpt-oss's learned "attention sinks"); SL_ATTN_SOFTMAX1 fixes s_h = 0 (Miller's
+     * softmax-plus-one, "off-by-one": exp(z) / (1 + sum exp(z)), no parameter). Computed with the
+     * usual max-subtraction, the max taken over the visible scores and s_h, so a large s_h never
+     * overflows. An unknown variant, or SL_ATTN_SINK_LOGIT without sinks or with a non-finite one,
+     * is an error (SL_ERR_VALUE). */
+    int variant;
+    const float *sinks;
 } sl_attn_shape;
+
+/* Values of sl_attn_shape.variant. Gated attention (Qiu et al. 2025) is not one: it multiplies the
+ * output after the softmax attention (sl_attn_gate_forward below). */
+enum { SL_ATTN_SOFTMAX = 0, SL_ATTN_SINK_LOGIT = 1, SL_ATTN_SOFTMAX1 = 2 };
 
 /* Values of a zero_first_value entry. */
 enum {
@@ -155,5 +172,35 @@ int sl_attention_backward(const sl_attn_shape *s, int64_t B, const float *q, con
 int sl_attention_jvp(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
                      const float *probs, const float *tq, const float *tk, const float *tv, float *tout,
                      const sl_attn_intervention *iv);
+
+/* With a sink logit (s->variant != SL_ATTN_SOFTMAX) the same formulas hold for the real keys, the
+ * rows of probs summing to 1 - p_sink (the sink has no value, so its dP is 0):
+ *   dz_ij = p_ij (dP_ij - sum_j' p_ij' dP_ij'),  ds_h = -sum_i p_i,sink sum_j p_ij dP_ij
+ * and forward, the sink's tangent ts_h enters each row's mean: dp_ij = p_ij (dz_ij - sum_j' p_ij'
+ * dz_ij' - p_i,sink ts_h), p_i,sink = 1 - sum_j p_ij (in double). The two calls below are
+ * sl_attention_backward / sl_attention_jvp with the sink's own derivative: dsinks NULL or (B, H),
+ * overwritten with ds_h for each direction (also for SL_ATTN_SOFTMAX1, whose s_h = 0 is fixed:
+ * what a parameter there would get); tsinks NULL (no tangent) or (B, H). Each (b, h)'s ds_h is
+ * summed over its queries in order, so it is the same for any thread count. */
+int sl_attention_backward_sink(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                               const float *probs, const float *dout, float *dq, float *dk, float *dv, float *pk,
+                               float *pv, const sl_attn_intervention *iv, float *dsinks);
+int sl_attention_jvp_sink(const sl_attn_shape *s, int64_t B, const float *q, const float *k, const float *v,
+                          const float *probs, const float *tq, const float *tk, const float *tv, const float *tsinks,
+                          float *tout, const sl_attn_intervention *iv);
+
+/* Gated attention (Qiu et al. 2025, "Gated Attention for LLMs", the elementwise gate on the SDPA
+ * output, their G1): z'_h = z_h ⊙ sigmoid(g_h) with g = a W_gᵀ, a the layer's normed input (what
+ * W_q reads) and W_g (n_heads*head_dim, d_model) per layer, no bias; W_O then reads z'. These are
+ * the elementwise part, over n entries; the product a W_gᵀ is the model's (model.c, grad.c).
+ * Forward: zg = z ⊙ sigmoid(g) (zg may be z). Reverse, for n = B*period entries of directions over
+ * one (period,) tape of z and g: dz = dzg ⊙ sigmoid(g), dg = dzg ⊙ z ⊙ sigmoid(g)(1 - sigmoid(g))
+ * (dz may be dzg). Forward mode: tzg = tz ⊙ sigmoid(g) + z ⊙ sigmoid'(g) ⊙ tg (tzg may be tz; tg
+ * NULL: no gate tangent). sigmoid(g) = 1 / (1 + exp(-g)): exact 0 or 1 at large |g|, never NaN. */
+void sl_attn_gate_forward(float *zg, const float *z, const float *g, int64_t n);
+void sl_attn_gate_backward(float *dz, float *dg, const float *dzg, const float *z, const float *g, int64_t n,
+                           int64_t period);
+void sl_attn_gate_jvp(float *tzg, const float *tz, const float *tg, const float *z, const float *g, int64_t n,
+                      int64_t period);
 
 #endif

@@ -450,7 +450,8 @@ static int model_config(PyObject *cfg, sl_model *m) {
     return cfg_small_int(cfg, "norm_kind", SL_NORM_RMS, &m->norm_kind) && cfg_small_int(cfg, "act", SL_ACT_SWIGLU, &m->act) &&
            cfg_small_int(cfg, "bidirectional", 0, &m->bidirectional) && cfg_float(cfg, "embd_scale", 1.0, &m->embd_scale) &&
            cfg_float(cfg, "attn_scale", 1.0 / sqrt((double)m->head_dim), &m->attn_scale) &&
-           cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap);
+           cfg_float(cfg, "attn_softcap", 0.0, &m->attn_softcap) && cfg_float(cfg, "final_softcap", 0.0, &m->final_softcap) &&
+           cfg_small_int(cfg, "attn_variant", SL_ATTN_SOFTMAX, &m->attn_variant);
 }
 
 /* The schema's global tensors of m, then n_pos from the learned positions' length. */
@@ -1170,6 +1171,14 @@ static PyMethodDef methods[] = {
      "(-1 checks: none yet). Test-only."},
     {"set_thread_num_threads", py_set_thread_num_threads, METH_O,
      "set_thread_num_threads(n) -> previous: this OS thread's own count (0 clears), over the process-wide one."},
+    {"_attention", (PyCFunction)(void (*)(void))sl_py_attention, METH_VARARGS | METH_KEYWORDS,
+     "_attention(q (T, H*hd), k, v (T, G*hd), n_heads, n_kv_heads, variant=0, sinks=None, window=0, softcap=0.0,\n"
+     "key_start=None, keep_first=0, dout=None, tq=None, tk=None, tv=None, tsinks=None) -> dict: test-only; the\n"
+     "attention op (variant 0 softmax, 1 sink logit, 2 softmax-plus-one): out, probs; with dout (B*T, H*hd) dq, dk,\n"
+     "dv, dsinks (B, H); with tq, tk, tv (and tsinks (B, H)) tout."},
+    {"_attn_gate", (PyCFunction)(void (*)(void))sl_py_attn_gate, METH_VARARGS | METH_KEYWORDS,
+     "_attn_gate(z (T, W), g (T, W), dzg=None, tz=None, tg=None) -> dict: test-only; gated attention's gate\n"
+     "zg = z * sigmoid(g), with dzg (B*T, W) its backward dz, dg, with tz (and tg) its JVP tzg."},
     {"_team_size", sl_py_team_size, METH_NOARGS,
      "_team_size() -> int: test-only; team size a kernel's parallel region gets from this thread now."},
     {"_int8_prepack", sl_py_int8_prepack, METH_VARARGS,

@@ -71,5 +71,8 @@ PyObject *sl_py_bf16_linear(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_bf16_linear_tn(PyObject *self, PyObject *args, PyObject *kw);
 PyObject *sl_py_bf16_path(PyObject *self, PyObject *arg);
 PyObject *sl_py_bf16_peak(PyObject *self, PyObject *arg);
+/* attention variants and the attention gate, test entries (binding_testing.c) */
+PyObject *sl_py_attention(PyObject *self, PyObject *args, PyObject *kw);
+PyObject *sl_py_attn_gate(PyObject *self, PyObject *args, PyObject *kw);
 
 #endif

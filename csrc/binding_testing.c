@@ -2,6 +2,7 @@
  * not show (the team size a kernel gets, the spacing of Ctrl-C checks), without timing. */
 #include "binding.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "cpu.h"
@@ -629,4 +630,215 @@ PyObject *sl_py_linear_shared(PyObject *self, PyObject *args) {
         return NULL;
     }
     return outs;
+}
+
+/* ---------------------------------------------------------------- attention variants (attention.h)
+ * Test entries: the attention op alone (softmax, sink logit, softmax-plus-one) with its backward
+ * and JVP, and gated attention's elementwise gate, on arrays from Python. */
+
+typedef struct {
+    sl_attn_shape s;
+    sl_attn_intervention iv;
+    int64_t B_bwd, B_jvp;
+    const float *q, *k, *v, *dout, *tq, *tk, *tv, *tsinks;
+    float *out, *probs, *dq, *dk, *dv, *pk, *pv, *dsinks, *tout;
+} attn_op_call;
+
+static int run_attn_op(void *p) {
+    attn_op_call *c = p;
+    const int64_t qd = c->s.n_heads * c->s.head_dim, kvd = c->s.n_kv_heads * c->s.head_dim;
+    SL_TRY(sl_attention_forward(&c->s, c->q, qd, c->k, c->v, kvd, c->out, c->probs, &c->iv, NULL));
+    if (c->dout)
+        SL_TRY(sl_attention_backward_sink(&c->s, c->B_bwd, c->q, c->k, c->v, c->probs, c->dout, c->dq, c->dk, c->dv,
+                                          c->pk, c->pv, &c->iv, c->dsinks));
+    if (c->tq)
+        SL_TRY(sl_attention_jvp_sink(&c->s, c->B_jvp, c->q, c->k, c->v, c->probs, c->tq, c->tk, c->tv, c->tsinks,
+                                     c->tout, &c->iv));
+    return SL_OK;
+}
+
+/* An optional float32 array argument of shape (rows, cols) (rows < 0: any multiple of `unit`), or
+ * NULL (None); *ok = 0 with an exception set on a mismatch. */
+static PyArrayObject *optional_rows(PyObject *o, const char *name, npy_intp rows, npy_intp cols, npy_intp unit,
+                                    int *ok) {
+    if (o == Py_None || !*ok) return NULL;
+    npy_intp dims[2] = {rows, cols};
+    PyArrayObject *a = sl_py_check_array(o, name, NPY_FLOAT32, 2, dims, 0);
+    if (a && rows < 0 && (PyArray_DIM(a, 0) == 0 || PyArray_DIM(a, 0) % unit)) {
+        PyErr_Format(PyExc_ValueError, "%s has %zd rows, expected a positive multiple of T = %zd", name,
+                     (Py_ssize_t)PyArray_DIM(a, 0), (Py_ssize_t)unit);
+        a = NULL;
+    }
+    if (!a) *ok = 0;
+    return a;
+}
+
+static int dict_put(PyObject *d, const char *key, PyObject *v) {
+    if (!v) return 0;
+    int rc = PyDict_SetItemString(d, key, v);
+    Py_DECREF(v);
+    return rc == 0;
+}
+
+static PyObject *new_f32(int nd, npy_intp *dims, float **data) {
+    PyObject *a = PyArray_ZEROS(nd, dims, NPY_FLOAT32, 0);
+    if (a) *data = PyArray_DATA((PyArrayObject *)a);
+    return a;
+}
+
+/* _attention(q (T, H*hd), k, v (T, G*hd), n_heads, n_kv_heads, variant=0, sinks=None, window=0,
+ * softcap=0.0, key_start=None, keep_first=0, dout=None, tq=None, tk=None, tv=None, tsinks=None)
+ * -> dict: out (T, H*hd), probs (H, T, T); with dout (B*T, H*hd): dq, dk, dv, dsinks (B, H); with
+ * tq, tk, tv: tout (B*T, H*hd). The scale is 1/sqrt(hd); causal unless a window is given. */
+PyObject *sl_py_attention(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"q", "k", "v", "n_heads", "n_kv_heads", "variant", "sinks", "window", "softcap",
+                             "key_start", "keep_first", "dout", "tq", "tk", "tv", "tsinks", NULL};
+    PyObject *qo, *ko, *vo, *sinks_o = Py_None, *ks_o = Py_None, *dout_o = Py_None, *tq_o = Py_None;
+    PyObject *tk_o = Py_None, *tv_o = Py_None, *ts_o = Py_None;
+    long long H, G, window = 0;
+    int variant = 0, keep_first = 0;
+    float softcap = 0.0f;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OOOLL|iOLfOiOOOOO", kwlist, &qo, &ko, &vo, &H, &G, &variant, &sinks_o,
+                                     &window, &softcap, &ks_o, &keep_first, &dout_o, &tq_o, &tk_o, &tv_o, &ts_o))
+        return NULL;
+    if (H <= 0 || G <= 0 || H % G)
+        return PyErr_Format(PyExc_ValueError, "n_heads=%lld, n_kv_heads=%lld: both positive, G dividing H", H, G);
+    PyArrayObject *q = sl_py_check_array(qo, "q", NPY_FLOAT32, 2, NULL, 0);
+    if (!q) return NULL;
+    const npy_intp T = PyArray_DIM(q, 0), qd = PyArray_DIM(q, 1);
+    if (T <= 0 || qd <= 0 || qd % H) return PyErr_Format(PyExc_ValueError, "q is (%zd, %zd), expected (T > 0, n_heads * hd)",
+                                                         (Py_ssize_t)T, (Py_ssize_t)qd);
+    const npy_intp hd = qd / H, kvd = G * hd;
+    npy_intp kv_dims[2] = {T, kvd}, h_dims[1] = {(npy_intp)H}, t_dims[1] = {T};
+    PyArrayObject *k = sl_py_check_array(ko, "k", NPY_FLOAT32, 2, kv_dims, 0);
+    PyArrayObject *v = k ? sl_py_check_array(vo, "v", NPY_FLOAT32, 2, kv_dims, 0) : NULL;
+    if (!v) return NULL;
+    attn_op_call c;
+    memset(&c, 0, sizeof c);
+    c.s = (sl_attn_shape){.T = T, .n_heads = H, .n_kv_heads = G, .head_dim = hd, .scale = (float)(1.0 / sqrt((double)hd)),
+                          .window = window, .softcap = softcap, .variant = variant};
+    if (sinks_o != Py_None) {
+        PyArrayObject *sk = sl_py_check_array(sinks_o, "sinks", NPY_FLOAT32, 1, h_dims, 0);
+        if (!sk) return NULL;
+        c.s.sinks = PyArray_DATA(sk);
+    }
+    if (ks_o != Py_None) {
+        PyArrayObject *ks = sl_py_check_array(ks_o, "key_start", NPY_INT64, 1, t_dims, 0);
+        if (!ks) return NULL;
+        const int64_t *st = PyArray_DATA(ks);
+        for (npy_intp i = 0; i < T; i++) /* the kernel trusts its packing mask: checked here */
+            if (st[i] < 0 || st[i] > i || (i > 0 && st[i] < st[i - 1]))
+                return PyErr_Format(PyExc_ValueError, "key_start[%zd]=%lld, expected a nondecreasing start in [0, %zd]",
+                                    (Py_ssize_t)i, (long long)st[i], (Py_ssize_t)i);
+        c.iv.key_start = st;
+    }
+    c.iv.keep_first = keep_first;
+    int ok = 1;
+    PyArrayObject *dout = optional_rows(dout_o, "dout", -1, qd, T, &ok);
+    PyArrayObject *tq = optional_rows(tq_o, "tq", -1, qd, T, &ok);
+    const npy_intp Bj = tq ? PyArray_DIM(tq, 0) / T : 0;
+    PyArrayObject *tk = optional_rows(tk_o, "tk", tq ? Bj * T : -1, kvd, T, &ok);
+    PyArrayObject *tv = optional_rows(tv_o, "tv", tq ? Bj * T : -1, kvd, T, &ok);
+    if (!ok) return NULL;
+    if ((tq != NULL) != (tk != NULL) || (tq != NULL) != (tv != NULL))
+        return PyErr_Format(PyExc_ValueError, "the JVP needs all three tangents tq, tk, tv");
+    if (ts_o != Py_None) {
+        npy_intp ts_dims[2] = {Bj, (npy_intp)H};
+        PyArrayObject *ts = tq ? sl_py_check_array(ts_o, "tsinks", NPY_FLOAT32, 2, ts_dims, 0) : NULL;
+        if (!ts) return tq ? NULL : PyErr_Format(PyExc_ValueError, "tsinks needs tq, tk, tv");
+        c.tsinks = PyArray_DATA(ts);
+    }
+    c.q = PyArray_DATA(q), c.k = PyArray_DATA(k), c.v = PyArray_DATA(v);
+    PyObject *res = PyDict_New(), *keep = PyList_New(0);
+    if (!res || !keep) goto fail;
+    npy_intp out_dims[2] = {T, qd}, p_dims[3] = {(npy_intp)H, T, T};
+    if (!dict_put(res, "out", new_f32(2, out_dims, &c.out)) || !dict_put(res, "probs", new_f32(3, p_dims, &c.probs)))
+        goto fail;
+    if (dout) {
+        const npy_intp B = PyArray_DIM(dout, 0) / T;
+        npy_intp dq_dims[2] = {B * T, qd}, dkv_dims[2] = {B * T, kvd}, ds_dims[2] = {B, (npy_intp)H};
+        c.B_bwd = B, c.dout = PyArray_DATA(dout);
+        if (!dict_put(res, "dq", new_f32(2, dq_dims, &c.dq)) || !dict_put(res, "dk", new_f32(2, dkv_dims, &c.dk)) ||
+            !dict_put(res, "dv", new_f32(2, dkv_dims, &c.dv)) || !dict_put(res, "dsinks", new_f32(2, ds_dims, &c.dsinks)))
+            goto fail;
+        if (G != H) { /* the per-head partials: scratch kept alive in `keep` */
+            PyObject *pk = new_f32(2, dq_dims, &c.pk), *pv = new_f32(2, dq_dims, &c.pv);
+            int added = pk && pv && PyList_Append(keep, pk) == 0 && PyList_Append(keep, pv) == 0;
+            Py_XDECREF(pk);
+            Py_XDECREF(pv);
+            if (!added) goto fail;
+        }
+    }
+    if (tq) {
+        npy_intp to_dims[2] = {Bj * T, qd};
+        c.B_jvp = Bj, c.tq = PyArray_DATA(tq), c.tk = PyArray_DATA(tk), c.tv = PyArray_DATA(tv);
+        if (!dict_put(res, "tout", new_f32(2, to_dims, &c.tout))) goto fail;
+    }
+    if (sl_py_call(run_attn_op, &c, 1) < 0) goto fail;
+    Py_DECREF(keep);
+    return res;
+fail:
+    Py_XDECREF(res);
+    Py_XDECREF(keep);
+    return NULL;
+}
+
+typedef struct {
+    int64_t n, period;
+    const float *z, *g, *dzg, *tz, *tg;
+    float *zg, *dz, *dg, *tzg;
+} gate_call;
+
+static int run_gate(void *p) {
+    const gate_call *c = p;
+    sl_attn_gate_forward(c->zg, c->z, c->g, c->period);
+    if (c->dzg) sl_attn_gate_backward(c->dz, c->dg, c->dzg, c->z, c->g, c->n, c->period);
+    if (c->tz) sl_attn_gate_jvp(c->tzg, c->tz, c->tg, c->z, c->g, c->n, c->period);
+    return SL_OK;
+}
+
+/* _attn_gate(z (T, W), g (T, W), dzg=None, tz=None, tg=None) -> dict: zg = z * sigmoid(g); with dzg
+ * (B*T, W): dz, dg; with tz (and tg, optional) (B*T, W): tzg. Directions share the one tape (z, g). */
+PyObject *sl_py_attn_gate(PyObject *self, PyObject *args, PyObject *kw) {
+    (void)self;
+    static char *kwlist[] = {"z", "g", "dzg", "tz", "tg", NULL};
+    PyObject *zo, *go, *dzg_o = Py_None, *tz_o = Py_None, *tg_o = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOO", kwlist, &zo, &go, &dzg_o, &tz_o, &tg_o)) return NULL;
+    PyArrayObject *z = sl_py_check_array(zo, "z", NPY_FLOAT32, 2, NULL, 0);
+    if (!z) return NULL;
+    npy_intp dims[2] = {PyArray_DIM(z, 0), PyArray_DIM(z, 1)};
+    if (dims[0] <= 0 || dims[1] <= 0) return PyErr_Format(PyExc_ValueError, "z must not be empty");
+    PyArrayObject *g = sl_py_check_array(go, "g", NPY_FLOAT32, 2, dims, 0);
+    if (!g) return NULL;
+    int ok = 1;
+    PyArrayObject *dzg = optional_rows(dzg_o, "dzg", -1, dims[1], dims[0], &ok);
+    PyArrayObject *tz = optional_rows(tz_o, "tz", -1, dims[1], dims[0], &ok);
+    PyArrayObject *tg = optional_rows(tg_o, "tg", tz ? PyArray_DIM(tz, 0) : -1, dims[1], dims[0], &ok);
+    if (!ok) return NULL;
+    if (tg && !tz) return PyErr_Format(PyExc_ValueError, "tg needs tz");
+    gate_call c;
+    memset(&c, 0, sizeof c);
+    c.period = dims[0] * dims[1], c.z = PyArray_DATA(z), c.g = PyArray_DATA(g);
+    PyObject *res = PyDict_New();
+    if (!res || !dict_put(res, "zg", new_f32(2, dims, &c.zg))) goto fail;
+    if (dzg && tz && PyArray_DIM(dzg, 0) != PyArray_DIM(tz, 0)) {
+        PyErr_Format(PyExc_ValueError, "dzg and tz must hold the same number of directions");
+        goto fail;
+    }
+    if (dzg) {
+        npy_intp dd[2] = {PyArray_DIM(dzg, 0), dims[1]};
+        c.n = dd[0] * dd[1], c.dzg = PyArray_DATA(dzg);
+        if (!dict_put(res, "dz", new_f32(2, dd, &c.dz)) || !dict_put(res, "dg", new_f32(2, dd, &c.dg))) goto fail;
+    }
+    if (tz) {
+        npy_intp dd[2] = {PyArray_DIM(tz, 0), dims[1]};
+        c.n = dd[0] * dd[1], c.tz = PyArray_DATA(tz), c.tg = tg ? PyArray_DATA(tg) : NULL;
+        if (!dict_put(res, "tzg", new_f32(2, dd, &c.tzg))) goto fail;
+    }
+    if (sl_py_call(run_gate, &c, 0) < 0) goto fail;
+    return res;
+fail:
+    Py_XDECREF(res);
+    return NULL;
 }

@@ -39,12 +39,15 @@ typedef struct {
     float *pk, *pv;                       /* (B*T, H*hd): per-head dk, dv when kv heads are shared */
     float *dr;                            /* (B*T, H*hd): the QK-norm's out-of-place result, or NULL */
     float *ds;                            /* (B*T, d): the JVP's post-norm scratch, or NULL */
+    float *dag;                           /* (B*T, H*hd): gated attention's W_g a derivative, or NULL */
+    float *dsinks;                        /* (B, H): the sink logits' gradients, or NULL */
     sl_layer_tape *tapes;
 } grad_bufs;
 
 static void grad_bufs_free(grad_bufs *g) {
     float **p[] = {&g->tape_buf, &g->cosv, &g->sinv, &g->probs, &g->dx, &g->dz, &g->dq, &g->dk, &g->dv,
-                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du, &g->pk, &g->pv, &g->dr, &g->ds};
+                   &g->dxn, &g->dact, &g->dg, &g->du, &g->act, &g->dh_dg, &g->dh_du, &g->pk, &g->pv, &g->dr, &g->ds,
+                   &g->dag, &g->dsinks};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) {
         sl_free(*p[i]);
         *p[i] = NULL;
@@ -64,8 +67,8 @@ static int mul3(int64_t a, int64_t b, int64_t c, int64_t *out) {
  * n_probs (H, T, T), n_d, n_qd, n_kvd (B*T rows of d, H*hd, G*hd), n_f (chunk*T, F), n_half
  * (T, hd/2), n_tf (T, F); which optional buffers the model needs. 0 on overflow. */
 typedef struct {
-    int64_t chunk, per_layer, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_tf;
-    int shared, qk_norm, post;
+    int64_t chunk, per_layer, n_probs, n_d, n_qd, n_kvd, n_f, n_half, n_tf, n_sinks;
+    int shared, qk_norm, post, gated;
 } grad_sizes;
 
 static int grad_sizes_of(const sl_model *m, int64_t T, int64_t B, grad_sizes *z) {
@@ -78,6 +81,8 @@ static int grad_sizes_of(const sl_model *m, int64_t T, int64_t B, grad_sizes *z)
     z->shared = m->n_heads != m->n_kv_heads;
     z->qk_norm = lw->attn_q_norm || lw->attn_k_norm;
     z->post = lw->attn_post_norm.w || lw->ffn_post_norm.w || lw->attn_res_norm.w || lw->ffn_res_norm.w;
+    z->gated = lw->attn_gate.data != NULL;
+    z->n_sinks = lw->attn_sinks ? B * H : 0;
     return z->per_layer >= 0 && mul3(H, T, T, &z->n_probs) && mul3(B, T, d, &z->n_d) && mul3(B, T, qd, &z->n_qd) &&
            mul3(B, T, kvd, &z->n_kvd) && mul3(z->chunk, T, F, &z->n_f) && sl_mul_size(T, half, &z->n_half) &&
            sl_mul_size(T, F, &z->n_tf);
@@ -96,10 +101,10 @@ static int64_t weighted_sum(const int64_t *n, const int64_t *c, int k) {
 int64_t sl_model_grad_floats(const sl_model *m, int64_t T, int64_t B, int64_t n_tape) {
     grad_sizes z;
     if (T < 1 || B < 0 || n_tape < 0 || n_tape > m->n_layers || !grad_sizes_of(m, T, B, &z)) return -1;
-    /* tape, probs, dx+dxn (+ds), dz+dq (+pk+pv, +dr), dk+dv, dact+dg+du, dh_dg+dh_du */
-    const int64_t n[] = {z.per_layer, z.n_probs, z.n_d, z.n_qd, z.n_kvd, z.n_f, z.n_tf};
-    const int64_t c[] = {n_tape, 1, 2 + z.post, 2 + 2 * z.shared + z.qk_norm, 2, 3, 2};
-    return weighted_sum(n, c, 7);
+    /* tape, probs, dx+dxn (+ds), dz+dq (+pk+pv, +dr, +dag), dk+dv, dact+dg+du, dh_dg+dh_du, dsinks */
+    const int64_t n[] = {z.per_layer, z.n_probs, z.n_d, z.n_qd, z.n_kvd, z.n_f, z.n_tf, z.n_sinks};
+    const int64_t c[] = {n_tape, 1, 2 + z.post, 2 + 2 * z.shared + z.qk_norm + z.gated, 2, 3, 2, 1};
+    return weighted_sum(n, c, 8);
 }
 
 /* Tapes for n_tape layers and direction buffers for B directions; params: the (T, F) activation;
@@ -139,9 +144,12 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
     g->pv = shared ? sl_alloc_floats_uninit(n_qd) : NULL;
     g->dr = qk_norm ? sl_alloc_floats_uninit(n_qd) : NULL;
     g->ds = post ? sl_alloc_floats_uninit(n_d) : NULL;
+    g->dag = z.gated ? sl_alloc_floats_uninit(n_qd) : NULL;
+    g->dsinks = z.n_sinks ? sl_alloc_floats_uninit(z.n_sinks) : NULL;
     if ((n_tape > 0 && !g->tapes) || !g->tape_buf || !g->cosv || !g->sinv || !g->probs || !g->dx || !g->dz ||
         !g->dq || !g->dk || !g->dv || !g->dxn || !g->dact || !g->dg || !g->du || (params && !g->act) ||
-        !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv)) || (qk_norm && !g->dr) || (post && !g->ds)) {
+        !g->dh_dg || !g->dh_du || (shared && (!g->pk || !g->pv)) || (qk_norm && !g->dr) || (post && !g->ds) ||
+        (z.gated && !g->dag) || (z.n_sinks && !g->dsinks)) {
         grad_bufs_free(g);
         double gb = 4.0 * ((double)per_layer * (double)n_tape + 3.0 * (double)n_d + 5.0 * (double)n_qd +
                            2.0 * (double)n_kvd + 3.0 * (double)n_f + (double)n_probs) / 1e9;
@@ -155,7 +163,7 @@ static int grad_bufs_alloc(grad_bufs *g, const sl_model *m, int64_t T, int64_t B
 static sl_attn_shape attn_shape(const sl_model *m, const sl_layer_weights *lw, int64_t T) {
     sl_attn_shape s = {.T = T, .n_heads = m->n_heads, .n_kv_heads = m->n_kv_heads, .head_dim = m->head_dim,
                        .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
-                       .softcap = m->attn_softcap};
+                       .softcap = m->attn_softcap, .variant = sl_model_attn_kernel(m), .sinks = lw->attn_sinks};
     return s;
 }
 
@@ -591,10 +599,15 @@ static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_w
     /* a replaced head output or z is a constant: nothing flows into that head's z there */
     cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
+    /* gated attention: dz' -> dz (before the gate) in place, and the gate pre-activation's dag */
+    if (lw->attn_gate.data) sl_attn_gate_backward(g->dz, g->dag, g->dz, lt->za, lt->ag, rows * qd, T * qd);
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     if (saved) pattern_take(m, iv, aiv, l, g->dz, saved, g->B, T);
-    SL_TRY(sl_attention_backward(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk, g->pv,
-                                 aiv));
+    float *dsinks = lg && lg->attn_sinks ? g->dsinks : NULL; /* parameter gradients: B == 1 */
+    SL_TRY(sl_attention_backward_sink(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dz, g->dq, g->dk, g->dv, g->pk,
+                                      g->pv, aiv, dsinks));
+    if (dsinks)
+        for (int64_t h = 0; h < H; h++) lg->attn_sinks[h] += dsinks[h];
     if (saved) pattern_give(m, iv, aiv, l, g->dv, saved, g->B, T);
     cut_patched(iv, SL_PATCH_Q, l, g->dq, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_K, l, g->dk, g->B, T, kvd, hd);
@@ -608,6 +621,8 @@ static int attention_backward_cut(const sl_model *m, int64_t l, const sl_layer_w
     SL_TRY(sl_check_interrupt());
     SL_TRY(product_nn(m, l, SL_SLOT_K, rows, g->dk, &lw->wk, g->dxn, 1));
     SL_TRY(product_nn(m, l, SL_SLOT_V, rows, g->dv, &lw->wv, g->dxn, 1));
+    if (lw->attn_gate.data) SL_TRY(product_nn(m, l, SL_SLOT_AGATE, rows, g->dag, &lw->attn_gate, g->dxn, 1));
+    if (lg && lg->attn_gate) SL_TRY(weight_grad(m, lg->attn_gate, qd, d, rows, g->dag, lt->xn1));
     if (lg) {
         float *const dws[] = {lg->wq, lg->wk, lg->wv};
         const int64_t outs[] = {qd, kvd, kvd};
@@ -909,6 +924,7 @@ static int attention_jvp(const sl_model *m, int64_t l, const sl_layer_weights *l
     SL_TRY(sl_linear_nt(rows, a, d, &lw->wq, g->dq, qd, 0, 1));
     SL_TRY(sl_linear_nt(rows, a, d, &lw->wk, g->dk, kvd, 0, 1));
     SL_TRY(sl_linear_nt(rows, a, d, &lw->wv, g->dv, kvd, 0, 1));
+    if (lw->attn_gate.data) SL_TRY(sl_linear_nt(rows, a, d, &lw->attn_gate, g->dag, qd, 0, 1));
     qk_norm(m, g, g->dq, lw->attn_q_norm, NULL, lt->qr, lt->q_rstd, H, 0);
     qk_norm(m, g, g->dk, lw->attn_k_norm, NULL, lt->kr, lt->k_rstd, G, 0);
     rope_rows(m, lw, g, g->dq, qd, H, 0);
@@ -919,6 +935,7 @@ static int attention_jvp(const sl_model *m, int64_t l, const sl_layer_weights *l
     SL_TRY(sl_attention_probs(&s, lt->q, lt->k, g->probs, aiv));
     SL_TRY(sl_attention_jvp(&s, g->B, lt->q, lt->k, lt->v, g->probs, g->dq, g->dk, g->dv, g->dz, aiv));
     pattern_jvp(m, iv, aiv, l, g->dz, g->dv, g->B, T);
+    if (lw->attn_gate.data) sl_attn_gate_jvp(g->dz, g->dz, g->dag, lt->za, lt->ag, rows * qd, T * qd);
     cut_patched(iv, SL_PATCH_Z, l, g->dz, g->B, T, qd, hd);
     cut_patched(iv, SL_PATCH_HEAD_OUT, l, g->dz, g->B, T, qd, hd);
     SL_TRY(sl_linear_nt(rows, g->dz, qd, &lw->wo, g->dxn, d, 0, 1));

@@ -41,7 +41,7 @@
  * index arrays, each a buffer grown on demand (never shrunk while cached). Fields are written
  * before they are read in every call, so nothing is zeroed and a cached workspace needs no
  * clearing. */
-enum { WS_X, WS_XB, WS_Q, WS_K, WS_V, WS_ATT, WS_GATE, WS_UP, WS_COS, WS_SIN, WS_COSB, WS_SINB,
+enum { WS_X, WS_XB, WS_Q, WS_K, WS_V, WS_ATT, WS_GATE, WS_UP, WS_COS, WS_SIN, WS_AG, WS_COSB, WS_SINB,
        WS_FREQ, WS_VT, WS_PART, WS_SCRATCH, WS_IDX, WS_N };
 
 struct sl_workspace {
@@ -104,6 +104,7 @@ int64_t sl_ws_cache_bytes(sl_ws_cache *c) {
 /* One call's view of the workspace: packed activations (rows = off[B]) and the batch. */
 typedef struct {
     float *x, *xb, *q, *k, *v, *att, *gate, *up, *cosv, *sinv; /* (rows, ·) */
+    float *ag;                                                 /* (rows, H*hd) W_g a, gated attention */
     float *cosb, *sinb;                                        /* (T, hd/2): positions 0..T-1 */
     float *freq;                                               /* (hd/2): what cosb/sinb were made of */
     int freq_valid;
@@ -116,7 +117,8 @@ typedef struct {
 static void act_row_floats(const sl_model *m, int64_t per_row[WS_COSB]) {
     const int64_t d = m->d_model, qd = m->n_heads * m->head_dim, kvd = m->n_kv_heads * m->head_dim;
     const int64_t half = m->head_dim / 2, F = m->d_ff;
-    const int64_t n[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half};
+    const int64_t gated = m->attn_variant == SL_ATTN_GATED;
+    const int64_t n[WS_COSB] = {d, d, qd, kvd, kvd, qd, F, F, half, half, gated * qd};
     memcpy(per_row, n, sizeof n);
 }
 
@@ -139,12 +141,13 @@ int64_t sl_model_dim(const sl_model *m, sl_dim dim) {
     case SL_DIM_F: return m->d_ff;
     case SL_DIM_V: return m->vocab_size;
     case SL_DIM_NPOS: return m->n_pos;
+    case SL_DIM_H: return m->n_heads;
     default: return 1;
     }
 }
 
 const char *sl_dim_name(sl_dim dim) {
-    static const char *names[SL_DIM_COUNT] = {"", "d", "qd", "kvd", "hd", "F", "V", "n_pos"};
+    static const char *names[SL_DIM_COUNT] = {"", "d", "qd", "kvd", "hd", "F", "V", "n_pos", "H"};
     return dim >= 0 && dim < SL_DIM_COUNT ? names[dim] : "";
 }
 
@@ -154,8 +157,8 @@ const char *sl_kind_name(int kind) {
 }
 
 const char *sl_role_name(int role) {
-    static const char *names[] = {"embedding", "head", "norm", "norm_bias", "matrix", "bias"};
-    return role >= 0 && role < 6 ? names[role] : "";
+    static const char *names[] = {"embedding", "head", "norm", "norm_bias", "matrix", "bias", "sink"};
+    return role >= 0 && role < 7 ? names[role] : "";
 }
 
 /* Binds w to a batch of B sequences padded to T with the given lengths (NULL: all T), growing
@@ -194,6 +197,7 @@ static int acts_bind(acts *a, sl_workspace *w, const sl_model *m, int64_t B, int
     a->x = w->buf[WS_X], a->xb = w->buf[WS_XB], a->q = w->buf[WS_Q], a->k = w->buf[WS_K];
     a->v = w->buf[WS_V], a->att = w->buf[WS_ATT], a->gate = w->buf[WS_GATE], a->up = w->buf[WS_UP];
     a->cosv = w->buf[WS_COS], a->sinv = w->buf[WS_SIN], a->cosb = w->buf[WS_COSB], a->sinb = w->buf[WS_SINB];
+    a->ag = w->buf[WS_AG];
     a->freq = w->buf[WS_FREQ], a->freq_valid = 0;
     a->ab.vt = w->buf[WS_VT], a->ab.partial = (double *)w->buf[WS_PART], a->ab.scratch = w->buf[WS_SCRATCH];
     return SL_OK;
@@ -228,6 +232,9 @@ int sl_model_check(const sl_model *m) {
         !(m->embd_scale > 0.0f))
         return sl_fail(SL_ERR_VALUE, "model: attention scale and embedding scale must be > 0, soft-caps >= 0");
     if (m->pos_embd && m->n_pos <= 0) return sl_fail(SL_ERR_VALUE, "model: learned positions need n_pos > 0");
+    if (m->attn_variant < SL_ATTN_SOFTMAX || m->attn_variant > SL_ATTN_GATED)
+        return sl_fail(SL_ERR_VALUE, "model: attn_variant %d is not 0 (softmax), 1 (sink logit), 2 (softmax-plus-one) "
+                       "or 3 (gated)", m->attn_variant);
     if (!m->layers) return sl_fail(SL_ERR_VALUE, "model: no layers");
     const unsigned f0 = layer_features(&m->layers[0]);
     for (int64_t l = 0; l < m->n_layers; l++) {
@@ -239,11 +246,21 @@ int sl_model_check(const sl_model *m) {
             return sl_fail(SL_ERR_VALUE, "model: layer %lld: the activation %s a gate projection", (long long)l,
                            is_gated(m->act) ? "needs" : "takes no");
         if (lw->window < 0) return sl_fail(SL_ERR_VALUE, "model: layer %lld has a negative window", (long long)l);
+        if ((lw->attn_sinks != NULL) != (m->attn_variant == SL_ATTN_SINK_LOGIT))
+            return sl_fail(SL_ERR_VALUE, "model: layer %lld: attn_variant %d %s attn_sinks", (long long)l,
+                           m->attn_variant, lw->attn_sinks ? "takes no" : "needs");
+        if ((lw->attn_gate.data != NULL) != (m->attn_variant == SL_ATTN_GATED))
+            return sl_fail(SL_ERR_VALUE, "model: layer %lld: attn_variant %d %s attn_gate", (long long)l,
+                           m->attn_variant, lw->attn_gate.data ? "takes no" : "needs");
     }
     return SL_OK;
 }
 
 int64_t sl_model_max_positions(const sl_model *m) { return m->pos_embd ? m->n_pos : INT64_MAX; }
+
+int sl_model_attn_kernel(const sl_model *m) {
+    return m->attn_variant == SL_ATTN_GATED ? SL_ATTN_SOFTMAX : m->attn_variant;
+}
 
 /* Document starts must describe contiguous documents of a sequence of T positions. */
 static int check_key_start(const int64_t *key_start, int64_t T) {
@@ -457,8 +474,8 @@ int64_t sl_packed_cache_bytes(sl_packed_cache *c) {
 
 /* Weight product slots: layer l's matrices, then the LM head. */
 enum { SLOT_Q = SL_SLOT_Q, SLOT_K = SL_SLOT_K, SLOT_V = SL_SLOT_V, SLOT_O = SL_SLOT_O, SLOT_GATE = SL_SLOT_GATE,
-       SLOT_UP = SL_SLOT_UP, SLOT_DOWN = SL_SLOT_DOWN };
-_Static_assert(SLOT_DOWN + 1 == SL_SLOTS_PER_LAYER, "one slot per weight product of a layer");
+       SLOT_UP = SL_SLOT_UP, SLOT_DOWN = SL_SLOT_DOWN, SLOT_AGATE = SL_SLOT_AGATE };
+_Static_assert(SLOT_AGATE + 1 == SL_SLOTS_PER_LAYER, "one slot per weight product of a layer");
 static int64_t layer_slot(int64_t l, int which) { return l * SL_SLOTS_PER_LAYER + which; }
 static int64_t head_slot(const sl_model *m) { return m->n_layers * SL_SLOTS_PER_LAYER; }
 
@@ -639,6 +656,7 @@ int sl_model_pack_bf16(const sl_model *m) {
         if (lw) {
             ws[SLOT_Q] = &lw->wq, ws[SLOT_K] = &lw->wk, ws[SLOT_V] = &lw->wv, ws[SLOT_O] = &lw->wo;
             ws[SLOT_GATE] = &lw->w_gate, ws[SLOT_UP] = &lw->w_up, ws[SLOT_DOWN] = &lw->w_down;
+            ws[SLOT_AGATE] = &lw->attn_gate;
         } else {
             ws[0] = &m->lm_head;
         }
@@ -992,6 +1010,9 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     const float *qkv_bias[3] = {lw->bq, lw->bk, lw->bv};
     float *qkv_out[3] = {w->q, w->k, w->v};
     SL_TRY(linear_shared(m, l, qkv_slots, 3, rows, a, qkv, qkv_bias, qkv_out));
+    /* gated attention: the gate's pre-activation W_g a, read after the attention */
+    float *ag = lt->ag ? lt->ag : w->ag;
+    if (lw->attn_gate.data) SL_TRY(linear(m, layer_slot(l, SLOT_AGATE), rows, a, &lw->attn_gate, NULL, ag));
     if (lw->rope_inv_freq) rope_for_layer(m, lw, w);
     /* RoPE goes into the attention's parallel region, unless q or k is captured or patched: the
      * captures are copied, and the patches applied, before the attention and after RoPE. */
@@ -1010,7 +1031,7 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     layer_lists(w, m, cap, l);
     const sl_attn_shape s = {.T = w->ab.T_pad, .n_heads = H, .n_kv_heads = G, .head_dim = hd,
                              .scale = m->attn_scale, .bidirectional = m->bidirectional, .window = lw->window,
-                             .softcap = m->attn_softcap};
+                             .softcap = m->attn_softcap, .variant = sl_model_attn_kernel(m), .sinks = lw->attn_sinks};
     rope_rows rr = {w->q, w->k, w->cosv, w->sinv, H, G, hd, m->rope_layout};
     w->ab.prologue = rope_in_attention ? rope_row_qk : NULL;
     w->ab.prologue_arg = rope_in_attention ? &rr : NULL;
@@ -1018,6 +1039,10 @@ static int attention_block(const sl_model *m, const sl_layer_weights *lw, acts *
     w->ab.prologue = NULL, w->ab.prologue_arg = NULL;
     SL_TRY(rc);
     patch_pattern(m, pt, l, w, aiv, cap);
+    if (lw->attn_gate.data) { /* z' = z ⊙ sigmoid(W_g a): what W_O, the captures and z patches see */
+        if (lt->za) tape_copy(lt->za, w->att, rows, qd);
+        sl_attn_gate_forward(w->att, w->att, ag, rows * qd);
+    }
     patch_rows(pt, SL_PATCH_Z, l, w, w->att, qd, hd, 0);
     if (cap) capture_heads(cap->z, L, l, w, w->att, qd, H, hd, 0);
     SL_TRY(capture_head_out(m, lw, w, cap, l));
@@ -1222,7 +1247,7 @@ int sl_model_forward(const sl_model *m, const int64_t *ids, int64_t T, const sl_
 /* The tape's fields with their floats per token (0: unused by this model, left NULL), in one
  * table so sizing and binding cannot disagree. Features are layer 0's (sl_model_check makes every
  * layer alike). */
-enum { TAPE_FIELDS = 30 };
+enum { TAPE_FIELDS = 32 };
 static void tape_table(const sl_model *m, sl_layer_tape *lt, float **fields[TAPE_FIELDS], int64_t sizes[TAPE_FIELDS]) {
     const sl_layer_weights *lw = &m->layers[0];
     const int64_t d = m->d_model, H = m->n_heads, G = m->n_kv_heads, qd = H * m->head_dim, kvd = G * m->head_dim;
@@ -1230,15 +1255,16 @@ static void tape_table(const sl_model *m, sl_layer_tape *lt, float **fields[TAPE
     const int64_t n1 = lw->attn_norm.w != NULL, n2 = lw->ffn_norm.w != NULL, qn = lw->attn_q_norm != NULL;
     const int64_t kn = lw->attn_k_norm != NULL, p1 = lw->attn_post_norm.w != NULL, r1 = lw->attn_res_norm.w != NULL;
     const int64_t p2 = lw->ffn_post_norm.w != NULL, r2 = lw->ffn_res_norm.w != NULL;
-    const int64_t gated = lw->w_gate.data != NULL;
+    const int64_t gated = lw->w_gate.data != NULL, ag = lw->attn_gate.data != NULL;
     float **f[TAPE_FIELDS] = {&lt->x, &lt->xn1, &lt->mean1, &lt->rstd1, &lt->qr, &lt->kr, &lt->q_rstd, &lt->k_rstd,
                               &lt->q, &lt->k, &lt->v, &lt->z, &lt->o, &lt->o_mean, &lt->o_rstd, &lt->hr,
                               &lt->hr_mean, &lt->hr_rstd, &lt->h, &lt->xn2, &lt->mean2, &lt->rstd2, &lt->gate,
-                              &lt->up, &lt->mo, &lt->mo_mean, &lt->mo_rstd, &lt->yr, &lt->yr_mean, &lt->yr_rstd};
+                              &lt->up, &lt->mo, &lt->mo_mean, &lt->mo_rstd, &lt->yr, &lt->yr_mean, &lt->yr_rstd,
+                              &lt->za, &lt->ag};
     const int64_t n[TAPE_FIELDS] = {d, n1 * d, n1 * ln, n1, qn * qd, kn * kvd, qn * H, kn * G,
                                     qd, kvd, kvd, qd, p1 * d, p1 * ln, p1, r1 * d,
                                     r1 * ln, r1, d, n2 * d, n2 * ln, n2, gated * F,
-                                    F, p2 * d, p2 * ln, p2, r2 * d, r2 * ln, r2};
+                                    F, p2 * d, p2 * ln, p2, r2 * d, r2 * ln, r2, ag * qd, ag * qd};
     memcpy(fields, f, sizeof f);
     memcpy(sizes, n, sizeof n);
 }

@@ -18,7 +18,8 @@
  *   q = Wq a + bq,  k = Wk a + bk,  v = Wv a + bv
  *   q, k = rmsnorm per head (attn_q_norm, attn_k_norm)          (QK-norm: Qwen3, Gemma 3)
  *   q, k = rope(q, k; layer's inv_freq)        (when the model has rotary positions)
- *   z = attention(q, k, v; scale, softcap, window[l], bidirectional)
+ *   z = attention(q, k, v; scale, softcap, window[l], bidirectional; attn_variant, attn_sinks)
+ *   z = z ⊙ sigmoid(W_g a)                     (gated attention: attn_gate; attn_variant GATED)
  *   o = Wo z + bo;  o = norm(o; attn_post_norm)                 (Gemma 2/3)
  *   x = x + o;      x = norm(x; attn_res_norm)                  (post-LN: BERT)
  *   the MLP the same way: ffn_norm, [gate], up, act, down, ffn_post_norm, ffn_res_norm.
@@ -40,11 +41,17 @@ typedef struct {
     const float *bq, *bk, *bv, *bo;         /* NULL or (H*hd), (G*hd), (G*hd), (d) */
     sl_weight w_gate, w_up, w_down;         /* (F, d), (F, d), (d, F); w_gate.data NULL: ungated */
     const float *b_gate, *b_up, *b_down;    /* NULL or (F), (F), (d) */
+    const float *attn_sinks;                /* NULL or (H): learned sink logits s_h (SL_ATTN_SINK_LOGIT) */
+    sl_weight attn_gate;                    /* (H*hd, d) gated attention's W_g; data NULL: ungated */
     const float *rope_inv_freq;             /* (hd/2): this layer's RoPE frequencies, or NULL */
     int64_t window;                         /* sliding-window length, 0: full attention */
 } sl_layer_weights;
 
 enum { SL_NORM_RMS = 0, SL_NORM_LAYER = 1 };
+
+/* sl_model.attn_variant beyond the kernel's SL_ATTN_* (attention.h): softmax attention whose output
+ * each layer gates elementwise, z ⊙ sigmoid(W_g a) (Qiu et al. 2025, G1). */
+enum { SL_ATTN_GATED = 3 };
 
 /* ---------------------------------------------------------------- the tensor schema
  * Every tensor the core reads, written once: the binding parses weights and gradient buffers
@@ -87,7 +94,9 @@ enum { SL_NORM_RMS = 0, SL_NORM_LAYER = 1 };
     X(ffn_post_norm, "ffn_post_norm", VECTOR, ffn_post_norm.w, D, NONE, 0, NORM)         \
     X(ffn_post_norm_b, "ffn_post_norm_b", VECTOR, ffn_post_norm.b, D, NONE, 0, NORM_BIAS) \
     X(ffn_res_norm, "ffn_res_norm", VECTOR, ffn_res_norm.w, D, NONE, 0, NORM)            \
-    X(ffn_res_norm_b, "ffn_res_norm_b", VECTOR, ffn_res_norm.b, D, NONE, 0, NORM_BIAS)
+    X(ffn_res_norm_b, "ffn_res_norm_b", VECTOR, ffn_res_norm.b, D, NONE, 0, NORM_BIAS)            \
+    X(attn_sinks, "attn_sinks", VECTOR, attn_sinks, H, NONE, 0, SINK)                    \
+    X(attn_gate, "attn_gate", MATRIX, attn_gate, QD, D, 0, MATRIX)
 
 #define SL_GLOBAL_TENSORS(X)                                                             \
     X(tok_embd, "tok_embd", MATRIX, tok_embd, V, D, 1, EMBEDDING)                        \
@@ -100,11 +109,11 @@ enum { SL_NORM_RMS = 0, SL_NORM_LAYER = 1 };
     X(lm_head, "lm_head", MATRIX, lm_head, V, D, 0, HEAD)
 
 /* The dimensions shapes are written in: d_model, n_heads*head_dim, n_kv_heads*head_dim,
- * head_dim, d_ff, vocab_size, n_pos; NONE (size 1) is the missing second axis of a vector. */
+ * head_dim, d_ff, vocab_size, n_pos, n_heads; NONE (size 1) is the missing second axis of a vector. */
 typedef enum { SL_DIM_NONE, SL_DIM_D, SL_DIM_QD, SL_DIM_KVD, SL_DIM_HD, SL_DIM_F, SL_DIM_V, SL_DIM_NPOS,
-               SL_DIM_COUNT } sl_dim;
+               SL_DIM_H, SL_DIM_COUNT } sl_dim;
 enum { SL_KIND_MATRIX, SL_KIND_VECTOR, SL_KIND_TABLE };
-enum { SL_ROLE_EMBEDDING, SL_ROLE_HEAD, SL_ROLE_NORM, SL_ROLE_NORM_BIAS, SL_ROLE_MATRIX, SL_ROLE_BIAS };
+enum { SL_ROLE_EMBEDDING, SL_ROLE_HEAD, SL_ROLE_NORM, SL_ROLE_NORM_BIAS, SL_ROLE_MATRIX, SL_ROLE_BIAS, SL_ROLE_SINK };
 /* Whether the model has a tensor of the given kind (its weight member w). */
 #define SL_HAS_MATRIX(w) ((w).data != NULL)
 #define SL_HAS_VECTOR(w) ((w) != NULL)
@@ -129,10 +138,10 @@ const char *sl_precision_name(int precision);
 /* A model's low-precision weight panels, one slot per weight product (SL_SLOTS_PER_LAYER per layer,
  * then the LM head), each NULL until its first use; a slot is filled once, by compare-and-swap, so
  * concurrent forwards may race to build a panel but only one is kept. */
-enum { SL_SLOTS_PER_LAYER = 7 };
+enum { SL_SLOTS_PER_LAYER = 8 };
 /* Layer l's weight products are slots l * SL_SLOTS_PER_LAYER + SL_SLOT_*; the LM head's is
  * n_layers * SL_SLOTS_PER_LAYER (sl_model_slot). */
-enum { SL_SLOT_Q, SL_SLOT_K, SL_SLOT_V, SL_SLOT_O, SL_SLOT_GATE, SL_SLOT_UP, SL_SLOT_DOWN };
+enum { SL_SLOT_Q, SL_SLOT_K, SL_SLOT_V, SL_SLOT_O, SL_SLOT_GATE, SL_SLOT_UP, SL_SLOT_DOWN, SL_SLOT_AGATE };
 typedef struct {
     int64_t n_slots;
     _Atomic(void *) *bf16;   /* sl_bf16_panels * */
@@ -162,6 +171,9 @@ typedef struct {
     float attn_scale;    /* multiplies q·k; 1/sqrt(head_dim) unless the family overrides it */
     float attn_softcap;  /* 0: none */
     float final_softcap; /* 0: none */
+    int attn_variant;    /* SL_ATTN_SOFTMAX, SL_ATTN_SINK_LOGIT (every layer has attn_sinks),
+                            SL_ATTN_SOFTMAX1 (sink logit 0, no tensor) or SL_ATTN_GATED (softmax
+                            attention, every layer has attn_gate); see attention.h */
     sl_weight tok_embd;             /* (V, d) */
     const float *pos_embd;          /* NULL or (n_pos, d): learned absolute positions */
     int64_t n_pos;
@@ -301,6 +313,8 @@ typedef struct {
     float *q_rstd, *k_rstd;      /* (T*H), (T*G) the QK-norm's 1/rms per row and head */
     float *q, *k, *v;            /* (T, H*hd), (T, G*hd), (T, G*hd) */
     float *z;                    /* (T, H*hd) attention output after interventions: what W_O reads */
+    float *za, *ag;              /* (T, H*hd) gated attention: z before the gate, and W_g a, the gate's
+                                    pre-activation (NULL when ungated) */
     float *o, *o_mean, *o_rstd;  /* (T, d) Wo z + bo, the attn_post_norm's input; its statistics */
     float *hr, *hr_mean, *hr_rstd; /* (T, d) x + o, the attn_res_norm's input; its statistics */
     float *h;                    /* (T, d) the stream after the attention block */
@@ -344,6 +358,9 @@ const char *sl_role_name(int role);
  * most (SL_ATTN_SEGMENTS per head); the per-thread score blocks and the (T, hd) RoPE tables
  * are not counted. Model.max_rows_per_call sizes calls with it. */
 int64_t sl_model_forward_floats(const sl_model *m, int64_t rows);
+
+/* The attention kernel's variant (SL_ATTN_*, attention.h) of m: its attn_variant, softmax for a gated model. */
+int sl_model_attn_kernel(const sl_model *m);
 
 /* The token positions a model can run: n_pos with learned positions, else no limit (INT64_MAX). */
 int64_t sl_model_max_positions(const sl_model *m);

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 F32 = NDArray[np.float32]
+I64 = NDArray[np.int64]
 Handle = Any  # a PyCapsule owning the C model
 
 has_openmp: int
@@ -68,6 +69,12 @@ def train_step(handle: Handle, grads: Dict[str, Any], params: F32, flat_grads: F
 # test-only entry points (the underscore ones)
 def _interrupt_check_gaps() -> Tuple[int, float]: ...
 def _team_size() -> int: ...
+def _attention(q: F32, k: F32, v: F32, n_heads: int, n_kv_heads: int, variant: int = ..., sinks: Optional[F32] = ...,
+               window: int = ..., softcap: float = ..., key_start: Optional[I64] = ..., keep_first: int = ...,
+               dout: Optional[F32] = ..., tq: Optional[F32] = ..., tk: Optional[F32] = ..., tv: Optional[F32] = ...,
+               tsinks: Optional[F32] = ...) -> Dict[str, F32]: ...
+def _attn_gate(z: F32, g: F32, dzg: Optional[F32] = ..., tz: Optional[F32] = ...,
+               tg: Optional[F32] = ...) -> Dict[str, F32]: ...
 def _int8_prepack(weight_bytes: NDArray[np.uint8], type: int, rows: int, cols: int, /) -> Any: ...
 def _linear_int8(a: F32, weight: Any, type: int = ..., rows: int = ..., cols: int = ..., out: Optional[F32] = ...,
                  accumulate: bool = ...) -> F32: ...

@@ -130,10 +130,10 @@ def test_schema_rows_name_every_tensor_once():
     assert norms <= layer and set(LAYER_BIASES) <= layer
     assert {n + "_b" for n in norms - set(QK_NORMS)} <= layer and not {n + "_b" for n in QK_NORMS} & layer
     assert base.MATRICES == ("tok_embd", "lm_head", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate",
-                             "ffn_up", "ffn_down")
+                             "ffn_up", "ffn_down", "attn_gate")  # attn_gate: gated attention (attn_variant)
     for scope, key, kind, shape, required, role in _core.tensor_schema():
         assert kind in ("matrix", "vector", "table") and len(shape) == (1 if kind == "vector" else 2), key
-        assert role in ("embedding", "head", "norm", "norm_bias", "matrix", "bias"), key
+        assert role in ("embedding", "head", "norm", "norm_bias", "matrix", "bias", "sink"), key
     assert {key for _, key, _, _, required, _ in _core.tensor_schema() if required} == {
         "tok_embd", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_up", "ffn_down"}
 

@@ -42,6 +42,11 @@ def is_matrix(key: str) -> bool:
     return base_name(key) in MATRICES
 
 
+def is_sink_logit(key: str) -> bool:
+    """A learned per-head attention sink logit s_h (``attn_sinks``, the ``"sink_logit"`` variant)."""
+    return base_name(key) == "attn_sinks"
+
+
 def is_norm_weight(key: str) -> bool:
     """A norm's multiplier (not its bias): the tensors Gemma stores as w with 1 + w applied."""
     return base_name(key).endswith("norm")
@@ -51,7 +56,7 @@ def _dim_sizes(cfg: ModelConfig) -> Dict[str, int]:
     """The sizes of the schema's dimension names for this config."""
     hd = cfg.head_dim
     return {"d": cfg.d_model, "qd": cfg.n_heads * hd, "kvd": cfg.n_kv_heads * hd, "hd": hd,
-            "F": cfg.d_ff, "V": cfg.vocab_size, "n_pos": cfg.n_pos}
+            "F": cfg.d_ff, "V": cfg.vocab_size, "n_pos": cfg.n_pos, "H": cfg.n_heads}
 
 
 def _shape(row: Tuple[Any, ...], sizes: Mapping[str, int]) -> Tuple[int, ...]:
@@ -68,11 +73,13 @@ def layer_shapes(cfg: ModelConfig) -> Dict[str, Tuple[int, ...]]:
         out[n] = _shape(_LAYER[n], sizes)
         if cfg.norm_kind == "layernorm" and n + "_b" in _LAYER:
             out[n + "_b"] = _shape(_LAYER[n + "_b"], sizes)
-    optional = {"ffn_gate": cfg.gated}  # the schema's one optional matrix
+    optional = {"ffn_gate": cfg.gated, "attn_gate": cfg.attn_variant == "gated"}  # the optional matrices
     for key, row in _LAYER.items():
         if row[5] == "matrix" and (row[4] or optional[key]):
             out[key] = _shape(row, sizes)
     out.update({b: _shape(_LAYER[b], sizes) for b in cfg.biases})
+    if cfg.attn_variant == "sink_logit":
+        out["attn_sinks"] = _shape(_LAYER["attn_sinks"], sizes)
     return out
 
 

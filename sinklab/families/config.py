@@ -14,6 +14,10 @@ NORM_KINDS = ("rmsnorm", "layernorm")
 ACTS = ("swiglu", "geglu_tanh", "gelu_tanh", "gelu")
 GATED_ACTS = ("swiglu", "geglu_tanh")
 POSITIONS = ("rope", "learned", "none")
+# The attention's normaliser or gate (csrc/attention.h, in the core's order): plain softmax; a learned
+# per-head sink logit in the denominator (gpt-oss); softmax-plus-one (the sink logit fixed at 0);
+# softmax attention with a sigmoid output gate (Qiu et al. 2025, G1).
+ATTN_VARIANTS = ("softmax", "sink_logit", "softmax1", "gated")
 # Per-layer norms a family may have (canonical names, see the contract in sinklab.model).
 LAYER_NORMS = ("attn_norm", "attn_q_norm", "attn_k_norm", "attn_post_norm", "attn_res_norm",
                "ffn_norm", "ffn_post_norm", "ffn_res_norm")
@@ -92,6 +96,13 @@ class ModelConfig:
             added to every token (BERT).
         layer_norms: the per-layer norms present (names from ``LAYER_NORMS``).
         biases: the per-layer projection biases present (names from ``LAYER_BIASES``).
+        attn_variant: one of ``ATTN_VARIANTS``. ``"softmax"``: p_ij = exp(z_ij) / sum_j' exp(z_ij').
+            ``"sink_logit"``: p_ij = exp(z_ij) / (exp(s_h) + sum_j' exp(z_ij')), s_h a learned
+            scalar per (layer, head) (tensor ``attn_sinks`` (H,)): the sink absorbs mass but adds
+            no value, so rows sum to < 1. ``"softmax1"``: the same with s_h = 0 fixed (no tensor).
+            ``"gated"``: softmax attention whose output z is gated, z' = z * sigmoid(a W_gᵀ)
+            before W_O, a the layer's normed input, W_g (H*hd, d) per layer (tensor
+            ``attn_gate``), no bias.
     """
 
     arch: str
@@ -128,6 +139,7 @@ class ModelConfig:
     type_embd: bool = False
     layer_norms: Tuple[str, ...] = ("attn_norm", "ffn_norm")
     biases: Tuple[str, ...] = ()
+    attn_variant: str = "softmax"
 
     def __post_init__(self) -> None:
         if not self.family:
@@ -142,6 +154,7 @@ class ModelConfig:
         self._check_choice("norm_kind", NORM_KINDS)
         self._check_choice("act", ACTS)
         self._check_choice("positions", POSITIONS)
+        self._check_choice("attn_variant", ATTN_VARIANTS)
         if self.positions == "rope" and self.head_dim % 2:
             raise ValueError(f"head_dim={self.head_dim} must be even for RoPE")
         if not _is_int(self.n_pos) or not 0 <= self.n_pos <= MAX_SIZE:
@@ -216,7 +229,8 @@ class ModelConfig:
             "norm_kind": NORM_KINDS.index(self.norm_kind), "act": ACTS.index(self.act),
             "bidirectional": bool(self.bidirectional), "embd_scale": float(self.embd_scale),
             "attn_softcap": float(self.attn_softcap), "final_softcap": float(self.final_softcap),
-            "window": None if self.window is None else list(self.window)}
+            "window": None if self.window is None else list(self.window),
+            "attn_variant": ATTN_VARIANTS.index(self.attn_variant)}
         if self.attn_scale is not None:  # else the core's own 1/sqrt(head_dim)
             out["attn_scale"] = float(self.attn_scale)
         return out

@@ -44,7 +44,10 @@ OPTIONAL_LAYER_NAMES = {
     "ffn_up_b": ("model.layers.{l}.mlp.up_proj.bias", "blk.{l}.ffn_up.bias"),
     "ffn_down_b": ("model.layers.{l}.mlp.down_proj.bias", "blk.{l}.ffn_down.bias"),
     "attn_q_norm": ("model.layers.{l}.self_attn.q_norm.weight", "blk.{l}.attn_q_norm.weight"),
-    "attn_k_norm": ("model.layers.{l}.self_attn.k_norm.weight", "blk.{l}.attn_k_norm.weight")}
+    "attn_k_norm": ("model.layers.{l}.self_attn.k_norm.weight", "blk.{l}.attn_k_norm.weight"),
+    # attention variants (ModelConfig.attn_variant): gpt-oss's name for the sink logits; the gate's W_g
+    "attn_sinks": ("model.layers.{l}.self_attn.sinks", "blk.{l}.attn_sinks.weight"),
+    "attn_gate": ("model.layers.{l}.self_attn.gate_proj.weight", "blk.{l}.attn_gate.weight")}
 _FORMATS = ("hf", "gguf")
 ATTN_BIASES = ("attn_q_b", "attn_k_b", "attn_v_b", "attn_output_b")
 MLP_BIASES = ("ffn_gate_b", "ffn_up_b", "ffn_down_b")

@@ -70,12 +70,16 @@ def step_dir_name(step: int) -> str:
 
 # ------------------------------------------------------------------ Hugging Face layout
 def model_kwargs(cfg: ModelConfig) -> Dict[str, Any]:
-    """The :func:`llama_config` arguments that rebuild ``cfg`` (JSON-able)."""
-    return dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, context_length=cfg.context_length,
-                rope_theta=float(cfg.rope_theta), norm_eps=float(cfg.norm_eps),
-                tied_embeddings=bool(cfg.tied_embeddings), bos_token_id=cfg.bos_token_id,
-                eos_token_id=cfg.eos_token_id)
+    """The :func:`llama_config` arguments that rebuild ``cfg`` (JSON-able); ``attn_variant`` only
+    when it is not ``"softmax"``, so softmax checkpoints keep the state they always had."""
+    out: Dict[str, Any] = dict(vocab_size=cfg.vocab_size, d_model=cfg.d_model, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
+               n_kv_heads=cfg.n_kv_heads, d_ff=cfg.d_ff, context_length=cfg.context_length,
+               rope_theta=float(cfg.rope_theta), norm_eps=float(cfg.norm_eps),
+               tied_embeddings=bool(cfg.tied_embeddings), bos_token_id=cfg.bos_token_id,
+               eos_token_id=cfg.eos_token_id)
+    if cfg.attn_variant != "softmax":
+        out["attn_variant"] = cfg.attn_variant
+    return out
 
 
 def hf_config(cfg: ModelConfig, init_std: float = 0.02) -> Dict[str, Any]:
@@ -92,7 +96,8 @@ def hf_config(cfg: ModelConfig, init_std: float = 0.02) -> Dict[str, Any]:
             "tie_word_embeddings": bool(cfg.tied_embeddings), "attention_bias": False, "mlp_bias": False,
             "attention_dropout": 0.0, "initializer_range": float(init_std), "use_cache": True,
             "bos_token_id": cfg.bos_token_id, "eos_token_id": cfg.eos_token_id,
-            "torch_dtype": "float32", "dtype": "float32"}
+            "torch_dtype": "float32", "dtype": "float32",
+            **({"sinklab_attn_variant": cfg.attn_variant} if cfg.attn_variant != "softmax" else {})}
 
 
 def hf_name(key: str) -> str:

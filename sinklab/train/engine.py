@@ -40,9 +40,12 @@ def check_train_precision(precision: Any) -> str:
 def llama_config(vocab_size: int, d_model: int = 256, n_layers: int = 4, n_heads: int = 4,
                  n_kv_heads: Optional[int] = None, d_ff: Optional[int] = None, context_length: int = 1024,
                  rope_theta: float = 10000.0, norm_eps: float = 1e-5, tied_embeddings: bool = False,
-                 bos_token_id: Optional[int] = None, eos_token_id: Optional[int] = None) -> ModelConfig:
+                 bos_token_id: Optional[int] = None, eos_token_id: Optional[int] = None,
+                 attn_variant: str = "softmax") -> ModelConfig:
     """A LLaMA-2-style decoder (RMSNorm, RoPE, SwiGLU, no biases), the paper's §5 architecture
-    at a CPU size. ``d_ff`` defaults to LLaMA's 8/3·d rounded up to a multiple of 64."""
+    at a CPU size. ``d_ff`` defaults to LLaMA's 8/3·d rounded up to a multiple of 64.
+    ``attn_variant``: the attention (``ModelConfig.attn_variant``): ``"softmax"``, or a variant
+    that needs no ⟨bos⟩ sink: ``"sink_logit"``, ``"softmax1"``, ``"gated"``."""
     if d_model % n_heads:
         raise ValueError(f"d_model={d_model} is not a multiple of n_heads={n_heads}")
     if d_ff is None:
@@ -50,7 +53,8 @@ def llama_config(vocab_size: int, d_model: int = 256, n_layers: int = 4, n_heads
     return ModelConfig(arch="llama", n_layers=n_layers, n_heads=n_heads, n_kv_heads=n_kv_heads or n_heads,
                        d_model=d_model, head_dim=d_model // n_heads, d_ff=d_ff, vocab_size=vocab_size,
                        context_length=context_length, rope_theta=rope_theta, norm_eps=norm_eps,
-                       tied_embeddings=tied_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id)
+                       tied_embeddings=tied_embeddings, bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+                       attn_variant=attn_variant)
 
 
 @dataclass(frozen=True)
@@ -78,8 +82,10 @@ def param_layout(cfg: ModelConfig) -> List[Slot]:
 
 
 def decays(name: str) -> bool:
-    """Weight decay applies to the matrices and the embedding (2-D tensors), not to norms."""
-    return not base.is_norm_weight(name)
+    """Weight decay applies to the matrices and the embedding (2-D tensors, gated attention's W_g
+    among them), not to norms nor to the sink logits s_h (a decay would pull every head's sink
+    towards 0, i.e. towards softmax-plus-one)."""
+    return not base.is_norm_weight(name) and not base.is_sink_logit(name)
 
 
 def lr_schedule(step: int, lr: float, min_lr: float, warmup: int, total: int) -> float:
@@ -197,14 +203,19 @@ class Trainer:
 
     def initialize(self, seed: int, std: float = 0.02) -> None:
         """GPT-2/LLaMA initialisation: norms 1; matrices and the embedding N(0, std²), the two
-        projections back into the residual stream (W_O, W_down) N(0, (std/sqrt(2L))²).
-        Drawn tensor by tensor in layout order from PCG64(seed), in float64 then rounded."""
+        projections back into the residual stream (W_O, W_down) N(0, (std/sqrt(2L))²); gated
+        attention's W_g N(0, std²) (the gate starts near sigmoid(0) = 1/2 everywhere); sink
+        logits s_h 0 (the sink starts as softmax-plus-one's). Drawn tensor by tensor in layout
+        order from PCG64(seed), in float64 then rounded; s_h draws nothing, so the other tensors
+        of a softmax model's layout get the same values as before the variants existed."""
         rng = np.random.Generator(np.random.PCG64(seed))
         out_std = std / math.sqrt(2 * self.config.n_layers)
         for s in self.layout:
             w = self.weights[s.name]
             if base.is_norm_weight(s.name):
                 w[...] = 1.0
+            elif base.is_sink_logit(s.name):
+                w[...] = 0.0
             else:
                 sd = out_std if s.name.endswith(("attn_output", "ffn_down")) else std
                 w[...] = rng.normal(0.0, sd, s.shape)

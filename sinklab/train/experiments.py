@@ -91,11 +91,14 @@ def seed_list(profile_name: str, seeds: Union[None, int, Sequence[int]] = None) 
 
 
 def run_config(profile_name: str, context: int, masking: str = "causal", fixed_bos: bool = False,
-               root: str = "sinklab-experiments", seed: int = 0, threads: Optional[int] = None) -> TrainConfig:
+               root: str = "sinklab-experiments", seed: int = 0, threads: Optional[int] = None,
+               attention: str = "softmax") -> TrainConfig:
     """The :class:`TrainConfig` of one run of a profile; its folder under ``root`` is named by
     its settings (so equal runs of the two experiments share one folder). The digest covers every
     setting, the seed included; seed 0's name is the one runs had before seeds were added, seed
-    s > 0 adds ``-s{s}``."""
+    s > 0 adds ``-s{s}``; ``attention`` other than ``"softmax"`` (a variant that needs no ⟨bos⟩
+    sink, :class:`TrainConfig`) adds ``-{attention}`` and enters the digest, softmax runs keep
+    their names."""
     p = profile(profile_name)
     if int(seed) < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
@@ -103,12 +106,16 @@ def run_config(profile_name: str, context: int, masking: str = "causal", fixed_b
                       tokens_per_step=p["tokens_per_step"], total_tokens=p["total_tokens"], steps=None,
                       lr=p["lr"], min_lr=p["min_lr"], warmup_steps=p["warmup_steps"],
                       eval_every=p["eval_every"], eval_docs=p["eval_docs"], eval_windows=p["eval_windows"],
-                      keep_last=1, seed=int(seed), threads=threads)
+                      keep_last=1, seed=int(seed), threads=threads, attention=attention).validate()
     key = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "threads", "keep_last", "keep_steps")}
     if key.get("precision") == "fp32":  # fp32 runs keep the names they had before the field existed
         del key["precision"]
+    if key.get("attention") == "softmax":  # so do softmax runs, from before the attention variants
+        del key["attention"]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
-    name = f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}{f'-s{seed}' if seed else ''}-{digest}"
+    variant = f"-{attention}" if attention != "softmax" else ""
+    name = (f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}{variant}{f'-s{seed}' if seed else ''}"
+            f"-{digest}")
     return dataclasses.replace(cfg, out_dir=os.path.join(root, name))
 
 

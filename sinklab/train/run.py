@@ -32,6 +32,7 @@ from ..system import clean_stale, write_text_atomic
 from ..tokenizer import Tokenizer
 from . import checkpoint as ckpt_io
 from .corpus import prepare_corpus
+from ..families.config import ATTN_VARIANTS
 from .engine import TRAIN_PRECISIONS, AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
 from .packing import Packer
@@ -83,6 +84,11 @@ class TrainConfig:
         heads (None: n_heads). d_ff: MLP width (None: 8/3 d_model rounded up to 64).
         rope_theta: RoPE base. norm_eps: RMSNorm epsilon. tied_embeddings: LM head = embedding.
         init_std: standard deviation of the initial matrices (W_O and W_down: / sqrt(2 L)).
+        attention: ``"softmax"`` (the default), or an attention variant that removes the need for a
+            ⟨bos⟩ sink (``ModelConfig.attn_variant``): ``"sink_logit"`` (a learned per-head logit
+            s_h in the softmax denominator, initialised to 0, no weight decay), ``"softmax1"``
+            (softmax-plus-one: s_h fixed at 0) or ``"gated"`` (a sigmoid gate on each head's
+            attention output, W_g initialised N(0, init_std²), decayed like the matrices).
 
     Packing (the paper's §5 strategies):
         context: C, tokens per training window (and the model's context length).
@@ -129,6 +135,7 @@ class TrainConfig:
     norm_eps: float = 1e-5
     tied_embeddings: bool = False
     init_std: float = 0.02
+    attention: str = "softmax"
     context: int = 256
     masking: str = "causal"
     fixed_bos: bool = False
@@ -196,6 +203,8 @@ class TrainConfig:
              f"give exactly one of steps and total_tokens (got steps={self.steps}, total_tokens={self.total_tokens})")
         need(self.n_steps >= 1, f"total_tokens={self.total_tokens} is less than one step of "
                                 f"{self.tokens_per_step} tokens")
+        need(self.attention in ATTN_VARIANTS,
+             f"attention must be one of {list(ATTN_VARIANTS)}, got {self.attention!r}")
         need(self.precision in TRAIN_PRECISIONS,
              f"precision must be one of {sorted(TRAIN_PRECISIONS)}, got {self.precision!r}")
         need(self.masking in MASKINGS, f"masking must be one of {MASKINGS}, got {self.masking!r}")
@@ -346,7 +355,8 @@ def _start_over(out_dir: str) -> None:
 
 def _check_same_run(config: TrainConfig, saved: Dict[str, Any], where: str) -> None:
     now = config.to_dict()
-    saved = {"precision": "fp32", **saved}  # runs saved before the field existed trained in fp32
+    # runs saved before these fields existed trained in fp32, with softmax attention
+    saved = {"precision": "fp32", "attention": "softmax", **saved}
     diff = [k for k in now if k not in TrainConfig.FREE_ON_RESUME and saved.get(k) != now[k]]
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in diff[:4])
@@ -450,7 +460,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     mcfg = llama_config(_vocab_size(corpus, tok), d_model=config.d_model, n_layers=config.n_layers,
                         n_heads=config.n_heads, n_kv_heads=config.n_kv_heads, d_ff=config.d_ff, context_length=C,
                         rope_theta=float(config.rope_theta), norm_eps=float(config.norm_eps),
-                        tied_embeddings=config.tied_embeddings, bos_token_id=bos_id, eos_token_id=eos_id)
+                        tied_embeddings=config.tied_embeddings, bos_token_id=bos_id, eos_token_id=eos_id,
+                        attn_variant=config.attention)
     opt = AdamW(beta1=float(config.beta1), beta2=float(config.beta2), eps=float(config.adam_eps),
                 weight_decay=float(config.weight_decay), grad_clip=float(config.grad_clip))
     os.makedirs(out, exist_ok=True)

@@ -11,7 +11,8 @@ u8p = C.POINTER(C.c_uint8)
 
 class Shape(C.Structure):
     _fields_ = [("T", C.c_int64), ("n_heads", C.c_int64), ("n_kv_heads", C.c_int64), ("head_dim", C.c_int64),
-                ("scale", C.c_float), ("bidirectional", C.c_int), ("window", C.c_int64), ("softcap", C.c_float)]
+                ("scale", C.c_float), ("bidirectional", C.c_int), ("window", C.c_int64), ("softcap", C.c_float),
+                ("variant", C.c_int), ("sinks", f32p)]  # variant 0 (softmax) and no sinks unless given
 
 
 class Intervention(C.Structure):
