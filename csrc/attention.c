@@ -148,29 +148,6 @@ static int check_mask(const sl_attn_shape *s) {
  * (scale, divide, tanh, multiply) so that the rounding matches its eager attention. */
 static inline float capped_score(float x, float scale, float cap) { return tanhf(x * scale / cap) * cap; }
 
-/* The probabilities of one row's visible scores x[0..n) with a sink logit in the denominator:
- * x_j <- exp(x_j - m) / (exp(sink - m) + sum_j' exp(x_j' - m)), m the max of the scores and the
- * sink, so neither a large score nor a large sink overflows. Returns the entropy -sum_j p_j log p_j
- * of the keys (nats; the sink's own mass is no key's). Scalar, in order: the same bits for any
- * thread count (the plain softmax keeps its SIMD kernel). */
-static float sink_softmax(float *x, int64_t n, float sink) {
-    float m = sink;
-    for (int64_t j = 0; j < n; j++)
-        if (x[j] > m) m = x[j];
-    double sum = exp((double)sink - (double)m);
-    for (int64_t j = 0; j < n; j++) {
-        x[j] = expf(x[j] - m);
-        sum += (double)x[j];
-    }
-    const double inv = 1.0 / sum;
-    double h = 0.0;
-    for (int64_t j = 0; j < n; j++) {
-        const float p = (float)((double)x[j] * inv);
-        x[j] = p;
-        if (p > 0.0f) h -= (double)p * log((double)p);
-    }
-    return (float)h;
-}
 
 /* Probabilities of queries [i0, i1) over the block's keys [ka, kb) in place in p (p points at
  * key ka of query i0, row stride ld; keys outside a query's range are zero), with the per-row
@@ -202,7 +179,7 @@ static int probs_block(const sl_attn_shape *s, const head_opts *o, const float *
             memmove(seg, row + fa - fo, (size_t)nk1 * sizeof(float));
             for (int64_t c = 0; c < nk1; c++) seg[c] = cap > 0.0f ? capped_score(seg[c], s->scale, cap) : seg[c] * s->scale;
         }
-        const float h = o->sink ? sink_softmax(seg, nk1 + hi + 1 - lo, o->sink_logit)
+        const float h = o->sink ? sl_softmax_sink_entropy(seg, nk1 + hi + 1 - lo, o->sink_logit)
                                 : sl_softmax_entropy(seg, nk1 + hi + 1 - lo);
         if (nk1 > 0) memmove(row + fa - fo, seg, (size_t)nk1 * sizeof(float));
         if (capture) {

@@ -725,6 +725,19 @@ static float softmax_kernel(float *x, int64_t n, double *lse) {
 
 float sl_softmax_entropy(float *x, int64_t n) { return n <= 0 ? 0.0f : softmax_kernel(x, n, NULL); }
 
+/* The sink's share leaves each key the fraction c = Z / (Z + e^s) of its softmax probability
+ * (Z = sum exp(x)), so the vectorised softmax and one scale give the variant: p'_j = c p_j and
+ * H' = -sum p'_j log p'_j = c (H - log c). */
+float sl_softmax_sink_entropy(float *x, int64_t n, float sink) {
+    if (n <= 0) return 0.0f;
+    double lse = 0.0;
+    const double h = softmax_kernel(x, n, &lse);
+    const double c = 1.0 / (1.0 + exp((double)sink - lse));
+    const float cf = (float)c;
+    for (int64_t i = 0; i < n; i++) x[i] *= cf;
+    return c > 0.0 ? (float)(c * (h - log(c))) : 0.0f;
+}
+
 double sl_softmax_lse(float *x, int64_t n) {
     double lse = 0.0;
     if (n > 0) softmax_kernel(x, n, &lse);

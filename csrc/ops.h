@@ -110,6 +110,9 @@ void sl_swiglu_jvp(float *dh, const float *dg, const float *du, const float *dh_
 /* Numerically safe softmax of x[0..n) in place (max subtracted, sums in double); returns the
  * entropy of the result in nats, from log Z - E[x - max] so no per-element log is needed. */
 float sl_softmax_entropy(float *x, int64_t n);
+/* The softmax with an extra logit `sink` in the denominator, exp(x_j) / (exp(sink) + sum_i exp(x_i)),
+ * in place; returns the entropy of the keys' probabilities (the sink's mass left out). */
+float sl_softmax_sink_entropy(float *x, int64_t n, float sink);
 /* The same softmax in place; returns log(sum_i exp(x_i)) (the cross-entropy's normaliser) in double. */
 double sl_softmax_lse(float *x, int64_t n);
 
