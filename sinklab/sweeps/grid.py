@@ -89,7 +89,8 @@ SETTINGS_KEYS: Dict[str, Tuple[str, ...]] = {
     "train": ("profile",) + ("corpus_root", "vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads",
                              "d_ff", "context", "masking", "fixed_bos", "tokens_per_step", "total_tokens",
                              "steps", "lr", "min_lr", "warmup_steps", "seed", "eval_every", "eval_docs",
-                             "eval_windows", "grad_clip", "weight_decay", "init_std", "rope_theta"),
+                             "eval_windows", "grad_clip", "weight_decay", "init_std", "rope_theta",
+                             "attention", "precision"),
 }
 
 INTERVENTION_KINDS = ("mask_first", "zero_first_value", "zero_first_value_all")
