@@ -300,3 +300,38 @@ def test_train_config_attention_field():
     assert run_config("quick", 256, "intra_doc", True).out_dir.endswith("quick-C256-intra_doc-bos-0d750ced06")
     names = {run_config("quick", 64, attention=a).out_dir for a in ("softmax",) + VARIANTS}
     assert len(names) == 4 and run_config("quick", 64, attention="gated").out_dir.split("-")[-2] == "gated"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_load_of_a_variant_checkpoint_runs_the_variant(variant, tmp_path):
+    """sinklab.load of a saved variant checkpoint reads its sink logits / gate (config.json's
+    sinklab_attn_variant): its logits are the float64 reference's of the same weights (a softmax
+    LLaMA built from the same file would differ by the sink's share or the gate)."""
+    tr = trainer(variant)
+    folder = ckpt_io.save_checkpoint(tr, str(tmp_path / "run"))
+    m = sinklab.load(folder)
+    assert m.config.attn_variant == variant
+    ids = np.random.default_rng(3).integers(0, V, T)
+    got = m.run(ids, capture="logits", progress=False).logits
+    P = params64(tr.weights)
+    cfg = tr.config
+    h = ref_layers(P, P["tok_embd"][torch.as_tensor(ids)], cfg, dense_mask())[-1]
+    ref = (rms(h, P["out_norm"], cfg.norm_eps) @ P["lm_head"].T).detach().numpy()
+    assert rel(got, ref) <= RTOL
+    softmax_cfg = ModelConfig(**{**cfg.__dict__, "attn_variant": "softmax"})
+    h0 = ref_layers(P, P["tok_embd"][torch.as_tensor(ids)], softmax_cfg, dense_mask())[-1]
+    assert rel(got, (rms(h0, P["out_norm"], cfg.norm_eps) @ P["lm_head"].T).detach().numpy()) > 100 * RTOL
+
+
+def test_load_rejects_an_unknown_variant_in_config(tmp_path):
+    import json
+    import shutil
+    tr = trainer("softmax1")
+    folder = ckpt_io.save_checkpoint(tr, str(tmp_path / "run"))
+    bad = tmp_path / "bad"
+    shutil.copytree(folder, bad)
+    c = json.loads((bad / "config.json").read_text())
+    c["sinklab_attn_variant"] = "sigmoid"
+    (bad / "config.json").write_text(json.dumps(c))
+    with pytest.raises(ValueError, match="attn_variant"):
+        sinklab.load(str(bad))

@@ -95,7 +95,10 @@ def config_from_hf(c: Dict[str, Any], path: str) -> ModelConfig:
     window = None
     if c["model_type"] == "mistral" and c.get("sliding_window"):
         window = (int(c["sliding_window"]),) * kw["n_layers"]  # every Mistral layer slides
-    return ModelConfig(**kw, biases=biases, window=window)
+    # sinklab's own checkpoints of an attention variant (sinklab.train.checkpoint) say so here;
+    # transformers' LLaMA would ignore the sink or gate tensors, so nothing else names it
+    variant = c.get("sinklab_attn_variant", "softmax")
+    return ModelConfig(**kw, biases=biases, window=window, attn_variant=variant)
 
 
 def config_from_gguf(meta: Any) -> ModelConfig:
