@@ -92,3 +92,34 @@ def test_token_trend_on_an_exact_line():
     assert slope == pytest.approx(0.05) and t == pytest.approx(8e6)   # 0.1 + 0.05 * 8 = 0.5
     assert mini.token_trend([[1e6, 0.3], [2e6, 0.2], [3e6, 0.1]], 0.1)[1] is None   # falling: never
     assert mini.token_trend([[1e6, 0.1]], 0.1) == (None, None)
+
+
+def _vrow(attention, bos, text, sink=0.1, **setting):
+    base = {k: None for k in mini.SETTING_KEYS}
+    base.update({"d_model": 128, "n_layers": 4, "n_heads": 8, "tokens": 1000, "seed": 0, **setting})
+    bos, text = np.asarray(bos, float), np.asarray(text, float)
+    d = text - bos
+    return {**base, "attention": attention, "run": attention, "per_doc_bos": list(bos), "per_doc_text": list(text),
+            "sink_bos": sink, "a0_ratio": 2.0, "delta_loss": d.mean(), "delta_lo": d.min(), "delta_hi": d.max(),
+            "val_loss_bos": bos.mean()}
+
+
+def test_variant_rows_pair_documents_with_the_softmax_run_of_the_same_setting():
+    r = np.random.default_rng(0)
+    bos = 3.0 + r.random(40)
+    soft = _vrow("softmax", bos, bos + 0.05 + 0.01 * r.random(40), sink=0.15)
+    # the sink logit closes the gap (text == bos + ~0) and lowers the loss on every document
+    sink = _vrow("sink_logit", bos - 0.02, bos - 0.02 + 0.001 * r.standard_normal(40), sink=0.0)
+    same = _vrow("gated", bos + 0.001 * r.standard_normal(40), np.asarray(soft["per_doc_text"]), sink=0.2)
+    other = _vrow("softmax1", bos, bos, n_heads=4)       # no softmax run with 4 heads: left out
+    out = {v["attention"]: v for v in mini.variant_rows([soft, sink, same, other])}
+    assert set(out) == {"sink_logit", "gated"}
+    want = np.mean((np.subtract(sink["per_doc_text"], sink["per_doc_bos"]))
+                   - (np.subtract(soft["per_doc_text"], soft["per_doc_bos"])))
+    assert out["sink_logit"]["gap_change"] == pytest.approx(want, rel=1e-12)
+    assert out["sink_logit"]["gap_change_lo"] <= want <= out["sink_logit"]["gap_change_hi"]
+    assert out["sink_logit"]["dependence"] == "less on ⟨bos⟩" and out["sink_logit"]["loss"] == "lower"
+    assert out["sink_logit"]["loss_change"] == pytest.approx(-0.02, abs=1e-12)
+    assert out["gated"]["loss"] == "no difference resolved"
+    md = mini.variants_markdown(list(out.values()))
+    assert "sink_logit: sink rate 0.0 % against softmax's 15.0 %" in md and "depends less on ⟨bos⟩" in md

@@ -45,7 +45,7 @@ from .run import read_log
 TARGET_SINK = 0.30     # sink rate at eps 0.3 with <bos> (the issue's Table 2 target)
 TARGET_LOSS = 0.5      # nats the loss must rise by when <bos> is removed, the whole interval
 SETTING_KEYS = ("d_model", "n_layers", "n_heads", "context", "vocab_size", "lr", "min_lr", "weight_decay",
-                "tokens_per_step", "warmup_steps", "masking", "fixed_bos", "attention")
+                "tokens_per_step", "warmup_steps", "masking", "fixed_bos", "seed", "attention")
 
 
 def bos_dependence(run_dir: str, corpus: Any = None, n_docs: Optional[int] = None, seed: int = 0) -> Dict[str, Any]:
@@ -151,6 +151,7 @@ def search_row(run_dir: str, corpus: Any = None, threads: Optional[int] = None) 
         "wall_s": float(log[-1]["wall_s"]), "threads": cfg.get("threads") or threads,
         "val_loss_bos": dep["loss_bos"], "val_loss_text": dep["loss_text"],
         "delta_loss": d.value, "delta_lo": d.lo, "delta_hi": d.hi, "n_docs": dep["n_docs"],
+        "per_doc_bos": [float(x) for x in dep["per_doc_bos"]], "per_doc_text": [float(x) for x in dep["per_doc_text"]],
         "sink_bos": float(last["sink_bos_0.3"]), "sink_text": float(last["sink_text_0.3"]),
         "a0_bos": float(last["importance_bos"]), "a0_uniform": uniform_first_importance(T),
         "a0_curve": [[int(x["tokens"]), float(x["importance_bos"])] for x in log if x.get("importance_bos") is not None],
@@ -231,6 +232,95 @@ def search_reading(rows: Sequence[Dict[str, Any]]) -> str:
     return out
 
 
+VARIANT_KEYS = tuple(k for k in SETTING_KEYS if k != "attention") + ("tokens",)
+
+
+def _same_setting(a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    return all(a.get(k) == b.get(k) for k in VARIANT_KEYS)
+
+
+def _direction(iv: Any, less: str, more: str) -> str:
+    if iv.hi < 0:
+        return less
+    if iv.lo > 0:
+        return more
+    return "no difference resolved"
+
+
+def variant_rows(rows: Sequence[Dict[str, Any]], seed: int = 0) -> List[Dict[str, Any]]:
+    """Issue item "attention variants": each variant run beside the softmax run of the same
+    setting (model, data, schedule, tokens, seed), on the same held-out documents. Per variant:
+    the change of the ⟨bos⟩ loss gap (variant's Δ loss − softmax's, paired over documents, 95 %
+    bootstrap) and of the validation loss with ⟨bos⟩ (the same pairing), the sink rates at ε 0.3
+    with ⟨bos⟩ side by side, and readings from the intervals: ``dependence`` is ``"less on
+    ⟨bos⟩"`` when the gap's change lies wholly below zero, ``"more on ⟨bos⟩"`` wholly above,
+    else ``"no difference resolved"``; ``loss`` likewise ``"lower"`` / ``"higher"``. Variants
+    without a softmax run of their setting are left out."""
+    out = []
+    for v in rows:
+        if v.get("attention") in (None, "softmax") or "per_doc_bos" not in v:
+            continue
+        base = [r for r in rows if r.get("attention") in (None, "softmax") and _same_setting(r, v)
+                and len(r.get("per_doc_bos", ())) == len(v["per_doc_bos"])]
+        if not base:
+            continue
+        b = base[0]
+        gap_v = np.subtract(v["per_doc_text"], v["per_doc_bos"])
+        gap_b = np.subtract(b["per_doc_text"], b["per_doc_bos"])
+        gap = paired_difference(gap_b, gap_v, seed=seed)
+        loss = paired_difference(b["per_doc_bos"], v["per_doc_bos"], seed=seed)
+        out.append({"attention": v["attention"], "run": v["run"], "softmax_run": b["run"],
+                    "setting": {k: v.get(k) for k in VARIANT_KEYS},
+                    "sink_bos": v["sink_bos"], "sink_bos_softmax": b["sink_bos"],
+                    "a0_ratio": v["a0_ratio"], "a0_ratio_softmax": b["a0_ratio"],
+                    "delta_loss": v["delta_loss"], "delta_lo": v["delta_lo"], "delta_hi": v["delta_hi"],
+                    "delta_loss_softmax": b["delta_loss"],
+                    "gap_change": gap.value, "gap_change_lo": gap.lo, "gap_change_hi": gap.hi,
+                    "val_loss_bos": v["val_loss_bos"], "val_loss_bos_softmax": b["val_loss_bos"],
+                    "loss_change": loss.value, "loss_change_lo": loss.lo, "loss_change_hi": loss.hi,
+                    "dependence": _direction(gap, "less on ⟨bos⟩", "more on ⟨bos⟩"),
+                    "loss": _direction(loss, "lower", "higher")})
+    return out
+
+
+def variants_markdown(vrows: Sequence[Dict[str, Any]]) -> str:
+    """The variants table and its computed reading (:func:`variant_rows`)."""
+    if not vrows:
+        return "No attention-variant run has a finished softmax run of the same setting.\n"
+    head = ("| attention | sink % ε 0.3 (softmax) | a₀ / uniform (softmax) | Δ loss w/o ⟨bos⟩ (softmax) | "
+            "change of the gap [95 % CI] | val loss ⟨bos⟩ (softmax) | change [95 % CI] | reading |\n"
+            "|---|---:|---:|---|---|---:|---|---|\n")
+    lines = []
+    for r in vrows:
+        lines.append(
+            f"| {r['attention']} | {100 * r['sink_bos']:.1f} ({100 * r['sink_bos_softmax']:.1f}) | "
+            f"{r['a0_ratio']:.2f} ({r['a0_ratio_softmax']:.2f}) | {r['delta_loss']:+.3f} "
+            f"[{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] ({r['delta_loss_softmax']:+.3f}) | "
+            f"{r['gap_change']:+.3f} [{r['gap_change_lo']:+.3f}, {r['gap_change_hi']:+.3f}] | "
+            f"{r['val_loss_bos']:.3f} ({r['val_loss_bos_softmax']:.3f}) | "
+            f"{r['loss_change']:+.3f} [{r['loss_change_lo']:+.3f}, {r['loss_change_hi']:+.3f}] | "
+            f"{r['dependence']}; loss {r['loss']} |")
+    return head + "\n".join(lines) + "\n\n" + variants_reading(vrows) + "\n"
+
+
+def variants_reading(vrows: Sequence[Dict[str, Any]]) -> str:
+    """One sentence per variant from its intervals (no verdict is written by hand)."""
+    parts = []
+    for r in vrows:
+        dep = {"less on ⟨bos⟩": "depends less on ⟨bos⟩ than softmax attention",
+               "more on ⟨bos⟩": "depends more on ⟨bos⟩ than softmax attention",
+               "no difference resolved": "depends on ⟨bos⟩ as much as softmax attention, within the interval"}
+        zero = r["delta_lo"] <= 0 <= r["delta_hi"]
+        parts.append(
+            f"{r['attention']}: sink rate {100 * r['sink_bos']:.1f} % against softmax's {100 * r['sink_bos_softmax']:.1f} %; "
+            f"it {dep[r['dependence']]} (gap {r['gap_change']:+.3f} nats [{r['gap_change_lo']:+.3f}, "
+            f"{r['gap_change_hi']:+.3f}]{'; its own gap is not distinguishable from zero' if zero else ''}), "
+            f"and its validation loss with ⟨bos⟩ is "
+            f"{'the same within the interval' if r['loss'] == 'no difference resolved' else r['loss']} "
+            f"({r['loss_change']:+.3f} [{r['loss_change_lo']:+.3f}, {r['loss_change_hi']:+.3f}]).")
+    return " ".join(parts)
+
+
 def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = True,
                  threads: Optional[int] = None) -> List[Dict[str, Any]]:
     """Rows of every finished run written to ``out_prefix.json`` and ``out_prefix.md``."""
@@ -240,6 +330,10 @@ def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = Tr
                   default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
     with open(out_prefix + ".md", "w") as f:
         f.write(search_markdown(rows))
+    vrows = variant_rows(rows)
+    if vrows:
+        with open(out_prefix + "-variants.md", "w") as f:
+            f.write(variants_markdown(vrows))
     return rows
 
 
