@@ -130,3 +130,67 @@ def test_report_section_reading_follows_the_interval(smollm2_model, monkeypatch)
     assert Interval.from_dict(res["dnll_sink"]).value == pytest.approx(
         np.mean(np.asarray(res["nll_sink"]) - np.asarray(res["nll_base"])))
     assert set(BA.figures({"m": res})) == {"beyond_ablation.png"}
+
+
+def hf_mean_run(ref_model, seqs, conds):
+    """Per condition the NLL per prompt, each condition's heads' o_proj inputs replaced at every
+    position by their mean over the prompts and positions of the unhooked reference."""
+    torch = rm.require("torch")
+    H = ref_model.config.num_attention_heads
+    L = ref_model.config.num_hidden_layers
+    sums, hooks = {}, []
+
+    def grab(layer):
+        def pre(_mod, args):
+            x = args[0][0].double()
+            sums[layer] = sums.get(layer, 0.0) + x.view(x.shape[0], H, -1).sum(0)
+        return pre
+    for layer in range(L):
+        hooks.append(ref_model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(grab(layer)))
+    try:
+        with torch.no_grad():
+            for ids in seqs:
+                ref_model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), use_cache=False)
+    finally:
+        for h in hooks:
+            h.remove()
+    mean = {l: (sums[l] / (len(seqs) * seqs.shape[1])).float() for l in sums}
+    out = {}
+    for name, heads in conds.items():
+        hooks = []
+        for layer in sorted({int(h[0]) for h in heads}):
+            hs = [int(h[1]) for h in heads if int(h[0]) == layer]
+
+            def pre(_mod, args, hs=hs, layer=layer):
+                x = args[0].clone()
+                B, n, d = x.shape
+                x = x.view(B, n, H, d // H)
+                x[:, :, hs] = mean[layer][hs]
+                return (x.view(B, n, d),)
+            hooks.append(ref_model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(pre))
+        try:
+            with torch.no_grad():
+                out[name] = [nll_rows(ref_model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]),
+                                                use_cache=False).logits[0].float().numpy()[:-1], ids[1:]).mean()
+                             for ids in seqs]
+        finally:
+            for h in hooks:
+                h.remove()
+    return out
+
+
+def test_mean_ablation_matches_transformers_with_mean_outputs(smollm2_model, smollm2_reference, seqs):
+    """ablation="mean": the heads' o_proj inputs replaced by their means over the prompts and
+    positions, as a transformers pre-hook computes them from its own unablated forward."""
+    r = head_ablation(smollm2_model, load_passages("sinks")[:P], T=T, n_top=4, draws=2, progress=False,
+                      ablation="mean")
+    assert r.ablation == "mean" and r.to_dict()["ablation"] == "mean"
+    conds = {"sink": r.sink_heads, **{f"random_{d}": x for d, x in enumerate(r.random_heads)}}
+    ref = hf_mean_run(smollm2_reference[0], seqs, conds)
+    np.testing.assert_allclose(r.nll_sink, ref["sink"], atol=2e-4)
+    for d in range(len(r.random_heads)):
+        np.testing.assert_allclose(r.nll_random[d], ref[f"random_{d}"], atol=2e-4)
+    zero = head_ablation(smollm2_model, load_passages("sinks")[:P], T=T, n_top=4, draws=1, progress=False)
+    assert np.any(np.abs(r.nll_sink - zero.nll_sink) > 1e-3)   # the mean is not the zero ablation
+    with pytest.raises(ValueError, match="ablation"):
+        head_ablation(smollm2_model, load_passages("sinks")[:2], T=16, draws=1, progress=False, ablation="resample")

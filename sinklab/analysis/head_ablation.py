@@ -9,6 +9,13 @@ the unablated model, and how does that compare with switching off n random *non-
 with the same number of heads in each layer (a matched layer histogram), over many draws? A
 cheap task delta comes from the same forward: the change of next-token top-1 accuracy.
 
+Two ablations (``ablation``): ``"zero"`` scales the head's output by 0 (``head_scale``);
+``"mean"`` (mean-ablation) replaces the head's output z_h (what W_O reads) at every position with
+its mean over the P prompts and all their positions in the unablated model (an
+:mod:`activation patch <sinklab.patching>` of ``z``), which keeps the constant part of what the head
+writes: a sink head whose output is near a constant (attention parked on ⟨bos⟩, whose value is
+small) should then cost less than under zero-ablation.
+
 Heads are chosen greedily by a_0, a head being taken only while its layer still has an unchosen
 non-sink head to match it (so every draw can match the histogram); n is at most ``n_top``.
 Baseline a_0 and all NLLs are measured on the same P prompts (their first T tokens, the model's
@@ -20,11 +27,12 @@ prompt-mean Δ_sink (an empirical p-value over draws).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from ..interventions import Intervention
+from ..patching import Patch
 from ..progress import progress_bar
 from ..prompts import load_passages
 from ..reprs import compact_repr
@@ -51,6 +59,7 @@ class HeadAblation:
             sink heads off; ``nll_random`` (D, P) with each draw's heads off.
         acc_base, acc_sink (P,), acc_random (D, P): next-token top-1 accuracy per prompt.
         eps, T, bos, model: the setting; n_sink_total the heads with mean a_0 > eps.
+        ablation: ``"zero"`` or ``"mean"`` (module docstring).
     """
 
     a0: np.ndarray
@@ -67,6 +76,7 @@ class HeadAblation:
     bos: bool
     model: str
     n_sink_total: int
+    ablation: str = "zero"
     extra: Dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -137,9 +147,23 @@ def _scales(L: int, H: int, heads: np.ndarray) -> Intervention:
     return Intervention(head_scale=s)
 
 
+def _mean_patches(z_mean: np.ndarray, heads: np.ndarray, T: int) -> List[Patch]:
+    """One ``z`` patch per layer of ``heads``: those heads' outputs at all T positions replaced by
+    their means z_mean (L, H, hd)."""
+    out = []
+    for l in np.unique(heads[:, 0]):
+        hs = heads[heads[:, 0] == l, 1]
+        value = np.broadcast_to(z_mean[l, hs][:, None, :], (len(hs), T, z_mean.shape[2]))
+        out.append(Patch("z", value.astype(np.float32), layer=int(l), heads=hs))
+    return out
+
+
+ABLATIONS = ("zero", "mean")
+
+
 def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int = 128, n_top: int = 8,
                   draws: int = 20, eps: float = 0.3, bos: Optional[bool] = None, seed: int = 0,
-                  progress: bool = True) -> HeadAblation:
+                  progress: bool = True, ablation: str = "zero") -> HeadAblation:
     """Ablates the top sink heads and ``draws`` matched sets of random non-sink heads; NLL and
     top-1 accuracy per prompt for each (see the module docstring).
 
@@ -152,6 +176,8 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
         eps: the sink threshold on mean a_0 (0 < eps < 1).
         bos: lead with the model's ⟨bos⟩; None: the model's own rule.
         progress: a progress bar over the runs.
+        ablation: ``"zero"`` (the head writes nothing) or ``"mean"`` (its output is its mean over
+            the prompts and positions), module docstring.
 
     Returns:
         A :class:`HeadAblation`; ValueError when no head can be matched or a setting is bad.
@@ -159,6 +185,8 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
     eps = check_eps(eps)
     if not model.config.has_lm_head or model.config.bidirectional:
         raise ValueError(f"{model.name}: head ablation needs a causal language model with an LM head")
+    if ablation not in ABLATIONS:
+        raise ValueError(f"ablation={ablation!r}; expected one of {ABLATIONS}")
     if int(n_top) < 1 or int(draws) < 1:
         raise ValueError(f"n_top={n_top} and draws={draws} must be >= 1")
     if bos is None:
@@ -173,6 +201,8 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
     nll = np.empty((len(conds), len(seqs)))
     acc = np.empty_like(nll)
     a0 = np.zeros((L, H))
+    z_sum = np.zeros((L, H, model.config.head_dim)) if ablation == "mean" else None
+    z_mean: Optional[np.ndarray] = None
     heads: Dict[str, np.ndarray] = {}
     tr = None
     bar = progress_bar(range(len(conds) * len(seqs)), progress, desc=f"head ablation ({model.name})", unit="run")
@@ -180,21 +210,29 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
     for c, name in enumerate(conds):
         if c == 1:
             a0 /= len(seqs)
+            z_mean = None if z_sum is None else z_sum / (len(seqs) * seqs.shape[1])
             heads["sink"] = top_sink_heads(a0, eps, int(n_top))
             if not len(heads["sink"]):
                 raise ValueError(f"{model.name}: no sink head (mean a_0 > {eps}) with a non-sink head beside it "
                                  f"in its layer at T={T}")
         if name.startswith("random_"):
             heads[name] = matched_random_heads(a0, eps, heads["sink"], np.random.default_rng([seed, c - 2]))
-        iv = None if name == "base" else _scales(L, H, heads[name])
+        iv = patches = None
+        if name != "base" and z_mean is None:
+            iv = _scales(L, H, heads[name])
+        elif name != "base":
+            patches = _mean_patches(z_mean, heads[name], int(seqs.shape[1]))
         for p, ids in enumerate(seqs):
             next(it, None)
-            cap = ("logits", "stats") if name == "base" else ("logits",)
-            run = model.run(ids, capture=cap, intervene=iv, progress=False, out=None if name == "base" else tr)
+            cap = ("logits", "stats") + (("z",) if z_sum is not None else ()) if name == "base" else ("logits",)
+            run = model.run(ids, capture=cap, intervene=iv, patch=patches, progress=False,
+                            out=None if name == "base" else tr)
             if name != "base":
                 tr = run  # its buffers are reused by the next ablated run
             if name == "base":
                 a0 += run.stats.importance[:, :, 0]
+                if z_sum is not None:
+                    z_sum += run.z.astype(np.float64).sum(axis=2)
             nll[c, p] = nll_rows(run.logits[:-1], ids[1:]).mean()
             acc[c, p] = float(np.mean(np.argmax(run.logits[:-1], axis=1) == ids[1:]))
     for _ in it:
@@ -202,4 +240,4 @@ def head_ablation(model: Any, prompts: Optional[Sequence[Prompt]] = None, T: int
     return HeadAblation(a0=a0, sink_heads=heads["sink"], random_heads=np.stack([heads[c] for c in conds[2:]]),
                         nll_base=nll[0], nll_sink=nll[1], nll_random=nll[2:], acc_base=acc[0], acc_sink=acc[1],
                         acc_random=acc[2:], eps=eps, T=int(seqs.shape[1]), bos=bool(bos), model=model.name,
-                        n_sink_total=int((a0 > eps).sum()))
+                        n_sink_total=int((a0 > eps).sum()), ablation=ablation)
