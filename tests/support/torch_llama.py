@@ -4,7 +4,10 @@ reference that sinklab's training engine is measured and tested against.
 RMSNorm, RoPE in Hugging Face's rotate-half layout (dimension i pairs with i + hd/2), SwiGLU MLP,
 no biases, grouped-query attention (query head h reads kv head h // (H/G), as HF's repeat_kv),
 optional tied embeddings. Attention is causal by default, or follows a dense boolean mask
-(B, T, T), True where query i may see key j (intra-document masking, a fixed first key).
+(B, T, T), True where query i may see key j (intra-document masking, a fixed first key). The
+attention variants of sinklab's ModelConfig.attn_variant: a learned sink logit per head
+(``sinks``) or softmax-plus-one as an extra logit column dropped after the softmax, and gated
+attention's sigmoid gate on z before W_O (``attn_gate``).
 
     model = TorchLlama.from_config(cfg); copy_sinklab_weights(model, trainer.weights)
     opt = make_adamw(model, lr, weight_decay=0.1)
@@ -12,6 +15,7 @@ optional tied embeddings. Attention is causal by default, or follows a dense boo
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
@@ -36,9 +40,13 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Block(nn.Module):
-    def __init__(self, d: int, H: int, G: int, F_: int, eps: float) -> None:
+    def __init__(self, d: int, H: int, G: int, F_: int, eps: float, attn_variant: str = "softmax") -> None:
         super().__init__()
-        self.H, self.G, self.hd = H, G, d // H
+        self.H, self.G, self.hd, self.variant = H, G, d // H, attn_variant
+        if attn_variant == "sink_logit":   # sinklab's s_h: initialised 0
+            self.sinks = nn.Parameter(torch.zeros(H))
+        if attn_variant == "gated":
+            self.attn_gate = nn.Linear(d, H * self.hd, bias=False)
         self.attn_norm, self.ffn_norm = RMSNorm(d, eps), RMSNorm(d, eps)
         self.q = nn.Linear(d, H * self.hd, bias=False)
         self.k = nn.Linear(d, G * self.hd, bias=False)
@@ -58,23 +66,43 @@ class Block(nn.Module):
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         if self.G != self.H:
             k, v = k.repeat_interleave(self.H // self.G, 1), v.repeat_interleave(self.H // self.G, 1)
-        if mask is None:
+        if self.variant in ("sink_logit", "softmax1"):
+            z = self.sink_attention(q, k, v, mask)
+        elif mask is None:
             z = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
-        x = x + self.o(z.transpose(1, 2).reshape(B, T, self.H * self.hd))
+        z = z.transpose(1, 2).reshape(B, T, self.H * self.hd)
+        if self.variant == "gated":
+            z = z * torch.sigmoid(self.attn_gate(a))
+        x = x + self.o(z)
         m = self.ffn_norm(x)
         return x + self.down(F.silu(self.gate(m)) * self.up(m))
+
+
+    def sink_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                       mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """Softmax over the keys and one extra logit per head (s_h, or 0 for softmax-plus-one),
+        the extra column dropped after it: eager, as a PyTorch user writes it."""
+        T = q.shape[2]
+        z = (q @ k.transpose(-1, -2)) / math.sqrt(self.hd)
+        seen = torch.ones(T, T, dtype=torch.bool).tril() if mask is None else mask[:, None]
+        z = z.masked_fill(~seen, float("-inf"))
+        s = self.sinks if self.variant == "sink_logit" else torch.zeros(self.H, dtype=z.dtype)
+        p = torch.softmax(torch.cat([z, s[:, None, None].expand(z.shape[:-1] + (1,))], -1), -1)[..., :T]
+        return p @ v
 
 
 class TorchLlama(nn.Module):
     """forward(ids (B, T) int64, mask None or (B, T, T) bool) -> logits (B, T, V) float32."""
 
     def __init__(self, vocab_size: int, d_model: int, n_layers: int, n_heads: int, n_kv_heads: int, d_ff: int,
-                 rope_theta: float = 10000.0, norm_eps: float = 1e-5, tied_embeddings: bool = False) -> None:
+                 rope_theta: float = 10000.0, norm_eps: float = 1e-5, tied_embeddings: bool = False,
+                 attn_variant: str = "softmax") -> None:
         super().__init__()
         self.tok_embd = nn.Embedding(vocab_size, d_model)
-        self.blocks = nn.ModuleList(Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps) for _ in range(n_layers))
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, n_kv_heads, d_ff, norm_eps, attn_variant)
+                                    for _ in range(n_layers))
         self.out_norm = RMSNorm(d_model, norm_eps)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if tied_embeddings:
@@ -87,7 +115,7 @@ class TorchLlama(nn.Module):
     def from_config(cls, cfg: Any) -> "TorchLlama":
         """From any object with sinklab's ModelConfig attribute names (duck-typed)."""
         return cls(cfg.vocab_size, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff,
-                   cfg.rope_theta, cfg.norm_eps, cfg.tied_embeddings)
+                   cfg.rope_theta, cfg.norm_eps, cfg.tied_embeddings, getattr(cfg, "attn_variant", "softmax"))
 
     def forward(self, ids: torch.Tensor, mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         T = ids.shape[1]
@@ -110,6 +138,10 @@ def sinklab_parameters(model: TorchLlama) -> Dict[str, nn.Parameter]:
                         ("attn_v", b.v.weight), ("attn_output", b.o.weight), ("ffn_norm", b.ffn_norm.weight),
                         ("ffn_gate", b.gate.weight), ("ffn_up", b.up.weight), ("ffn_down", b.down.weight)):
             pairs[f"blk.{l}.{name}"] = p
+        if b.variant == "sink_logit":
+            pairs[f"blk.{l}.attn_sinks"] = b.sinks
+        if b.variant == "gated":
+            pairs[f"blk.{l}.attn_gate"] = b.attn_gate.weight
     return pairs
 
 
