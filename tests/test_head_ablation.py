@@ -132,9 +132,9 @@ def test_report_section_reading_follows_the_interval(smollm2_model, monkeypatch)
     assert set(BA.figures({"m": res})) == {"beyond_ablation.png"}
 
 
-def hf_mean_run(ref_model, seqs, conds):
-    """Per condition the NLL per prompt, each condition's heads' o_proj inputs replaced at every
-    position by their mean over the prompts and positions of the unhooked reference."""
+def hf_mean_run(ref_model, seqs, ref_seqs, conds):
+    """Per condition the NLL per prompt of seqs, each condition's heads' o_proj inputs replaced at
+    every position by their mean over the reference sequences' positions, unhooked."""
     torch = rm.require("torch")
     H = ref_model.config.num_attention_heads
     L = ref_model.config.num_hidden_layers
@@ -149,12 +149,12 @@ def hf_mean_run(ref_model, seqs, conds):
         hooks.append(ref_model.model.layers[layer].self_attn.o_proj.register_forward_pre_hook(grab(layer)))
     try:
         with torch.no_grad():
-            for ids in seqs:
+            for ids in ref_seqs:
                 ref_model(input_ids=torch.from_numpy(np.asarray(ids, np.int64)[None]), use_cache=False)
     finally:
         for h in hooks:
             h.remove()
-    mean = {l: (sums[l] / (len(seqs) * seqs.shape[1])).float() for l in sums}
+    mean = {l: (sums[l] / (len(ref_seqs) * ref_seqs.shape[1])).float() for l in sums}
     out = {}
     for name, heads in conds.items():
         hooks = []
@@ -180,13 +180,16 @@ def hf_mean_run(ref_model, seqs, conds):
 
 
 def test_mean_ablation_matches_transformers_with_mean_outputs(smollm2_model, smollm2_reference, seqs):
-    """ablation="mean": the heads' o_proj inputs replaced by their means over the prompts and
-    positions, as a transformers pre-hook computes them from its own unablated forward."""
+    """ablation="mean": the heads' o_proj inputs replaced by their means over the reference
+    prompts' positions, as a transformers pre-hook computes them from its own unablated forward."""
+    reference = load_passages("heldout")[:4]
     r = head_ablation(smollm2_model, load_passages("sinks")[:P], T=T, n_top=4, draws=2, progress=False,
-                      ablation="mean")
+                      ablation="mean", mean_prompts=reference)
     assert r.ablation == "mean" and r.to_dict()["ablation"] == "mean"
     conds = {"sink": r.sink_heads, **{f"random_{d}": x for d, x in enumerate(r.random_heads)}}
-    ref = hf_mean_run(smollm2_reference[0], seqs, conds)
+    ref_seqs = sequences(smollm2_model, reference, T, r.bos, skip_short=True)[0]
+    assert len(ref_seqs) == 4
+    ref = hf_mean_run(smollm2_reference[0], seqs, ref_seqs, conds)
     np.testing.assert_allclose(r.nll_sink, ref["sink"], atol=2e-4)
     for d in range(len(r.random_heads)):
         np.testing.assert_allclose(r.nll_random[d], ref[f"random_{d}"], atol=2e-4)
