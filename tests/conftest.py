@@ -13,6 +13,7 @@ from csrc/), ``large`` (a download over 1 GB), ``timing`` (asserts a wall-clock 
 after the rest). ``python -m pytest -n 2 --dist loadfile -m "not slow and not timing"`` is the
 quick run for contributors; plain ``python -m pytest`` runs everything in one process.
 """
+import signal
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +27,13 @@ GEMMA3 = "gemma-3-270m"
 QWEN05 = "qwen2.5-coder-0.5b-instruct"
 QWEN15 = "qwen2.5-coder-1.5b-instruct"
 MINILM = "all-minilm-l6-v2"
+
+# A shell that starts the suite in the background without job control (`.ci/run &`, nohup) leaves
+# SIGINT ignored, and an ignored signal stays ignored in every child: the Ctrl-C tests would then
+# see no interrupt at all. A handled signal is reset to the default on exec, so children start as
+# from a terminal.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
