@@ -266,7 +266,7 @@ def cmd_experiment(args) -> int:
     from sinklab.train.experiments import run_experiment
 
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
-                         threads=args.threads, seeds=args.seeds)
+                         threads=args.threads, seeds=args.seeds, adopt=args.adopt)
     n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
@@ -387,9 +387,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("name", choices=("fig5", "table2"),
                    help="fig5: sink formation against the training context; table2: causal or intra-document "
                         "packing, with or without a fixed <bos>")
-    x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "full"),
+    x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
-                        "cpu2x (cpu, twice the tokens), full (a larger model, 5x the tokens: overnight)")
+                        "cpu2x (cpu, twice the tokens), miniature (the miniature search's setting: 8 heads, weight "
+                        "decay 2, 14.3M tokens, ~35 min a run at 1 thread), full (a larger model, 5x the tokens: "
+                        "overnight)")
+    x.add_argument("--adopt", action="append", default=[], metavar="DIR",
+                   help="copy in finished runs with the same settings from DIR (a sweep's runs/ folder or another "
+                        "root) instead of training them again; repeatable")
     x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by both experiments (default sinklab-experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     x.add_argument("--seeds", type=int, default=None,

@@ -717,3 +717,32 @@ def test_report_section_states_what_the_numbers_show(quick, monkeypatch, tmp_pat
     skipped = report.section_training(report.Context(None, report.Settings.for_run(True), str(out), False,
                                                      training_profile="none"))
     assert skipped.figures == [] and "--training-profile none" in skipped.here
+
+
+def test_finished_runs_of_a_sweep_are_adopted_only_when_every_setting_matches(corpus, tmp_path, monkeypatch):
+    """A run trained by a sweep (another folder, another thread count and checkpoint retention)
+    with the settings of an experiment's condition is copied in and read, not trained again; a run
+    whose learning rate differs, or one that stopped early, is not adopted."""
+    import dataclasses
+
+    root, sweep = tmp_path / "root", tmp_path / "sweep" / "runs"
+    cfgs = X.table2_configs("quick", root=str(root), seeds=1)
+    same = dataclasses.replace(cfgs[1], out_dir=str(sweep / "train-same"), threads=1, keep_last=2)
+    other = dataclasses.replace(cfgs[0], out_dir=str(sweep / "train-lr"), lr=cfgs[0].lr * 2)
+    killed = dataclasses.replace(cfgs[2], out_dir=str(sweep / "train-killed"), keep_last=2)
+    for c in (same, other, killed):
+        X.train(c, progress=False)
+    steps = sorted(p.name for p in Path(killed.out_dir).glob("step-*"))
+    assert len(steps) == 2
+    (Path(killed.out_dir) / "latest").write_text(steps[0])  # as if killed before the last checkpoint
+    filled = X.adopt_runs(cfgs, [str(sweep.parent)])
+    assert filled == [cfgs[1].out_dir]
+    assert read_log(cfgs[1].out_dir) == read_log(same.out_dir)
+    assert run_settings(cfgs[1].out_dir)["lr"] == cfgs[1].lr
+    assert X.adopt_runs(cfgs, [str(sweep)]) == []          # an adopted folder is not overwritten
+    called = []
+    monkeypatch.setattr(X, "train", lambda cfg, *a, **kw: called.append(cfg.out_dir) or pytest.fail("trained"))
+    log = X.run_all([cfgs[1]], progress=False)[0]
+    assert called == [] and log[-1]["step"] == cfgs[1].n_steps
+    with pytest.raises(FileNotFoundError, match="adopt"):
+        X.adopt_runs(cfgs, [str(tmp_path / "nowhere")])

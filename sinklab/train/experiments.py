@@ -36,11 +36,12 @@ import hashlib
 import json
 import math
 import os
+import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
 from ..viz.reference import sink_T, uniform_first_importance
-from . import criteria
+from . import checkpoint, criteria
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
@@ -62,6 +63,12 @@ PROFILES: Dict[str, Dict[str, Any]] = {
               "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
               "total_tokens": 4096 * 2000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 200,
               "eval_docs": 64, "eval_windows": 16, "seeds": DEFAULT_SEEDS},
+    # the setting of the miniature search (sinklab.train.miniature, round 3) where a fixed <bos> came to
+    # matter most: 8 heads of dim 16, weight decay 2.0, 14.3M tokens (2.3 epochs); ~35 min a run at 1 thread
+    "miniature": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 8},
+                  "contexts": (128, 256, 512, 1024, 2048), "table2_context": 256, "tokens_per_step": 8192,
+                  "total_tokens": 8192 * 1750, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 250,
+                  "eval_docs": 64, "eval_windows": 16, "weight_decay": 2.0, "seeds": DEFAULT_SEEDS},
     "full": {"model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
              "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 8192,
              "total_tokens": 8192 * 2500, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "eval_every": 250,
@@ -106,7 +113,8 @@ def run_config(profile_name: str, context: int, masking: str = "causal", fixed_b
                       tokens_per_step=p["tokens_per_step"], total_tokens=p["total_tokens"], steps=None,
                       lr=p["lr"], min_lr=p["min_lr"], warmup_steps=p["warmup_steps"],
                       eval_every=p["eval_every"], eval_docs=p["eval_docs"], eval_windows=p["eval_windows"],
-                      keep_last=1, seed=int(seed), threads=threads, attention=attention).validate()
+                      keep_last=1, seed=int(seed), threads=threads, attention=attention,
+                      **({"weight_decay": p["weight_decay"]} if "weight_decay" in p else {})).validate()
     key = {k: v for k, v in cfg.to_dict().items() if k not in ("out_dir", "threads", "keep_last", "keep_steps")}
     if key.get("precision") == "fp32":  # fp32 runs keep the names they had before the field existed
         del key["precision"]
@@ -143,6 +151,57 @@ def table2_configs(profile_name: str, root: str = "sinklab-experiments", seeds: 
     C = profile(profile_name)["table2_context"]
     return [run_config(profile_name, C, masking, bos, root=root, seed=s, **kw) for masking, bos in TABLE2_RUNS
             for s in ss]
+
+
+_RUN_ONLY = ("out_dir", "threads", "keep_last", "keep_steps")  # settings that change no number of a run
+
+
+def _settings(run_config: Dict[str, Any]) -> Dict[str, Any]:
+    return {k: v for k, v in run_config.items() if k not in _RUN_ONLY}
+
+
+def _finished_run(run_dir: str) -> Optional[Dict[str, Any]]:
+    """The run config of a finished training run in ``run_dir`` (its last checkpoint at the last
+    step), else None."""
+    try:
+        folder = checkpoint.latest_checkpoint(run_dir)
+        if folder is None or not os.path.isfile(os.path.join(run_dir, "log.jsonl")):
+            return None
+        st = checkpoint.read_state(folder)
+        cfg = TrainConfig.from_dict(st["run_config"])
+    except (checkpoint.CheckpointError, KeyError, ValueError):  # not a run, or not one of this version
+        return None
+    return cfg.to_dict() if int(st.get("step", -1)) == cfg.n_steps else None
+
+
+def adopt_runs(configs: Sequence[TrainConfig], sources: Sequence[str]) -> List[str]:
+    """Copies finished runs trained elsewhere (a sweep's ``runs/train-*`` folders, another root)
+    into the folders of ``configs`` that have no run yet, when every setting that changes a number
+    (all but the folder, threads and checkpoint retention) is equal: a miniature-search run is then
+    seed 0 of an experiment's condition instead of being trained again. ``sources`` are run folders
+    or folders of run folders (searched two levels deep). Returns the folders filled."""
+    found: List[Tuple[Dict[str, Any], str]] = []
+    for src in sources:
+        if not os.path.isdir(src):
+            raise FileNotFoundError(f"no folder {src!r} to adopt runs from")
+        cands = [src] + [os.path.join(src, a) for a in sorted(os.listdir(src))]
+        cands += [os.path.join(c, b) for c in cands[1:] if os.path.isdir(c) for b in sorted(os.listdir(c))]
+        for c in cands:
+            rc = _finished_run(c) if os.path.isdir(c) else None
+            if rc is not None:
+                found.append((_settings(rc), c))
+    filled = []
+    for cfg in configs:
+        if os.path.exists(cfg.out_dir):
+            continue
+        want = _settings(cfg.to_dict())
+        match = next((d for rc, d in found if rc == want), None)
+        if match is not None:
+            tmp = f"{cfg.out_dir}.adopt-{os.getpid()}"
+            shutil.copytree(match, tmp, symlinks=True)
+            os.replace(tmp, cfg.out_dir)
+            filled.append(cfg.out_dir)
+    return filled
 
 
 def run_all(configs: Sequence[TrainConfig], progress: bool = True) -> List[Dict[str, Any]]:
@@ -413,15 +472,20 @@ def table2_figure(summary: Dict[str, Any], path: str) -> str:
 
 def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-experiments",
                    out: Optional[str] = None, progress: bool = True, threads: Optional[int] = None,
-                   seeds: Union[None, int, Sequence[int]] = None) -> Dict[str, Any]:
+                   seeds: Union[None, int, Sequence[int]] = None, adopt: Sequence[str] = ()) -> Dict[str, Any]:
     """Runs (or resumes) experiment ``"fig5"`` or ``"table2"`` with every seed (``seeds``: None
     for the profile's 3, a number, or a list) and writes its summary JSON (and the figure, and
     for Table 2 the Markdown table) into ``out`` (default ``root``), with the criterion's
-    verdict (``verdict``) and the reading (``reading``) of :mod:`.criteria`. Returns the summary."""
+    verdict (``verdict``) and the reading (``reading``) of :mod:`.criteria`. ``adopt``: folders
+    of finished runs with the same settings (:func:`adopt_runs`) copied in before training.
+    Returns the summary."""
     if name not in ("fig5", "table2"):
         raise ValueError(f"unknown experiment {name!r}: fig5 or table2")
     make = fig5_configs if name == "fig5" else table2_configs
     configs = make(profile_name, root=root, threads=threads, seeds=seeds)
+    if adopt:
+        os.makedirs(root, exist_ok=True)
+        adopt_runs(configs, adopt)
     logs = run_all(configs, progress=progress)
     out = out or root
     os.makedirs(out, exist_ok=True)
