@@ -130,6 +130,12 @@ def test_report_section_reading_follows_the_interval(smollm2_model, monkeypatch)
     assert Interval.from_dict(res["dnll_sink"]).value == pytest.approx(
         np.mean(np.asarray(res["nll_sink"]) - np.asarray(res["nll_base"])))
     assert set(BA.figures({"m": res})) == {"beyond_ablation.png"}
+    mean = res["mean"]                     # mean-ablation of the same heads, its own reading and row
+    assert mean["ablation"] == "mean" and mean["sink_heads"] == res["sink_heads"]
+    assert mean["nll_base"] == res["nll_base"] and mean["nll_sink"] != res["nll_sink"]
+    assert "mean-ablating" in md and md.count("| mean |") == 1 and md.count("| zero |") == 1
+    assert Interval.from_dict(mean["dnll_difference"]).value == pytest.approx(
+        np.mean(np.asarray(mean["nll_sink"]) - np.asarray(mean["nll_random"]).mean(axis=0)))
 
 
 def hf_mean_run(ref_model, seqs, ref_seqs, conds):
