@@ -262,9 +262,19 @@ def cmd_train(args) -> int:
 
 
 def cmd_experiment(args) -> int:
-    """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments)."""
+    """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments), or the
+    depth sweep at matched parameters (sinklab.train.depth)."""
+    from sinklab.train.depth import run_depth
     from sinklab.train.experiments import run_experiment
 
+    if args.name == "depth":
+        res = run_depth(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
+                        seeds=args.seeds, adopt=args.adopt)
+        print(res["markdown"])
+        print(f"wrote {res['figure']}")
+        print()
+        print(res["reading"])
+        return 0
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
                          threads=args.threads, seeds=args.seeds, adopt=args.adopt)
     n = len(res["seeds"])
@@ -384,9 +394,10 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     x = sub.add_parser("experiment", help="the paper's pre-training experiments in miniature: fig5 (context "
                                           "length) or table2 (packing and a fixed <bos>); resumable")
-    x.add_argument("name", choices=("fig5", "table2"),
+    x.add_argument("name", choices=("fig5", "table2", "depth"),
                    help="fig5: sink formation against the training context; table2: causal or intra-document "
-                        "packing, with or without a fixed <bos>")
+                        "packing, with or without a fixed <bos>; depth: 2-12 layers at matched block parameters "
+                        "(profiles quick and miniature)")
     x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
                         "cpu2x (cpu, twice the tokens), miniature (the miniature search's setting: 8 heads, weight "
@@ -394,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "overnight)")
     x.add_argument("--adopt", action="append", default=[], metavar="DIR",
                    help="copy in finished runs with the same settings from DIR (a sweep's runs/ folder or another "
-                        "root) instead of training them again; repeatable")
+                        "root) instead of training them again; repeatable (default: none)")
     x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by both experiments (default sinklab-experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     x.add_argument("--seeds", type=int, default=None,

@@ -53,7 +53,7 @@ PROFILES: Dict[str, Dict[str, Any]] = {
     "quick": {"model": {"d_model": 64, "n_layers": 2, "n_heads": 2, "d_ff": 192},
               "contexts": (32, 64, 128), "table2_context": 64, "tokens_per_step": 1024,
               "total_tokens": 1024 * 24, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 4, "eval_every": 8,
-              "eval_docs": 8, "eval_windows": 2, "seeds": DEFAULT_SEEDS},
+              "eval_docs": 8, "eval_windows": 2, "seeds": DEFAULT_SEEDS, "depths": (1, 2, 4)},
     "cpu": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 4},
             "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 4096,
             "total_tokens": 4096 * 1000, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 100,
@@ -68,7 +68,8 @@ PROFILES: Dict[str, Dict[str, Any]] = {
     "miniature": {"model": {"d_model": 128, "n_layers": 4, "n_heads": 8},
                   "contexts": (128, 256, 512, 1024, 2048), "table2_context": 256, "tokens_per_step": 8192,
                   "total_tokens": 8192 * 1750, "lr": 5e-3, "min_lr": 5e-4, "warmup_steps": 50, "eval_every": 250,
-                  "eval_docs": 64, "eval_windows": 16, "weight_decay": 2.0, "seeds": DEFAULT_SEEDS},
+                  "eval_docs": 64, "eval_windows": 16, "weight_decay": 2.0, "seeds": DEFAULT_SEEDS,
+                  "depths": (2, 4, 8, 12)},
     "full": {"model": {"d_model": 256, "n_layers": 4, "n_heads": 4},
              "contexts": (64, 128, 256, 512, 1024), "table2_context": 256, "tokens_per_step": 8192,
              "total_tokens": 8192 * 2500, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 100, "eval_every": 250,
@@ -99,17 +100,19 @@ def seed_list(profile_name: str, seeds: Union[None, int, Sequence[int]] = None) 
 
 def run_config(profile_name: str, context: int, masking: str = "causal", fixed_bos: bool = False,
                root: str = "sinklab-experiments", seed: int = 0, threads: Optional[int] = None,
-               attention: str = "softmax") -> TrainConfig:
+               attention: str = "softmax", model: Optional[Dict[str, Any]] = None) -> TrainConfig:
     """The :class:`TrainConfig` of one run of a profile; its folder under ``root`` is named by
     its settings (so equal runs of the two experiments share one folder). The digest covers every
     setting, the seed included; seed 0's name is the one runs had before seeds were added, seed
     s > 0 adds ``-s{s}``; ``attention`` other than ``"softmax"`` (a variant that needs no ⟨bos⟩
     sink, :class:`TrainConfig`) adds ``-{attention}`` and enters the digest, softmax runs keep
-    their names."""
+    their names. ``model``: width, depth or heads other than the profile's (the depth sweep,
+    :mod:`.depth`); a run with them adds ``-L{layers}-d{width}`` to its name."""
     p = profile(profile_name)
+    shape = {**p["model"], **{k: v for k, v in (model or {}).items() if v is not None or k in p["model"]}}
     if int(seed) < 0:
         raise ValueError(f"seed must be non-negative, got {seed}")
-    cfg = TrainConfig(**p["model"], context=context, masking=masking, fixed_bos=fixed_bos,
+    cfg = TrainConfig(**shape, context=context, masking=masking, fixed_bos=fixed_bos,
                       tokens_per_step=p["tokens_per_step"], total_tokens=p["total_tokens"], steps=None,
                       lr=p["lr"], min_lr=p["min_lr"], warmup_steps=p["warmup_steps"],
                       eval_every=p["eval_every"], eval_docs=p["eval_docs"], eval_windows=p["eval_windows"],
@@ -122,6 +125,8 @@ def run_config(profile_name: str, context: int, masking: str = "causal", fixed_b
         del key["attention"]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     variant = f"-{attention}" if attention != "softmax" else ""
+    if shape != p["model"]:
+        variant += f"-L{cfg.n_layers}-d{cfg.d_model}"
     name = (f"{profile_name}-C{context}-{masking}{'-bos' if fixed_bos else ''}{variant}{f'-s{seed}' if seed else ''}"
             f"-{digest}")
     return dataclasses.replace(cfg, out_dir=os.path.join(root, name))

@@ -136,3 +136,33 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
                  "(absolute losses depend on the tokenizer; their differences compare)", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+@restylable
+def depth_figure(depth: Dict[str, Any]) -> Any:
+    """Depth at matched parameters: the final sink rate (eps 0.3, with ⟨bos⟩) and the cost of
+    removing ⟨bos⟩ (text-only minus ⟨bos⟩+text validation loss, nats) against the number of
+    layers; each seed a dot, the mean over seeds a line. A sinklab Figure (no pyplot)."""
+    rows = depth["depths"]
+    fig, axes = subplots(1, 2, figsize=(9, 3.6))
+    L = np.array([r["n_layers"] for r in rows], float)
+    for ax, key, scale, label in ((axes[0], "sink_0.3", 100.0, "sink rate, eps = 0.3, with <bos> (%)"),
+                                  (axes[1], "bos_gap", 1.0, "removing <bos>: Δ val loss (nats)")):
+        per = [[np.nan if v is None else scale * v for v in r["final_per_seed"][key]] for r in rows]
+        for x, ys in zip(L, per):
+            ax.plot(np.full(len(ys), x), ys, "o", ms=4, alpha=0.5, color="C0")
+        ax.plot(L, [np.nanmean(ys) if np.isfinite(ys).any() else np.nan for ys in per], "-", color="C0",
+                label="mean over seeds")
+        ax.set_xticks(L)
+        ax.set_xticklabels([f"{r['n_layers']}\n(d {r['d_model']}, {r['n_heads']} h)" for r in rows], fontsize=7)
+        ax.set_xlabel("layers (width at matched block parameters)")
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(bottom=0)
+    axes[1].axhline(0, color="0.5", lw=0.8)
+    axes[0].legend(fontsize=8)
+    n = _n_seeds(depth)
+    fig.suptitle(f"Depth at matched parameters ({depth.get('profile', '?')} profile, {n} seed{'s' if n != 1 else ''})",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig
