@@ -123,3 +123,41 @@ def test_variant_rows_pair_documents_with_the_softmax_run_of_the_same_setting():
     assert out["gated"]["loss"] == "no difference resolved"
     md = mini.variants_markdown(list(out.values()))
     assert "sink_logit: sink rate 0.0 % against softmax's 15.0 %" in md and "depends less on ⟨bos⟩" in md
+
+
+def _srow(d, H, params, gaps, bos, sink, **kw):
+    base = {k: None for k in mini.SETTING_KEYS}
+    base.update(n_layers=4, context=256, lr=5e-3, weight_decay=2.0, seed=0, tokens=14_336_000)
+    base.update(kw)
+    return {**base, "d_model": d, "n_heads": H, "attention": "softmax", "run": f"d{d}", "n_params": params,
+            "per_doc_bos": list(bos), "per_doc_text": list(np.asarray(bos) + gaps), "sink_bos": sink,
+            "a0_ratio": 2.0, "delta_loss": float(np.mean(gaps)), "delta_lo": 0.0, "delta_hi": 0.1,
+            "val_loss_bos": float(np.mean(bos))}
+
+
+def test_scale_trend_slope_over_documents_and_the_size_it_extrapolates_to():
+    r = np.random.default_rng(1)
+    bos = 3.0 + r.random(64)
+    params = [0.5e6, 1e6, 4e6]
+    # the gap grows by 0.02 nats per doubling of parameters, with per-document noise
+    rows = [_srow(64 * 2 ** i, 4 * 2 ** i, p, 0.03 + 0.02 * np.log2(p / 0.5e6) + 0.01 * r.standard_normal(64), bos,
+                  0.1 * (i + 1)) for i, p in enumerate(params)]
+    rows.append(_srow(512, 32, 8e6, np.full(64, 0.9), bos, 0.5, weight_decay=1.0))  # another setting: apart
+    rows.append(_srow(128, 16, 1e6, np.full(64, 0.9), bos, 0.5))                     # head dim 8: apart
+    groups = mini.scale_groups(rows)
+    assert len(groups) == 1 and [g["d_model"] for g in groups[0]] == [64, 128, 256]
+    t = mini.scale_trend(groups[0])
+    x = np.log2(params)
+    y = np.array([np.mean(np.subtract(g["per_doc_text"], g["per_doc_bos"])) for g in groups[0]])
+    slope = ((x - x.mean()) * (y - y.mean())).sum() / ((x - x.mean()) ** 2).sum()   # closed-form least squares
+    assert t["slope"] == pytest.approx(slope, rel=1e-12)
+    assert t["slope_lo"] < 0.02 < t["slope_hi"] and t["slope_lo"] > 0 and t["trend"] == "grows with scale"
+    top = y.mean() + slope * (x[-1] - x.mean())
+    assert t["params_to_target"] == pytest.approx(2 ** (x[-1] + (mini.TARGET_LOSS - top) / slope), rel=1e-12)
+    md = mini.scale_markdown([t])
+    assert "grows with scale" in md and "not a prediction" in md and md.count("| 64 × 4 |") == 1
+    flat = mini.scale_trend([_srow(64 * 2 ** i, 4 * 2 ** i, p, 0.03 + 0.01 * r.standard_normal(64), bos, 0.1)
+                             for i, p in enumerate(params)])
+    assert flat["slope_lo"] < 0 < flat["slope_hi"] and flat["trend"] == "no difference resolved"
+    assert flat["params_to_target"] is None and "no size" in mini.scale_reading(flat)
+    assert mini.scale_groups(rows[:2]) == []                                          # two sizes: no trend

@@ -34,7 +34,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ..analysis.quality import perplexity
-from ..analysis.stats import paired_difference
+from ..analysis.stats import bootstrap, paired_difference
 from ..progress import progress_bar
 from ..viz.reference import uniform_first_importance
 from . import checkpoint as ckpt_io
@@ -321,6 +321,90 @@ def variants_reading(vrows: Sequence[Dict[str, Any]]) -> str:
     return " ".join(parts)
 
 
+SCALE_KEYS = tuple(k for k in SETTING_KEYS if k not in ("d_model", "n_heads")) + ("tokens",)
+
+
+def _scale_key(r: Dict[str, Any]) -> Tuple[Any, ...]:
+    return tuple(r.get(k) for k in SCALE_KEYS) + (r["d_model"] // r["n_heads"],)
+
+
+def scale_groups(rows: Sequence[Dict[str, Any]], min_sizes: int = 3) -> List[List[Dict[str, Any]]]:
+    """Softmax runs that differ only in width (the head dimension, depth, data, schedule, tokens
+    and seed the same), by parameters: the groups with at least ``min_sizes`` widths."""
+    groups: Dict[Tuple[Any, ...], Dict[int, Dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("attention") in (None, "softmax") and "per_doc_bos" in r:
+            groups.setdefault(_scale_key(r), {}).setdefault(int(r["d_model"]), r)
+    out = [sorted(g.values(), key=lambda r: r["n_params"]) for g in groups.values()]
+    return [g for g in out if len(g) >= min_sizes and len({len(r["per_doc_bos"]) for r in g}) == 1]
+
+
+def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least-squares slope of each row of ``y`` (r, n) against ``x`` (n,)."""
+    xc = x - x.mean()
+    return (y - y.mean(axis=-1, keepdims=True)) @ xc / float(xc @ xc)
+
+
+def scale_trend(group: Sequence[Dict[str, Any]], target: float = TARGET_LOSS, seed: int = 0) -> Dict[str, Any]:
+    """Issue fallback "the trend with scale": the ⟨bos⟩ loss gap (text only − ⟨bos⟩+text, nats)
+    of each width against log2(parameters), the least-squares slope (nats per doubling of the
+    parameters) with a 95 % bootstrap interval over the held-out documents (the same documents
+    for every run, resampled together), and the parameters at which the fitted line reaches
+    ``target`` (None unless the slope's interval lies above zero). An extrapolation of three or
+    more points of one seed, not a prediction: the token budget is fixed, so a larger model is
+    also a less-trained one."""
+    x = np.log2([float(r["n_params"]) for r in group])
+    gaps = np.stack([np.subtract(r["per_doc_text"], r["per_doc_bos"]) for r in group])  # (sizes, docs)
+    means = gaps.mean(axis=1)
+    slope_iv = bootstrap(lambda i: float(_slope(x, gaps[:, i].mean(axis=1)[None])[0]), gaps.shape[1], seed=seed,
+                         rows=lambda idx: _slope(x, gaps[:, idx].mean(axis=2).T))
+    fit_at_top = float(means.mean() + slope_iv.value * (x[-1] - x.mean()))
+    to_target = (float(2.0 ** (x[-1] + (target - fit_at_top) / slope_iv.value)) if slope_iv.above(0) else None)
+    sink = np.array([r["sink_bos"] for r in group])
+    return {"runs": [r["run"] for r in group], "d_model": [r["d_model"] for r in group],
+            "n_heads": [r["n_heads"] for r in group], "n_params": [r["n_params"] for r in group],
+            "setting": {k: group[0].get(k) for k in SCALE_KEYS}, "delta_loss": means.tolist(),
+            "delta_lo": [r["delta_lo"] for r in group], "delta_hi": [r["delta_hi"] for r in group],
+            "sink_bos": sink.tolist(), "a0_ratio": [r["a0_ratio"] for r in group],
+            "val_loss_bos": [r["val_loss_bos"] for r in group],
+            "slope": slope_iv.value, "slope_lo": slope_iv.lo, "slope_hi": slope_iv.hi,
+            "sink_slope": float(_slope(x, sink[None])[0]), "params_to_target": to_target,
+            "trend": _direction(slope_iv, "shrinks with scale", "grows with scale")}
+
+
+def scale_markdown(trends: Sequence[Dict[str, Any]]) -> str:
+    """One table per group of widths and its computed reading (:func:`scale_trend`)."""
+    out = []
+    for t in trends:
+        st = t["setting"]
+        out.append(f"Widths at {st['n_layers']} layers, head dim {t['d_model'][0] // t['n_heads'][0]}, C {st['context']}, "
+                   f"lr {st['lr']:g}, wd {st['weight_decay']:g}, {_fmt_tokens(st['tokens'])} tokens, seed {st['seed']}:\n")
+        out.append("| d × H | params | val loss ⟨bos⟩ | Δ loss w/o ⟨bos⟩ [95 % CI over docs] | sink % ε 0.3 | a₀ / uniform |\n"
+                   "|---|---:|---:|---|---:|---:|")
+        for i in range(len(t["runs"])):
+            out.append(f"| {t['d_model'][i]} × {t['n_heads'][i]} | {t['n_params'][i] / 1e6:.2f}M | "
+                       f"{t['val_loss_bos'][i]:.3f} | {t['delta_loss'][i]:+.3f} [{t['delta_lo'][i]:+.3f}, "
+                       f"{t['delta_hi'][i]:+.3f}] | {100 * t['sink_bos'][i]:.1f} | {t['a0_ratio'][i]:.2f} |")
+        out.append("\n" + scale_reading(t) + "\n")
+    return "\n".join(out) + "\n"
+
+
+def scale_reading(t: Dict[str, Any]) -> str:
+    """The trend's sentence, from the slope's interval."""
+    n = len(t["runs"])
+    s = (f"Across {n} widths ({t['n_params'][0] / 1e6:.2f}M to {t['n_params'][-1] / 1e6:.2f}M parameters) the ⟨bos⟩ loss "
+         f"gap {t['trend']}: {t['slope']:+.4f} nats per doubling of the parameters [{t['slope_lo']:+.4f}, "
+         f"{t['slope_hi']:+.4f}] (95 % over documents, one seed); the sink rate moves {100 * t['sink_slope']:+.1f} points "
+         f"per doubling (no interval: one number per run).")
+    if t["params_to_target"] is not None:
+        s += (f" On that line the gap would reach {TARGET_LOSS} nats at ~{t['params_to_target']:.1e} parameters "
+              f"({t['params_to_target'] / t['n_params'][-1]:.0e}× the largest here) at the same tokens, an extrapolation "
+              f"of {n} points, not a prediction.")
+    else:
+        s += " The slope's interval does not lie above zero, so no size at which the targets would be met follows from it."
+    return s
+
+
 def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = True,
                  threads: Optional[int] = None) -> List[Dict[str, Any]]:
     """Rows of every finished run written to ``out_prefix.json`` and ``out_prefix.md``."""
@@ -334,6 +418,10 @@ def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = Tr
     if vrows:
         with open(out_prefix + "-variants.md", "w") as f:
             f.write(variants_markdown(vrows))
+    trends = [scale_trend(g) for g in scale_groups(rows)]
+    if trends:
+        with open(out_prefix + "-scale.md", "w") as f:
+            f.write(scale_markdown(trends))
     return rows
 
 
