@@ -319,3 +319,24 @@ def test_checkpoint_with_a_bad_precision_is_a_checkpoint_error(tmp_path, bad):
     write(state)
     with pytest.raises(ckpt_io.CheckpointError, match="precision"):
         ckpt_io.load_checkpoint(folder)
+
+
+@pytest.mark.parametrize("variant", ["sink_logit", "softmax1", "gated"])
+def test_bf16_gradients_of_the_attention_variants_match_a_bf16_rounded_reference(variant):
+    """The attention variants in the bf16 engine: every product (the gate's projection too) takes
+    the bf16 path, so the gradients are nearer the bf16-rounded float64 reference than the exact
+    one, by the same margins as softmax attention's; the sink logit's gradient (no product) too."""
+    cfg = llama_config(vocab_size=384, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, context_length=48,
+                       attn_variant=variant)
+    rng = np.random.default_rng(7)
+    ids = rng.integers(0, 384, (3, 48))
+    targets = rng.integers(0, 384, (3, 48))
+    loss16, g16, w0, _ = engine_grads(cfg, ids, targets, "bf16")
+    ref16_loss, ref16 = reference_grads(cfg, w0, ids, targets)
+    _, ref64 = reference_grads(cfg, w0, ids, targets, **EXACT)
+    assert set(ref16) == set(g16)
+    a, r16, r64 = flat(g16), flat(ref16), flat(ref64)
+    assert 1e-3 < rel(a, r64) < 5e-2 and rel(a, r16) < rel(a, r64) / 5, (rel(a, r16), rel(a, r64))
+    for k in g16:
+        assert rel(g16[k], ref16[k]) < rel(g16[k], ref64[k]) / 3, k
+    assert abs(loss16 - ref16_loss) < 1e-5 * abs(ref16_loss)
