@@ -335,3 +335,48 @@ def test_load_rejects_an_unknown_variant_in_config(tmp_path):
     (bad / "config.json").write_text(json.dumps(c))
     with pytest.raises(ValueError, match="attn_variant"):
         sinklab.load(str(bad))
+
+
+def test_z_of_a_gated_model_is_after_the_gate_in_captures_and_patches(tmp_path):
+    """On a gated-attention model, ``z`` (the capture and the patch point) is the head output
+    after the gate, z ⊙ σ(W_g a): what W_O reads. Checked against the float64 torch model of the
+    same weights with a pre-hook on W_O, and a patch placed before the gate gives other logits."""
+    torch = require("torch")
+    from tests.support import torch_llama
+
+    tr = trainer("gated")
+    m = sinklab.load(ckpt_io.save_checkpoint(tr, str(tmp_path / "run")))
+    tm = torch_llama.TorchLlama.from_config(tr.config)
+    torch_llama.copy_sinklab_weights(tm, tr.weights)
+    tm = tm.double()
+    hd = D // H
+    ids = np.random.default_rng(5).integers(0, V, T)
+    seen, normed = {}, {}
+    hooks = [b.o.register_forward_pre_hook(lambda mod, a, l=l: seen.__setitem__(l, a[0].detach().clone()))
+             for l, b in enumerate(tm.blocks)]
+    hooks += [b.attn_norm.register_forward_hook(lambda mod, a, out, l=l: normed.__setitem__(l, out.detach()))
+              for l, b in enumerate(tm.blocks)]
+    with torch.no_grad():
+        tm(torch.as_tensor(ids)[None])
+    for h in hooks:
+        h.remove()
+    z = m.run(ids, capture="z", progress=False).z                          # (L, H, T, hd)
+    for l in range(L):
+        ref = seen[l][0].reshape(T, H, hd).permute(1, 0, 2).numpy()
+        assert rel(z[l], ref) <= RTOL, l
+    P = np.random.default_rng(6).standard_normal((H, T, hd)).astype(np.float32)
+    got = m.run(ids, capture="logits", patch=sinklab.Patch("z", P, layer=1), progress=False).logits
+    flat_p = torch.as_tensor(P, dtype=torch.float64).permute(1, 0, 2).reshape(1, T, H * hd)
+
+    def logits_with(o_input):
+        h = tm.blocks[1].o.register_forward_pre_hook(lambda mod, a: (o_input(a[0]),))
+        try:
+            with torch.no_grad():
+                return tm(torch.as_tensor(ids)[None])[0].numpy()
+        finally:
+            h.remove()
+
+    after = logits_with(lambda x: flat_p)
+    before = logits_with(lambda x: flat_p * torch.sigmoid(tm.blocks[1].attn_gate(normed[1])))
+    assert rel(got, after) <= RTOL
+    assert rel(got, before) > 100 * RTOL
