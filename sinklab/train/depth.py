@@ -128,7 +128,7 @@ def depth_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, 
         vals: Dict[str, List[Optional[float]]] = {k: [f.get(field) for f in finals] for k, field in DEPTH_FIELDS}
         vals["importance_over_uniform"] = [None if v is None else v / u for v in vals["importance"]]
         vals["bos_gap"] = [None if a is None or b is None else a - b for a, b in zip(vals["val_loss_text"], vals["val_loss"])]
-        peak = [r.get("sink_bos_0.3") for _, log in g for r in log if r.get("sink_bos_0.3") is not None]
+        peak = [float(r["sink_bos_0.3"]) for _, log in g for r in log if r.get("sink_bos_0.3") is not None]
         rows.append({"n_layers": L, "d_model": cfg0.d_model, "n_heads": cfg0.n_heads,
                      "d_ff": d_ff_of(cfg0.d_model, cfg0.d_ff),
                      "block_params": block_params(cfg0.d_model, L, cfg0.d_ff),
@@ -150,11 +150,18 @@ def depth_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, 
     return clean(out)
 
 
+def _complete(per_seed: Sequence[Optional[float]], scale: float = 1.0) -> Optional[List[float]]:
+    """The per-seed values scaled, or None when there are none or a seed lacks its value."""
+    vals = [scale * float(v) for v in per_seed if v is not None]
+    return vals if vals and len(vals) == len(per_seed) else None
+
+
 def _interval(per_seed: Sequence[Optional[float]], scale: float = 1.0) -> Interval:
-    if not per_seed or any(v is None for v in per_seed):
+    vals = _complete(per_seed, scale)
+    if vals is None:
         nan = float("nan")
         return Interval(nan, nan, nan, 0, method="t")
-    return over_seeds([scale * float(v) for v in per_seed]).interval
+    return over_seeds(vals).interval
 
 
 def criterion_depth(summary: Dict[str, Any]) -> S.Verdict:
@@ -174,9 +181,10 @@ def criterion_depth(summary: Dict[str, Any]) -> S.Verdict:
 
 
 def _pm(per_seed: Sequence[Optional[float]], scale: float = 1.0, spec: str = ".3f", unit: str = "") -> str:
-    if not per_seed or any(v is None for v in per_seed):
+    vals = _complete(per_seed, scale)
+    if vals is None:
         return "–"
-    s = over_seeds([scale * float(v) for v in per_seed])
+    s = over_seeds(vals)
     return f"{format(s.mean, spec)} ± {format(s.sd, spec)}{unit}" if s.n > 1 else f"{format(s.mean, spec)}{unit}"
 
 

@@ -209,7 +209,7 @@ def adopt_runs(configs: Sequence[TrainConfig], sources: Sequence[str]) -> List[s
     return filled
 
 
-def run_all(configs: Sequence[TrainConfig], progress: bool = True) -> List[Dict[str, Any]]:
+def run_all(configs: Sequence[TrainConfig], progress: bool = True) -> List[List[Dict[str, Any]]]:
     """Trains (or resumes, or skips when finished) every run; returns each run's log."""
     logs = []
     for cfg in configs:
