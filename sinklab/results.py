@@ -56,7 +56,7 @@ def save_npz(path: Union[str, os.PathLike], arrays: Dict[str, np.ndarray], meta:
     out = {k: np.asarray(v) for k, v in arrays.items()}
     out["__meta__"] = np.frombuffer(json.dumps(to_jsonable(meta)).encode(), dtype=np.uint8)
     # atomic like save_json; np.savez writes the zip into the open temporary file
-    return write_atomic(npz_path(path), lambda f: np.savez(f, **out))
+    return write_atomic(npz_path(path), lambda f: np.savez(f, **out))  # type: ignore[arg-type]
 
 
 def load_npz(path: Union[str, os.PathLike]) -> Tuple[Dict[str, np.ndarray], Dict[str, Any]]:

@@ -25,7 +25,7 @@ def available_memory() -> Optional[int]:
     size check is made.
     """
     try:
-        import psutil  # type: ignore
+        import psutil
     except ImportError:
         psutil = None
     if psutil is not None:
@@ -57,7 +57,7 @@ def fsync_dir(folder: Union[str, os.PathLike]) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], None]) -> str:
+def write_atomic(path: Union[str, os.PathLike], write: Callable[[IO[bytes]], object]) -> str:
     """Calls ``write(f)`` on a temporary file beside ``path``, fsyncs it and renames it to
     ``path`` (then fsyncs the folder); on any error (a full disk, Ctrl-C) the temporary file is
     removed and ``path`` is left as it was, so no reader ever sees a half-written file.

@@ -129,7 +129,7 @@ class PerplexityResult:
         return cls(**d)
 
 
-def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int]]]] = None, bos: bool = True,
+def perplexity(model, texts: Optional[Sequence[Union[str, Sequence[int], np.ndarray]]] = None, bos: bool = True,
                max_tokens: int = 1024, intervene=None, progress: bool = True,
                desc: Optional[str] = None, batch_bytes: Optional[int] = None) -> PerplexityResult:
     """Held-out perplexity over ``texts`` with or without BOS, on the same predicted tokens.

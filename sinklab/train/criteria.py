@@ -68,13 +68,15 @@ PAPER_ROWS = {(m, b, i): (sink, loss) for m, b, i, sink, loss in PAPER_TABLE2}
 
 
 # ------------------------------------------------------------------------------ numbers
-def _summ(values: Sequence[Optional[float]]) -> Optional[SeedSummary]:
-    if not values or any(v is None for v in values):
+def _summ(values: Optional[Sequence[Optional[float]]]) -> Optional[SeedSummary]:
+    """Mean ± sd over seeds, or None when there are no values or a seed lacks its value."""
+    present = [float(v) for v in values or () if v is not None]
+    if not present or len(present) != len(values or ()):
         return None
-    return over_seeds(values)
+    return over_seeds(present)
 
 
-def _iv(values: Sequence[Optional[float]]) -> Interval:
+def _iv(values: Optional[Sequence[Optional[float]]]) -> Interval:
     s = _summ(values)
     if s is None:
         nan = float("nan")

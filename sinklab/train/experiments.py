@@ -239,19 +239,21 @@ def clean(x: Any) -> Any:
 def seed_summary(values: Sequence[Optional[float]]) -> Optional[Dict[str, Any]]:
     """:func:`over_seeds` of one number per seed as a JSON-able dict (``mean``, ``sd``, ``n``,
     ``values``, ``interval``); None when a seed lacks the number."""
-    if not values or any(v is None for v in values):
+    present = [float(v) for v in values if v is not None]
+    if not present or len(present) != len(values):
         return None
-    return clean(over_seeds([float(v) for v in values]).to_dict())
+    return clean(over_seeds(present).to_dict())
 
 
 def _mean_sd(series: Sequence[Sequence[Optional[float]]]) -> Tuple[List[Optional[float]], List[Optional[float]]]:
     """Per evaluation: mean and sample sd over seeds of lists of equal length (the same
     evaluation schedule); None where a seed lacks the number or (sd) with one seed."""
     n = min(len(s) for s in series)
-    mean, sd = [], []
+    mean: List[Optional[float]] = []
+    sd: List[Optional[float]] = []
     for i in range(n):
-        col = [s[i] for s in series]
-        if any(v is None for v in col):
+        col = [float(v) for v in (s[i] for s in series) if v is not None]
+        if len(col) != len(series):
             mean.append(None)
             sd.append(None)
             continue
@@ -339,9 +341,9 @@ def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, A
         for k in FIG5_DIFFERENCES:
             a = {s: v for s, v in zip(lo["seeds"], lo["final_per_seed"][k])}
             b = {s: v for s, v in zip(hi["seeds"], hi["final_per_seed"][k])}
-            vals = [None if a[s] is None or b[s] is None else b[s] - a[s] for s in paired]
-            d[f"{k}_per_seed"] = vals
-            d[k] = seed_summary(vals)
+            diffs = [None if a[s] is None or b[s] is None else b[s] - a[s] for s in paired]
+            d[f"{k}_per_seed"] = diffs
+            d[k] = seed_summary(diffs)
         out["differences"]["longest_minus_shortest"] = d
     return clean(out)
 
@@ -374,7 +376,8 @@ def table2_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str,
         summ = {k: seed_summary(v) for k, v in per.items()}
         row = {"masking": masking, "fixed_bos": bos, "inference": mode}
         for k in ("sink_0.3", "sink_0.8", "importance", "val_loss", "val_loss_train"):
-            row[k] = None if summ[k] is None else summ[k]["mean"]
+            sk = summ[k]
+            row[k] = None if sk is None else sk["mean"]
         row.update({"paper_sink": p_sink, "paper_loss": p_loss, "seeds": [c.seed for c, _ in g],
                     "out_dirs": [c.out_dir for c, _ in g], "sink_tokens": T, "uniform_importance": u,
                     "per_seed": per, "sd": {k: (None if v is None else v["sd"]) for k, v in summ.items()},
@@ -396,12 +399,13 @@ def table2_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str,
                         else r[f"{f}_text"] - r[f"{f}_bos"] for _, r in g]
             rem[f"{k}_per_seed"] = vals
             rem[k] = seed_summary(vals)
-        m = {"masking": masking, "fixed_bos": bos, "seeds": [c.seed for c, _ in g],
-             "out_dirs": [c.out_dir for c, _ in g],
-             "in_paper_both_ways": any(t[:2] == (masking, bos) and t[2] == "bos" for t in PAPER_TABLE2),
-             "bos_removed": rem}
-        for e in EPS:
-            m[f"peak_sink_{e:g}"] = max(100 * max(r[f"sink_bos_{e:g}"], r[f"sink_text_{e:g}"]) for _, r in g)
+        m: Dict[str, Any] = {"masking": masking, "fixed_bos": bos, "seeds": [c.seed for c, _ in g],
+                             "out_dirs": [c.out_dir for c, _ in g],
+                             "in_paper_both_ways": any(t[:2] == (masking, bos) and t[2] == "bos"
+                                                       for t in PAPER_TABLE2),
+                             "bos_removed": rem}
+        for eps in EPS:
+            m[f"peak_sink_{eps:g}"] = max(100 * max(r[f"sink_bos_{eps:g}"], r[f"sink_text_{eps:g}"]) for _, r in g)
         models.append(m)
     seeds = sorted({c.seed for g in final.values() for c, _ in g})
     return clean({"rows": rows, "models": models, "seeds": seeds,

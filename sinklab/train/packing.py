@@ -153,7 +153,7 @@ class Packer:
         ws = [self.window(int(w)) for w in self.batch_windows(step, batch_size, seed)]
         ids = np.stack([x[0] for x in ws])
         targets = np.stack([x[1] for x in ws])
-        key_start = np.stack([x[2] for x in ws]) if self.intra_doc else None
+        key_start = np.stack([ks for _, _, ks in ws if ks is not None]) if self.intra_doc else None
         return ids, targets, key_start
 
     def __repr__(self) -> str:

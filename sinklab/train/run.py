@@ -173,7 +173,11 @@ class TrainConfig:
     @property
     def n_steps(self) -> int:
         """Optimizer steps of the run."""
-        return int(self.steps) if self.steps is not None else int(self.total_tokens) // self.tokens_per_step
+        if self.steps is not None:
+            return int(self.steps)
+        if self.total_tokens is None:
+            raise ConfigError("a training config needs steps or total_tokens")
+        return int(self.total_tokens) // self.tokens_per_step
 
     def validate(self) -> "TrainConfig":
         """Checks every field; ConfigError naming the first bad one. Returns self."""
@@ -490,8 +494,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     tok_path = getattr(corpus, "tokenizer_path", None)
     tok_path = None if tok_path is None else os.fspath(tok_path)
     entropy = getattr(corpus, "unigram_entropy", None)
-    run_state = {"run_config": config.to_dict(), "seed": config.seed,
-                 "unigram_entropy": None if entropy is None else float(entropy)}
+    unigram_entropy = None if entropy is None else float(entropy)
+    run_state = {"run_config": config.to_dict(), "seed": config.seed, "unigram_entropy": unigram_entropy}
 
     start = trainer.step_count
     t_run = time.perf_counter()
@@ -542,6 +546,8 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
         bar.close()
     if final is None:  # resumed a finished run
         final = ckpt_io.latest_checkpoint(out)
+    if final is None:  # cannot happen: the last step always writes a checkpoint
+        raise ckpt_io.CheckpointError(f"{out}: the run ended without a checkpoint")
     return RunResult(out_dir=out, config=config, steps=trainer.step_count, tokens=trainer.step_count * B * C,
                      resumed_from=resumed_from, checkpoint=final, log=records, trainer=trainer,
-                     unigram_entropy=run_state["unigram_entropy"])
+                     unigram_entropy=unigram_entropy)

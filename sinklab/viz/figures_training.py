@@ -94,8 +94,8 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
               [r["paper_sink"] for r in rows], "sink rate (%)"),
              (axes[1], [r["val_loss"] for r in rows], [sd(r, "val_loss") for r in rows],
               [r["paper_loss"] for r in rows], "validation loss (nats)"))
-    for ax, ours, err, paper, label in pairs:
-        err = None if not np.isfinite(err).any() else np.nan_to_num(err)
+    for ax, ours, sds, paper, label in pairs:
+        err = None if not np.isfinite(sds).any() else np.nan_to_num(sds)
         ax.bar(x - 0.2, ours, 0.4, yerr=err, capsize=3,
                label=f"here ({prof} profile" + (", eps = 0.3" if "sink" in label else "") + seeds + ")")
         ax.bar(x + 0.2, paper, 0.4, label="paper (~120M, 30B tokens)", alpha=0.7)
