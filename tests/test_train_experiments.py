@@ -427,6 +427,38 @@ def test_fig5_runs_see_equal_tokens_per_step_and_in_total(quick):
     assert Path(quick["table2"]["figure"]).read_bytes()[:8] == PNG
 
 
+@pytest.mark.slow  # the quick profile's 18 training runs (module fixture)
+def test_fig5_losses_on_the_same_targets_whatever_the_context(quick, corpus):
+    """val_loss_common: every context's model scored on each held-out document's first C_min - 1
+    tokens. For the shortest context that is its own evaluation (equal to its logged loss); for
+    the others it is recomputed here from the checkpoint's logits in float64."""
+    import sinklab
+    from sinklab.train.evaluate import eval_documents
+
+    fig5 = quick["fig5"]
+    runs = fig5["runs"]
+    n = runs[0]["context"] - 1
+    assert fig5["common_target_tokens"] == n
+    for i, folder in enumerate(runs[0]["out_dirs"]):
+        assert runs[0]["final_per_seed"]["val_loss_common"][i] == pytest.approx(
+            read_final(folder, "val_loss"), rel=1e-6)
+    folder = runs[-1]["out_dirs"][1]
+    model = sinklab.load(str(Path(folder) / (Path(folder) / "latest").read_text().strip()))
+    docs = eval_documents(corpus.heldout_documents(), run_settings(folder)["eval_docs"])
+    nll, count = 0.0, 0
+    for d in docs:
+        x = np.asarray(d[:n], np.int64)
+        lg = model.run(x, capture="logits", progress=False).logits.astype(np.float64)
+        lse = np.log(np.exp(lg - lg.max(axis=1, keepdims=True)).sum(axis=1)) + lg.max(axis=1)
+        nll += float((lse[:-1] - lg[np.arange(len(x) - 1), x[1:]]).sum())
+        count += len(x) - 1
+    assert runs[-1]["final_per_seed"]["val_loss_common"][1] == pytest.approx(nll / count, rel=1e-5)
+    d = fig5["differences"]["longest_minus_shortest"]
+    check_seed_summary(d["val_loss_common"], [b - a for a, b in zip(runs[0]["final_per_seed"]["val_loss_common"],
+                                                                     runs[-1]["final_per_seed"]["val_loss_common"])])
+    assert "on the same targets" in fig5["reading"]
+
+
 def read_final(folder, key):
     field = {"sink_0.3": "sink_text_0.3", "sink_0.8": "sink_text_0.8", "importance": "importance_text",
              "val_loss": "val_loss_text"}[key]

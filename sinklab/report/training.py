@@ -92,7 +92,10 @@ def run_training_profile(profile: str, root: str, out: str, progress: bool = Tru
     table2 = X.table2_summary(t_cfgs, X.run_all(t_cfgs, progress=progress))
     table2["markdown"] = X.table2_markdown(table2)
     f_cfgs = X.fig5_configs(profile, root=root, threads=threads)
-    fig5 = X.fig5_summary(f_cfgs, X.run_all(f_cfgs, progress=progress))
+    n_common = min(c.context for c in f_cfgs) - 1  # losses on the targets every context shares
+    fig5 = X.fig5_summary(f_cfgs, X.run_all(f_cfgs, progress=progress),
+                          common=X.common_target_losses(f_cfgs, n_common))
+    fig5["common_target_tokens"] = n_common
     prof = {"name": profile, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
     fig5["profile"] = table2["profile"] = prof
     png = os.path.join(out, f"fig5-{profile}.png")

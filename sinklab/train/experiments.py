@@ -39,9 +39,12 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..analysis.quality import perplexity
 from ..analysis.stats import over_seeds
 from ..viz.reference import sink_T, uniform_first_importance
 from . import checkpoint, criteria
+from .corpus import prepare_corpus
+from .evaluate import eval_documents
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
@@ -293,15 +296,39 @@ FIG5_SERIES = (("sink_0.3", "sink_text_0.3"), ("sink_0.8", "sink_text_0.8"), ("i
 FIG5_DIFFERENCES = ("sink_0.3", "sink_0.8", "importance", "importance_over_uniform", "val_loss")
 
 
-def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]]) -> Dict[str, Any]:
+def common_target_losses(configs: Sequence[TrainConfig], n_tokens: int, progress: bool = False) -> Dict[str, float]:
+    """Each finished run's validation loss (text only, nats) on the SAME targets whatever its
+    context: the first ``n_tokens`` tokens of each of its ``eval_docs`` held-out documents (the
+    targets x[1:n_tokens], as :mod:`.evaluate` scores a model of context n_tokens + 1), from its
+    last checkpoint. A run's logged ``val_loss_text`` is scored on its own first C - 1 tokens, so
+    logged losses of different contexts are not on the same targets. Keyed by ``out_dir``."""
+    out: Dict[str, float] = {}
+    corpora: Dict[Tuple[Optional[str], int], Any] = {}
+    for cfg in configs:
+        folder = checkpoint.latest_checkpoint(cfg.out_dir)
+        if folder is None:
+            raise ValueError(f"{cfg.out_dir} has no checkpoint to evaluate")
+        key = (cfg.corpus_root, cfg.vocab_size)
+        if key not in corpora:
+            corpora[key] = prepare_corpus(root=cfg.corpus_root, vocab_size=cfg.vocab_size, quiet=not progress)
+        model = checkpoint.trainer_from_checkpoint(checkpoint.load_checkpoint(folder)).model
+        docs = eval_documents(corpora[key].heldout_documents(), cfg.eval_docs)
+        out[cfg.out_dir] = float(perplexity(model, list(docs), bos=False, max_tokens=int(n_tokens),
+                                            progress=False).mean_nll)
+    return out
+
+
+def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]],
+                 common: Optional[Dict[str, float]] = None) -> Dict[str, Any]:
     """Per context, over its seeds: tokens seen and, at every evaluation, the mean (the fields
     ``sink_0.3``, ``sink_0.8`` (fractions), ``importance`` (mean a₀), ``val_loss`` (nats)), ``sd``
     and ``per_seed`` lists of each (text-only inference: these models never saw a ⟨bos⟩);
     ``final``: mean ± sd and t interval over seeds of each at the end of training, and of a₀ over
     the uniform-attention value (``importance_over_uniform``); ``peak_sink_0.3``/``0.8``: the
-    largest sink rate at any evaluation of any seed. ``differences["longest_minus_shortest"]``:
-    per seed s, the final value at the longest context minus at the shortest (seed s with seed s),
-    over seeds."""
+    largest sink rate at any evaluation of any seed. ``common`` (:func:`common_target_losses`,
+    by ``out_dir``): adds ``val_loss_common``, the final loss on the targets every context shares.
+    ``differences["longest_minus_shortest"]``: per seed s, the final value at the longest context
+    minus at the shortest (seed s with seed s), over seeds."""
     out: Dict[str, Any] = {"runs": []}
     groups = _groups(configs, logs, lambda c: c.context)
     all_seeds: List[int] = []
@@ -325,6 +352,8 @@ def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, A
         run["sd"], run["per_seed"] = sd, per_seed
         final_vals = {name: [s[-1] for s in per_seed[name]] for name, _ in FIG5_SERIES}
         final_vals["importance_over_uniform"] = [_ratio(v, u) for v in final_vals["importance"]]
+        if common is not None:
+            final_vals["val_loss_common"] = [common.get(c.out_dir) for c, _ in g]
         run["final_per_seed"] = final_vals
         run["final"] = {k: seed_summary(v) for k, v in final_vals.items()}
         for e in EPS:
@@ -338,7 +367,7 @@ def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, A
         lo, hi = out["runs"][0], out["runs"][-1]
         paired = [s for s in lo["seeds"] if s in hi["seeds"]]
         d: Dict[str, Any] = {"contexts": [lo["context"], hi["context"]], "seeds": paired}
-        for k in FIG5_DIFFERENCES:
+        for k in FIG5_DIFFERENCES + (("val_loss_common",) if common is not None else ()):
             a = {s: v for s, v in zip(lo["seeds"], lo["final_per_seed"][k])}
             b = {s: v for s, v in zip(hi["seeds"], hi["final_per_seed"][k])}
             diffs = [None if a[s] is None or b[s] is None else b[s] - a[s] for s in paired]
@@ -498,7 +527,12 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
     logs = run_all(configs, progress=progress)
     out = out or root
     os.makedirs(out, exist_ok=True)
-    summary = fig5_summary(configs, logs) if name == "fig5" else table2_summary(configs, logs)
+    if name == "fig5":  # losses compared on the targets every context shares: the shortest's
+        n_common = min(c.context for c in configs) - 1
+        summary = fig5_summary(configs, logs, common=common_target_losses(configs, n_common))
+        summary["common_target_tokens"] = n_common
+    else:
+        summary = table2_summary(configs, logs)
     p = profile(profile_name)
     summary["profile"] = {"name": profile_name, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
     summary["profile"]["seeds"] = len(summary["seeds"])
