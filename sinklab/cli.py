@@ -340,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-bos", action="store_true", help="do not prepend the BOS token")
     s.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),
                    help="the forward's weight products: fp32 (exact, the default), bf16 or int8 (faster; the "
-                        "README's Precision section says what each costs)")
+                        "documentation's docs/guides/precision.md says what each costs)")
     s.add_argument("--out", default=None,
                    help="output folder for the heatmap and sinks.json (default sinks-out; with --json, nothing is "
                         "written unless --out is given)")

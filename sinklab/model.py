@@ -887,8 +887,8 @@ def load(name_or_path: Union[str, os.PathLike], quiet: bool = False, precision: 
 
     ``precision`` is the default of :meth:`Model.run` (each call may override it): ``"fp32"``
     (exact, the default), ``"bf16"`` (weight products in bf16 with fp32 sums) or ``"int8"``
-    (weights as int8 with per-block scales, activations quantized per row); the README's
-    "Precision" section says what each costs in fidelity. Panels of the weights are built at
+    (weights as int8 with per-block scales, activations quantized per row); the documentation's
+    docs/guides/precision.md says what each costs in fidelity. Panels of the weights are built at
     the first such run and kept with the model (:attr:`Model.packed_bytes`). The derivatives
     (vjp, jvp, jacobian, loss_and_grad) are fp32 only for now and raise ValueError on a bf16 or
     int8 model unless called with ``precision="fp32"``.

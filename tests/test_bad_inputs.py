@@ -1,6 +1,6 @@
 """Bad inputs, one table: every kind raises the documented exception, its message names the
 problem (the specific name or value, checked as a substring), and a failed save leaves nothing
-half-written at its destination. The README's "Bad inputs" table lists the same cases."""
+half-written at its destination. The documentation's docs/guides/bad-input.md, "Bad input, Ctrl-C and memory", lists the same cases."""
 import errno
 import json
 import os

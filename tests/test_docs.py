@@ -1,4 +1,5 @@
-"""The README and benchmarks/RESULTS.md checked against the code they describe.
+"""The README (the front page), the documentation pages and benchmarks/RESULTS.md checked against
+the code they describe.
 
 - README: every ``sl.x`` / ``sinklab.x.y`` name (and ``model.f(`` / ``tr.f(``) exists; every
   ``sinklab SUBCOMMAND --flag`` it shows is in sinklab/cli.py's parser (values shown as
@@ -10,8 +11,11 @@
 - The package: every ``sinklab.x.y`` name in a docstring or comment exists.
 - benchmarks/RESULTS.md: each summary row has a command, a date and a CPU; every
   ``benchmarks/X.py --flag`` command in it (and in the README) names a script that defines the
-  flag; its headings are unique and its links resolve; every section the code cites by name
-  (RESULTS.md, then the heading in double quotes) exists.
+  flag; its headings are unique and its links resolve; every section the code, the README or a
+  documentation page cites by name (RESULTS.md, then the heading in double quotes) exists.
+- Citations of the documentation: every ``docs/....md`` page the code, the tests, CI, RESULTS.md,
+  the README or a page names exists, and every section cited by name (the page or README, a comma
+  or "'s", the heading in double quotes) is a heading of that page.
 (tests/test_readme.py checks the quick start against CI; nothing of that is repeated here.)
 
 Each checker is a function of the text that returns the problems it found, so the tests below can
@@ -405,14 +409,43 @@ def bad_benchmark_commands(md: str) -> List[str]:
 
 def cited_results_sections() -> List[Tuple[str, str]]:
     """(file, section) for each citation of a RESULTS.md section by its quoted name (the file's
-    name, a comma, the heading in double quotes) in the code and the README."""
+    name, a comma, the heading in double quotes) in the code, the README and the documentation pages."""
     cites = []
-    files = [README] + [p for d in ("sinklab", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")]
+    files = ([README] + sorted(DOCS.rglob("*.md"))
+             + [p for d in ("sinklab", "tests", "benchmarks") for p in (ROOT / d).rglob("*.py")])
     for p in files:
         text = p.read_text(encoding="utf-8", errors="replace")
         for m in re.finditer(r'RESULTS\.md[^"\n]{0,3}"([^"\n]+)"', text):
             cites.append((str(p.relative_to(ROOT)), m.group(1)))
     return cites
+
+
+# a documentation page (or the README) cited with one of its sections: docs/guides/precision.md, "Heading"
+DOC_CITATION = re.compile(r"(README(?:\.md)?|docs/[\w/.-]+?\.md)(?:,\s+|'s\s+)\"([^\"\n]+)\"")
+DOC_PATH = re.compile(r"\bdocs/[\w/.-]+?\.md\b")
+
+
+def doc_citation_problems(text: str) -> List[str]:
+    """Pages under docs/ that ``text`` names and that do not exist, and sections it cites by name
+    (the page or README, a comma or "'s", the heading in double quotes) that are no heading there."""
+    bad = []
+    for m in DOC_PATH.finditer(text):
+        if not (ROOT / m.group(0)).is_file():
+            bad.append(f"{m.group(0)} does not exist")
+    for m in DOC_CITATION.finditer(text):
+        page = README if m.group(1).startswith("README") else ROOT / m.group(1)
+        if page.is_file() and m.group(2) not in headings(page.read_text(encoding="utf-8")):
+            bad.append(f'{m.group(1)}, "{m.group(2)}": no such heading there')
+    return sorted(set(bad))
+
+
+def doc_citing_files() -> List[Path]:
+    """Where the documentation is cited: the package, tests, benchmarks, CI, examples, RESULTS.md,
+    the README and the pages themselves (this file aside: its synthetic cases are bogus on purpose)."""
+    files = [README, RESULTS] + sorted(DOCS.rglob("*.md")) + sorted((ROOT / ".ci").iterdir())
+    for d in ("sinklab", "tests", "benchmarks", "examples"):
+        files += sorted(p for p in (ROOT / d).rglob("*.py"))
+    return [p for p in files if p.is_file() and p != Path(__file__).resolve()]
 
 
 # -- the tests -----------------------------------------------------------------------------------
@@ -497,6 +530,17 @@ def test_results_sections_the_code_cites_exist(results):
     assert [c for c in cites if c[1] not in have] == []
 
 
+def test_doc_pages_and_sections_the_code_cites_exist():
+    bad, named = {}, 0
+    for p in doc_citing_files():
+        text = p.read_text(encoding="utf-8", errors="replace")
+        named += len(DOC_PATH.findall(text))
+        if doc_citation_problems(text):
+            bad[str(p.relative_to(ROOT))] = doc_citation_problems(text)
+    assert named >= 20, named  # the README and the code do point into the documentation
+    assert bad == {}
+
+
 def test_readme_links_to_its_own_sections(readme):
     anchors = {slug(h) for h in headings(readme)}
     assert [a for a in re.findall(r"\]\(#([\w-]+)\)", readme) if a not in anchors] == []
@@ -547,6 +591,13 @@ def test_checkers_fail_on_bogus_names(readme):
     assert unread_env_names(readme + "\nset `SINKLAB_NO_SUCH_VARIABLE=1`\n") == ["SINKLAB_NO_SUCH_VARIABLE"]
     assert missing_paths(readme + "\nsee `sinklab/no_such_file.py`\n") == ["sinklab/no_such_file.py"]
     assert missing_test_files(readme + "\n(`test_no_such_thing.py`)\n") == ["test_no_such_thing.py"]
+
+    assert doc_citation_problems(readme + "\nsee docs/guides/no-such-page.md\n") == [
+        "docs/guides/no-such-page.md does not exist"]
+    assert doc_citation_problems('the docs/guides/precision.md, "No such heading" table') == [
+        'docs/guides/precision.md, "No such heading": no such heading there']
+    assert doc_citation_problems('the README\'s "Precision" section') == ['README, "Precision": no such heading there']
+    assert doc_citation_problems('docs/guides/training.md, "Fig. 5 and Table 2 in miniature"') == []
 
 
 def test_docstring_scan_sees_docstrings_and_comments_only(tmp_path):

@@ -104,8 +104,11 @@ def test_notebooks_are_rendered_with_their_outputs(site):
 def test_every_figure_a_page_shows_is_a_png(site):
     shown = set()
     for p in (ROOT / "docs").rglob("*.md"):
-        shown |= set(re.findall(r"\]\(\.\./figures/([\w.-]+\.png)\)", p.read_text(encoding="utf-8")))
+        shown |= set(re.findall(r"\]\(\.\./figures/([\w./-]+\.png)\)", p.read_text(encoding="utf-8")))
     assert len(shown) >= 12, shown
+    # the beyond-the-paper pages show every committed figure of the quick report (notebooks/results/beyond/)
+    assert {n for n in shown if n.startswith("beyond/")} == {
+        f"beyond/{f.name}" for f in (ROOT / "notebooks" / "results" / "beyond").glob("*.png")}, shown
     for name in sorted(shown):
         data = (site / "figures" / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name

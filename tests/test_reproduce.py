@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 STUDY, CONTRAST = "gemma-3-270m", "smollm2-135m-instruct"
-# the whole quick report in a subprocess (README: about 11 min on 2 idle cores), on both models
+# the whole quick report in a subprocess (docs/index.md: 652 s on 2 cores), on both models
 pytestmark = [pytest.mark.slow, pytest.mark.real]
 
 

@@ -265,8 +265,8 @@ def test_cli_sweep_errors_and_example(tmp_path):
 
 # ------------------------------------------------------------------ the cluster example
 def test_the_slurm_and_pbs_example_make_the_documented_jobs():
-    """examples/cluster: the job scripts dask-jobqueue writes from jobqueue.yaml ask for what the
-    README says (16 CPUs a job, 4 worker processes x 1 Dask thread), and the example spec parses."""
+    """examples/cluster: the job scripts dask-jobqueue writes from jobqueue.yaml ask for what
+    docs/guides/sweeps.md says (16 CPUs a job, 4 worker processes x 1 Dask thread), and the example spec parses."""
     require("dask_jobqueue")
     import importlib.util
     from pathlib import Path

@@ -3,7 +3,10 @@
 The notebooks live in notebooks/ (the tests execute them there), not in docs/, so they are added
 here and rendered by mkdocs-jupyter. The analysis pages show the figures the notebooks already
 hold (their cells' PNG outputs), so nothing is recomputed at build time: FIGURES names each one by
-the notebook and the cell that drew it, and a cell without a PNG fails the build.
+the notebook and the cell that drew it, and a cell without a PNG fails the build. The beyond-the-paper
+pages show the figures of the committed quick report (notebooks/results/beyond/, written by
+``sinklab reproduce --beyond --quick``): RESULT_FIGURES names each by its file in the repository,
+and a missing file fails the build.
 """
 from __future__ import annotations
 
@@ -40,6 +43,31 @@ FIGURES: Dict[str, Tuple[str, int]] = {
 }
 
 
+# site path under figures/ -> committed figure, relative to the repository root
+RESULT_FIGURES: Dict[str, str] = {
+    f"beyond/{name}": f"notebooks/results/beyond/{name}"
+    for name in (
+        "beyond_massive.png",
+        "beyond_key_geometry.png",
+        "beyond_secondary_classes.png",
+        "beyond_secondary_heads.png",
+        "beyond_multidoc.png",
+        "beyond_windowed.png",
+        "beyond_ablation.png",
+        "beyond_patching.png",
+    )
+}
+
+
+def result_png(path: str) -> bytes:
+    """The bytes of the committed figure ``path`` (relative to the repository root); FileNotFoundError if absent."""
+    f = ROOT / path
+    if not f.is_file():
+        raise FileNotFoundError(f"{path} is not in the repository (RESULT_FIGURES in docs/hooks/notebook_files.py "
+                                "names it; rerun `sinklab reproduce --beyond --quick` and commit its figures)")
+    return f.read_bytes()
+
+
 def cell_png(notebook: str, cell: int) -> bytes:
     """The first PNG output of code cell ``cell`` of ``notebooks/notebook``; ValueError if none."""
     nb = json.loads((ROOT / "notebooks" / notebook).read_text(encoding="utf-8"))
@@ -60,4 +88,6 @@ def on_files(files: Files, config) -> Files:
                           use_directory_urls=config["use_directory_urls"]))
     for name, (notebook, cell) in FIGURES.items():
         files.append(File.generated(config, f"figures/{name}", content=cell_png(notebook, cell)))
+    for name, path in RESULT_FIGURES.items():
+        files.append(File.generated(config, f"figures/{name}", content=result_png(path)))
     return files

@@ -72,7 +72,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
             contrast (the paper predicts no ⟨bos⟩ effect on them). Default: Gemma-3-270M and
             SmolLM2-135M-Instruct.
         out: output folder (created).
-        quick: the small preset (the README gives measured times).
+        quick: the small preset (docs/index.md, the documentation's home page, gives measured times).
         progress: progress bars, each naming what it runs.
         eps: sink thresholds in (0, 1); the smallest is the one the criteria use.
         settings: explicit sizes, overriding ``quick`` and ``eps``.
@@ -84,7 +84,7 @@ def reproduce(models: Union[str, Sequence[str]] = DEFAULT_MODELS, out: str = "si
         sections: run only these section keys (default all; the element table marks the others).
         loader: how a name becomes a model (default :func:`sinklab.load`).
         precision: the forward passes' weight products (:data:`sinklab.model.PRECISIONS`): ``"fp32"``
-            (exact, the default), ``"bf16"`` or ``"int8"`` (faster; the README's Precision section
+            (exact, the default), ``"bf16"`` or ``"int8"`` (faster; docs/guides/precision.md
             gives what each costs). The sections in :data:`FP32_SECTIONS` (derivatives) run in fp32
             whatever it is; ``results.json``'s meta and the report's header say which ran how.
 
@@ -166,7 +166,7 @@ def _precision_line(meta: Dict[str, Any]) -> str:
     p = meta.get("precision", "fp32")
     if p == "fp32":
         return "Forward passes in fp32 (exact). "
-    return (f"Forward passes with {p} weight products (the README's Precision section gives what that costs in "
+    return (f"Forward passes with {p} weight products (sinklab's docs/guides/precision.md gives what that costs in "
             f"fidelity); {', '.join(meta['fp32_sections'])} in fp32 (derivatives). ")
 
 
