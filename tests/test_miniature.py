@@ -70,7 +70,8 @@ def test_rows_of_finished_and_unfinished_runs(tiny_run, training_corpus, tmp_pat
     assert r["tokens"] == CFG["steps"] * CFG["tokens_per_step"] and r["threads"] == 1
     assert r["epochs"] == pytest.approx(r["tokens"] / len(training_corpus.train_tokens))
     assert r["a0_uniform"] == pytest.approx(sum(1 / (i + 1) for i in range(32)) / 32)   # T = min(64, C)
-    assert "| 32 × 1 × 2 |" in mini.search_markdown(rows)
+    assert "| 32 × 1 × 2 seed 3 |" in mini.search_markdown(rows)      # seed 3: named; fixed <bos>: not
+    assert "| 32 × 1 × 2 no fixed ⟨bos⟩ |" in mini.search_markdown([{**r, "seed": 0, "fixed_bos": False}])
     longer = str(tmp_path / "runs" / "train-longer")           # stopped before its last step
     train(TrainConfig(**{**CFG, "steps": 8}, out_dir=longer), progress=False, corpus=training_corpus)
     log = open(longer + "/log.jsonl").read().splitlines()

@@ -190,8 +190,7 @@ def search_markdown(rows: Sequence[Dict[str, Any]]) -> str:
     for r in sorted(rows, key=lambda r: (r["tokens"] * (r["n_params"] or 0), r["run"])):
         wall = f"{r['wall_s'] / 60:.0f} min ({r['threads'] or '?'})"
         lines.append(
-            f"| {r['d_model']} × {r['n_layers']} × {r['n_heads']}"
-            f"{'' if r['attention'] in (None, 'softmax') else ' ' + r['attention']} | "
+            f"| {r['d_model']} × {r['n_layers']} × {r['n_heads']}{_run_label(r)} | "
             f"{(r['n_params'] or 0) / 1e6:.2f}M | {r['context']} | {r['lr']:g} | {r['weight_decay']:g} | "
             f"{_fmt_tokens(r['tokens'])} ({r['epochs']:.1f}) | {wall} | {r['val_loss_bos']:.3f} | "
             f"{r['delta_loss']:+.3f} [{r['delta_lo']:+.3f}, {r['delta_hi']:+.3f}] | "
@@ -199,6 +198,16 @@ def search_markdown(rows: Sequence[Dict[str, Any]]) -> str:
             f"{100 * r['sink_bos']:.1f} | "
             f"{r['a0_ratio']:.2f} | {r['verdict']} |")
     return head + "\n".join(lines) + "\n\n" + search_reading(rows) + "\n"
+
+
+def _run_label(r: Dict[str, Any]) -> str:
+    """What sets a run apart beyond its shape: a variant attention, no fixed ⟨bos⟩, a seed other than 0."""
+    parts = [] if r.get("attention") in (None, "softmax") else [r["attention"]]
+    if r.get("fixed_bos") is False:
+        parts.append("no fixed ⟨bos⟩")
+    if r.get("seed"):
+        parts.append(f"seed {r['seed']}")
+    return "".join(" " + p for p in parts)
 
 
 def search_reading(rows: Sequence[Dict[str, Any]]) -> str:
