@@ -371,12 +371,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default=None,
                    help="output folder (default sinklab-report, sinklab-families with --families, "
                         "sinklab-beyond with --beyond)")
-    r.add_argument("--training-profile", default=None, choices=("none", "quick", "cpu", "full"),
+    r.add_argument("--training-profile", default=None, choices=("none", "quick", "cpu", "miniature", "full"),
                    help="the section on Fig. 5 and Table 2 in miniature (models trained here): none skips it, "
-                        "quick runs the smoke-test profile into OUT/training (about 15 s), cpu or full run or resume "
-                        "that profile under --training-root (about an hour on 2 cores / overnight). Default: quick "
-                        "with --quick, else the cpu profile's summaries under --training-root when they exist "
-                        "(`sinklab experiment fig5|table2 --profile cpu` writes them), else quick")
+                        "quick runs the smoke-test profile into OUT/training (about 15 s), cpu, miniature or full run "
+                        "or resume that profile under --training-root (about an hour on 2 cores / hours / overnight). "
+                        "Default: quick with --quick, else the miniature or else the cpu profile's summaries under "
+                        "--training-root when they exist (`sinklab experiment fig5|table2 --profile P` writes them), "
+                        "else quick")
     r.add_argument("--training-root", default=None,
                    help="the runs' folder of `sinklab experiment` (default sinklab-experiments)")
     r.add_argument("--precision", default="fp32", choices=("fp32", "bf16", "int8"),

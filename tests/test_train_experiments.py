@@ -709,6 +709,13 @@ def test_report_reads_cpu_summaries_or_runs_the_quick_profile(quick, monkeypatch
     (summary / "table2-cpu.json").write_text(json.dumps({"rows": []}))
     with pytest.raises(ValueError, match="table2-cpu.json"):
         report.training_results("auto", root=str(tmp_path / "exp"), out=str(tmp_path / "o"), progress=False)
+    # the miniature profile's summaries, where they exist, come before the cpu profile's
+    for name in ("fig5", "table2"):
+        s = dict(quick[name], profile={**quick[name]["profile"], "name": "miniature"})
+        (tmp_path / "exp" / f"{name}-miniature.json").write_text(json.dumps(s))
+    res = report.training_results("auto", root=str(tmp_path / "exp"), out=str(tmp_path / "o"), progress=False)
+    assert (res["source"], res["profile"], res["where"]) == ("read", "miniature", str(tmp_path / "exp"))
+    assert "miniature profile's summaries" in res["note"]
     with pytest.raises(ValueError, match="huge"):
         report.training_results("huge", root=str(tmp_path), out=str(tmp_path / "o"), progress=False)
 

@@ -21,9 +21,10 @@ from .elements import MINIATURE
 
 # ---------------------------------------------------------------------- pre-training in miniature
 # The paper's pre-training experiments (Fig. 5, Table 2), run by sinklab.train.experiments and
-# read here. Profiles: "quick" (a smoke test, seconds), "cpu" (about an hour on 2 cores), "full"
-# (overnight); "none" skips the section.
-TRAINING_PROFILES = ("none", "quick", "cpu", "full")
+# read here. Profiles: "quick" (a smoke test, seconds), "cpu" (about an hour on 2 cores),
+# "miniature" (the miniature search's setting: hours), "full" (overnight); "none" skips the section.
+TRAINING_PROFILES = ("none", "quick", "cpu", "miniature", "full")
+AUTO_PROFILES = ("miniature", "cpu")        # "auto" reads the first of these whose summaries exist
 TRAINING_DIR = "training"                   # the report's subfolder for the section's files
 DEFAULT_TRAINING_ROOT = "sinklab-experiments"  # where `sinklab experiment` puts its runs
 PAPER_FIG5_TOKENS = 5e9                     # training tokens per Fig. 5 run
@@ -121,11 +122,11 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
                      progress: bool = True) -> Dict[str, Any]:
     """The two experiments' summaries for the report, by ``choice``:
 
-    * ``"auto"``: the cpu profile's summaries under ``root`` when they exist, else the quick
-      profile run into :func:`quick_runs_dir` (and ``note`` says so);
+    * ``"auto"``: the miniature profile's summaries under ``root`` when they exist, else the cpu
+      profile's, else the quick profile run into :func:`quick_runs_dir` (and ``note`` says so);
     * ``"quick"``: the quick profile run (or resumed) into :func:`quick_runs_dir` (the cache), its
       summaries into ``out``;
-    * ``"cpu"`` / ``"full"``: that profile run or resumed with its runs and summaries in ``root``
+    * ``"cpu"`` / ``"miniature"`` / ``"full"``: that profile run or resumed with its runs and summaries in ``root``
       (where ``sinklab experiment --profile P`` puts them).
 
     Returns ``{"profile", "source" ("ran" or "read"), "where", "note", "fig5", "table2", "seconds"}``."""
@@ -134,13 +135,14 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
     t0 = time.perf_counter()
     note = ""
     if choice == "auto":
-        found = find_training_summaries(root, "cpu")
-        if found is not None:
-            fig5, table2 = load_training_summaries(found, "cpu")
-            return {"profile": "cpu", "source": "read", "where": found, "fig5": fig5, "table2": table2,
-                    "note": f"Read the cpu profile's summaries from `{found}` (written by `sinklab experiment "
-                            f"fig5|table2 --profile cpu`); nothing was trained for this report.",
-                    "seconds": time.perf_counter() - t0}
+        for prof in AUTO_PROFILES:
+            found = find_training_summaries(root, prof)
+            if found is not None:
+                fig5, table2 = load_training_summaries(found, prof)
+                return {"profile": prof, "source": "read", "where": found, "fig5": fig5, "table2": table2,
+                        "note": f"Read the {prof} profile's summaries from `{found}` (written by `sinklab experiment "
+                                f"fig5|table2 --profile {prof}`); nothing was trained for this report.",
+                        "seconds": time.perf_counter() - t0}
         note = (f"No cpu-profile summaries under `{root}` (`sinklab experiment fig5|table2 --profile cpu "
                 f"--root {root}` writes them, in about an hour on 2 cores), so the quick profile was run instead. ")
         choice = "quick"
