@@ -4,6 +4,8 @@ the same checkpoint (float64 log-softmax), its interval, the verdict's threshold
 of finished and unfinished runs."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -93,6 +95,10 @@ def test_token_trend_on_an_exact_line():
     assert slope == pytest.approx(0.05) and t == pytest.approx(8e6)   # 0.1 + 0.05 * 8 = 0.5
     assert mini.token_trend([[1e6, 0.3], [2e6, 0.2], [3e6, 0.1]], 0.1)[1] is None   # falling: never
     assert mini.token_trend([[1e6, 0.1]], 0.1) == (None, None)
+    # a slope so small that the target lies past any float: infinite, not an OverflowError
+    flat = [[t, 0.01 + 1e-6 * math.log2(t)] for t in (3e6, 6e6, 9e6, 12e6)]
+    slope, t = mini.token_trend(flat, flat[-1][1])
+    assert slope == pytest.approx(1e-6) and t == math.inf
 
 
 def _vrow(attention, bos, text, sink=0.1, **setting):
@@ -162,3 +168,17 @@ def test_scale_trend_slope_over_documents_and_the_size_it_extrapolates_to():
     assert flat["slope_lo"] < 0 < flat["slope_hi"] and flat["trend"] == "no difference resolved"
     assert flat["params_to_target"] is None and "no size" in mini.scale_reading(flat)
     assert mini.scale_groups(rows[:2]) == []                                          # two sizes: no trend
+    # rising overall but falling from the middle to the largest: no extrapolation, the fall named
+    peak = [0.03, 0.20, 0.12]
+    bump = mini.scale_trend([_srow(64 * 2 ** i, 4 * 2 ** i, p, g + 0.005 * r.standard_normal(64), bos, 0.1)
+                             for i, (p, g) in enumerate(zip(params, peak))])
+    assert bump["slope_lo"] > 0 and not bump["monotone"] and bump["params_to_target"] is None
+    assert bump["steps"][1]["hi"] < 0 < bump["steps"][0]["lo"]
+    assert bump["steps"][1]["value"] == pytest.approx(np.mean(np.subtract(bump["delta_loss"][2], bump["delta_loss"][1])))
+    assert "falls by" in mini.scale_reading(bump) and "extrapolates nothing" in mini.scale_reading(bump)
+    # a second seed of the middle width: its paired change of the gap over documents is reported
+    other = _srow(128, 8, 1e6, np.asarray(rows[1]["per_doc_text"]) - bos + 0.05, bos, 0.4, seed=1)
+    sp = mini.scale_trend(groups[0], rows=rows + [other])["seed_spread"]
+    assert len(sp) == 1 and sp[0]["seeds"] == [0, 1] and sp[0]["value"] == pytest.approx(0.05, rel=1e-9)
+    assert sp[0]["sink_difference"] == pytest.approx(0.4 - rows[1]["sink_bos"])
+    assert "seed-to-seed spread" in mini.scale_reading(mini.scale_trend(groups[0], rows=rows + [other]))

@@ -112,7 +112,8 @@ def token_trend(curve: Sequence[Sequence[float]], delta_now: float, target: floa
         return slope, None
     if linear:
         return slope, float(last + 1e6 * (target - delta_now) / slope)
-    return slope, float(last * 2.0 ** ((target - delta_now) / slope))
+    doublings = (target - delta_now) / slope
+    return slope, (float(last * 2.0 ** doublings) if doublings < 1000 else math.inf)  # inf: past any float
 
 
 def _run_dirs(sweep_dirs: Sequence[str]) -> List[str]:
@@ -231,8 +232,9 @@ def search_reading(rows: Sequence[Dict[str, Any]]) -> str:
     t = best.get("tokens_to_target")
     if t is not None:
         out += (f" Along its own run Δ loss grew {best['delta_per_doubling']:+.4f} nats per doubling of tokens; "
-                f"on that line it would reach {TARGET_LOSS} nats at ~{t:.1e} tokens "
-                f"({t / best['tokens']:.1e}× its budget)")
+                + (f"on that line it would reach {TARGET_LOSS} nats at ~{t:.1e} tokens "
+                   f"({t / best['tokens']:.1e}× its budget)" if math.isfinite(t) else
+                   f"on that line it would take more than 2^1000 times its budget to reach {TARGET_LOSS} nats"))
         tl = best.get("tokens_to_target_linear")
         if tl is not None:
             out += (f"; even read as linear in tokens ({best['delta_per_mtok']:+.4f} nats per million) it would take "
@@ -354,21 +356,50 @@ def _slope(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return (y - y.mean(axis=-1, keepdims=True)) @ xc / float(xc @ xc)
 
 
-def scale_trend(group: Sequence[Dict[str, Any]], target: float = TARGET_LOSS, seed: int = 0) -> Dict[str, Any]:
+def _other_seeds(r: Dict[str, Any], rows: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Runs of ``r``'s setting and width with another seed (softmax, the same documents)."""
+    key = [k for k in SCALE_KEYS if k != "seed"]
+    return [o for o in rows if o is not r and o.get("attention") in (None, "softmax") and "per_doc_bos" in o
+            and o.get("seed") != r.get("seed") and o["d_model"] == r["d_model"] and o["n_heads"] == r["n_heads"]
+            and all(o.get(k) == r.get(k) for k in key) and len(o["per_doc_bos"]) == len(r["per_doc_bos"])]
+
+
+def seed_spread(group: Sequence[Dict[str, Any]], rows: Sequence[Dict[str, Any]], seed: int = 0) -> List[Dict[str, Any]]:
+    """For each width of a scale group that has a run with another seed: that run's ⟨bos⟩ loss gap
+    minus the group's run's (paired over documents, 95 % bootstrap) and the sink rates' difference:
+    what one seed more moves, beside what one width more moves."""
+    out = []
+    for r in group:
+        for o in _other_seeds(r, rows):
+            iv = paired_difference(np.subtract(r["per_doc_text"], r["per_doc_bos"]),
+                                   np.subtract(o["per_doc_text"], o["per_doc_bos"]), seed=seed)
+            out.append({"n_params": r["n_params"], "seeds": [r.get("seed"), o.get("seed")], "value": iv.value,
+                        "lo": iv.lo, "hi": iv.hi, "sink_difference": o["sink_bos"] - r["sink_bos"]})
+    return out
+
+
+def scale_trend(group: Sequence[Dict[str, Any]], target: float = TARGET_LOSS, seed: int = 0,
+                rows: Sequence[Dict[str, Any]] = ()) -> Dict[str, Any]:
     """Issue fallback "the trend with scale": the ⟨bos⟩ loss gap (text only − ⟨bos⟩+text, nats)
     of each width against log2(parameters), the least-squares slope (nats per doubling of the
     parameters) with a 95 % bootstrap interval over the held-out documents (the same documents
-    for every run, resampled together), and the parameters at which the fitted line reaches
-    ``target`` (None unless the slope's interval lies above zero). An extrapolation of three or
-    more points of one seed, not a prediction: the token budget is fixed, so a larger model is
-    also a less-trained one."""
+    for every run, resampled together); with ``rows`` (all runs), what another seed of a width
+    moves (:func:`seed_spread`), which these intervals over documents do not contain; each step from one width to the next (``steps``: the
+    paired change of the gap over documents), and the parameters at which the fitted line reaches
+    ``target`` (None unless the slope's interval lies above zero and no step's interval lies below
+    zero: a line through points that fall somewhere extrapolates nothing). An extrapolation of
+    three or more points of one seed, not a prediction: the token budget is fixed, so a larger
+    model is also a less-trained one."""
     x = np.log2([float(r["n_params"]) for r in group])
     gaps = np.stack([np.subtract(r["per_doc_text"], r["per_doc_bos"]) for r in group])  # (sizes, docs)
     means = gaps.mean(axis=1)
     slope_iv = bootstrap(lambda i: float(_slope(x, gaps[:, i].mean(axis=1)[None])[0]), gaps.shape[1], seed=seed,
                          rows=lambda idx: _slope(x, gaps[:, idx].mean(axis=2).T))
     fit_at_top = float(means.mean() + slope_iv.value * (x[-1] - x.mean()))
-    to_target = (float(2.0 ** (x[-1] + (target - fit_at_top) / slope_iv.value)) if slope_iv.above(0) else None)
+    steps = [paired_difference(gaps[i], gaps[i + 1], seed=seed) for i in range(len(group) - 1)]
+    monotone = not any(s.below(0) for s in steps)
+    to_target = (float(2.0 ** (x[-1] + (target - fit_at_top) / slope_iv.value))
+                 if slope_iv.above(0) and monotone else None)
     sink = np.array([r["sink_bos"] for r in group])
     return {"runs": [r["run"] for r in group], "d_model": [r["d_model"] for r in group],
             "n_heads": [r["n_heads"] for r in group], "n_params": [r["n_params"] for r in group],
@@ -378,6 +409,8 @@ def scale_trend(group: Sequence[Dict[str, Any]], target: float = TARGET_LOSS, se
             "val_loss_bos": [r["val_loss_bos"] for r in group],
             "slope": slope_iv.value, "slope_lo": slope_iv.lo, "slope_hi": slope_iv.hi,
             "sink_slope": float(_slope(x, sink[None])[0]), "params_to_target": to_target,
+            "steps": [{"value": s.value, "lo": s.lo, "hi": s.hi} for s in steps], "monotone": monotone,
+            "seed_spread": seed_spread(group, rows, seed),
             "trend": _direction(slope_iv, "shrinks with scale", "grows with scale")}
 
 
@@ -405,10 +438,25 @@ def scale_reading(t: Dict[str, Any]) -> str:
          f"gap {t['trend']}: {t['slope']:+.4f} nats per doubling of the parameters [{t['slope_lo']:+.4f}, "
          f"{t['slope_hi']:+.4f}] (95 % over documents, one seed); the sink rate moves {100 * t['sink_slope']:+.1f} points "
          f"per doubling (no interval: one number per run).")
+    for sp in t.get("seed_spread", []):
+        biggest = max(abs(st["value"]) for st in t["steps"])
+        s += (f" Seeds: at {sp['n_params'] / 1e6:.2f}M, seed {sp['seeds'][1]}'s gap differs from seed {sp['seeds'][0]}'s by "
+              f"{sp['value']:+.3f} nats [{sp['lo']:+.3f}, {sp['hi']:+.3f}] and its sink rate by "
+              f"{100 * sp['sink_difference']:+.1f} points, "
+              + ("as much as or more than" if abs(sp["value"]) >= biggest else "less than")
+              + f" the largest step between widths ({biggest:.3f} nats): the intervals over documents leave this "
+              "seed-to-seed spread out, and one seed per width cannot resolve a trend smaller than it.")
+    falls = [i for i, s in enumerate(t["steps"]) if s["hi"] < 0]
+    if falls:
+        s += " It does not grow steadily: " + "; ".join(
+            f"from {t['n_params'][i] / 1e6:.2f}M to {t['n_params'][i + 1] / 1e6:.2f}M it falls by "
+            f"{-t['steps'][i]['value']:.3f} nats [{-t['steps'][i]['hi']:.3f}, {-t['steps'][i]['lo']:.3f}]" for i in falls) + "."
     if t["params_to_target"] is not None:
         s += (f" On that line the gap would reach {TARGET_LOSS} nats at ~{t['params_to_target']:.1e} parameters "
               f"({t['params_to_target'] / t['n_params'][-1]:.0e}× the largest here) at the same tokens, an extrapolation "
               f"of {n} points, not a prediction.")
+    elif falls:
+        s += " A line through points that fall somewhere extrapolates nothing, so no size at which the targets would be met follows from it."
     else:
         s += " The slope's interval does not lie above zero, so no size at which the targets would be met follows from it."
     return s
@@ -427,7 +475,7 @@ def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = Tr
     if vrows:
         with open(out_prefix + "-variants.md", "w") as f:
             f.write(variants_markdown(vrows))
-    trends = [scale_trend(g) for g in scale_groups(rows)]
+    trends = [scale_trend(g, rows=rows) for g in scale_groups(rows)]
     if trends:
         with open(out_prefix + "-scale.md", "w") as f:
             f.write(scale_markdown(trends))
