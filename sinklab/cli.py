@@ -269,14 +269,14 @@ def cmd_experiment(args) -> int:
 
     if args.name == "depth":
         res = run_depth(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
-                        seeds=args.seeds, adopt=args.adopt)
+                        seeds=args.seeds, adopt=args.adopt, records_dir=args.records)
         print(res["markdown"])
         print(f"wrote {res['figure']}")
         print()
         print(res["reading"])
         return 0
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
-                         threads=args.threads, seeds=args.seeds, adopt=args.adopt)
+                         threads=args.threads, seeds=args.seeds, adopt=args.adopt, records_dir=args.records)
     n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
@@ -407,6 +407,10 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--adopt", action="append", default=[], metavar="DIR",
                    help="copy in finished runs with the same settings from DIR (a sweep's runs/ folder or another "
                         "root) instead of training them again; repeatable (default: none)")
+    x.add_argument("--records", default=None, metavar="DIR",
+                   help="a folder of run records (log and settings of each finished run, a few kB; commit it): "
+                        "runs recorded there are not trained again, and every finished run is recorded there "
+                        "(default: none)")
     x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by both experiments (default sinklab-experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     x.add_argument("--seeds", type=int, default=None,

@@ -236,8 +236,9 @@ def test_cpu_profile_reuses_seed_zero_runs_and_trains_seeds_one_and_two(tmp_path
 def test_cli_seeds_option(tmp_path, monkeypatch):
     from sinklab import cli
 
-    args = cli.build_parser().parse_args(["experiment", "fig5", "--profile", "quick", "--seeds", "2"])
-    assert args.seeds == 2
+    args = cli.build_parser().parse_args(["experiment", "fig5", "--profile", "quick", "--seeds", "2",
+                                          "--records", str(tmp_path / "rec")])
+    assert args.seeds == 2 and args.records == str(tmp_path / "rec")
     assert cli.build_parser().parse_args(["experiment", "table2"]).seeds is None
     seen = {}
 
@@ -248,7 +249,7 @@ def test_cli_seeds_option(tmp_path, monkeypatch):
     monkeypatch.setattr(X, "run_experiment", fake_run_experiment)
     with pytest.raises(SystemExit):
         cli.cmd_experiment(args)
-    assert seen["seeds"] == 2 and seen["name"] == "fig5"
+    assert seen["seeds"] == 2 and seen["name"] == "fig5" and seen["records_dir"] == str(tmp_path / "rec")
 
 
 # ------------------------------------------------------------------------------ runs

@@ -32,7 +32,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ..analysis import status as S
 from ..analysis.stats import Interval, describe_difference, over_seeds
 from ..viz.reference import sink_T, uniform_first_importance
-from .experiments import PROFILES, adopt_runs, clean, profile, run_all, run_config, seed_list, seed_summary
+from .experiments import (PROFILES, clean, common_tokens, profile, run_config, run_with_records, seed_list,
+                          seed_summary)
 from .run import TrainConfig
 
 EPS = 0.3  # the sink rate the criterion reads (the paper's Table 2 threshold)
@@ -236,15 +237,14 @@ def depth_figure(summary: Dict[str, Any], path: str) -> str:
 
 def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments", out: Optional[str] = None,
               progress: bool = True, threads: Optional[int] = None, seeds: Union[None, int, Sequence[int]] = None,
-              adopt: Sequence[str] = ()) -> Dict[str, Any]:
+              adopt: Sequence[str] = (), records_dir: Optional[str] = None) -> Dict[str, Any]:
     """Trains (or resumes, or skips when finished) every depth and seed of a profile and writes
     ``depth-{profile}.json`` (summary, table, reading, verdict) and ``depth-{profile}.png`` into
-    ``out`` (default ``root``). Returns the summary."""
+    ``out`` (default ``root``). ``adopt``, ``records_dir``: as for
+    :func:`.experiments.run_experiment`. Returns the summary."""
     configs = depth_configs(profile_name, root=root, seeds=seeds, threads=threads)
-    if adopt:
-        os.makedirs(root, exist_ok=True)
-        adopt_runs(configs, adopt)
-    summary = depth_summary(configs, run_all(configs, progress=progress))
+    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress)
+    summary = depth_summary(configs, logs)
     out = out or root
     os.makedirs(out, exist_ok=True)
     summary["profile"] = profile_name

@@ -39,12 +39,9 @@ import os
 import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..analysis.quality import perplexity
 from ..analysis.stats import over_seeds
 from ..viz.reference import sink_T, uniform_first_importance
-from . import checkpoint, criteria
-from .corpus import prepare_corpus
-from .evaluate import eval_documents
+from . import criteria, records
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
@@ -168,48 +165,76 @@ def _settings(run_config: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in run_config.items() if k not in _RUN_ONLY}
 
 
-def _finished_run(run_dir: str) -> Optional[Dict[str, Any]]:
-    """The run config of a finished training run in ``run_dir`` (its last checkpoint at the last
-    step), else None."""
-    try:
-        folder = checkpoint.latest_checkpoint(run_dir)
-        if folder is None or not os.path.isfile(os.path.join(run_dir, "log.jsonl")):
-            return None
-        st = checkpoint.read_state(folder)
-        cfg = TrainConfig.from_dict(st["run_config"])
-    except (checkpoint.CheckpointError, KeyError, ValueError):  # not a run, or not one of this version
-        return None
-    return cfg.to_dict() if int(st.get("step", -1)) == cfg.n_steps else None
+def _finished_settings(folder: str) -> Optional[Tuple[Dict[str, Any], bool]]:
+    """(the settings that change a number, whether it is a record) of the finished run or the
+    record in ``folder``, else None."""
+    cfg = records.finished_config(folder)
+    if cfg is not None:
+        return _settings(cfg.to_dict()), False
+    rec = records.read_record(folder)
+    return (_settings(rec["config"].to_dict()), True) if rec is not None else None
 
 
 def adopt_runs(configs: Sequence[TrainConfig], sources: Sequence[str]) -> List[str]:
-    """Copies finished runs trained elsewhere (a sweep's ``runs/train-*`` folders, another root)
-    into the folders of ``configs`` that have no run yet, when every setting that changes a number
-    (all but the folder, threads and checkpoint retention) is equal: a miniature-search run is then
-    seed 0 of an experiment's condition instead of being trained again. ``sources`` are run folders
-    or folders of run folders (searched two levels deep). Returns the folders filled."""
-    found: List[Tuple[Dict[str, Any], str]] = []
+    """Fills the folders of ``configs`` that have no run yet from finished runs trained elsewhere
+    (a sweep's ``runs/train-*`` folders, another root: copied whole) or from their records
+    (:mod:`.records`: the log and the record, no checkpoint), when every setting that changes a
+    number (all but the folder, threads and checkpoint retention) is equal: a miniature-search run
+    is then seed 0 of an experiment's condition, and a run finished in another session is not
+    trained again. ``sources`` are run or record folders or folders of them (searched two levels
+    deep); a full run is preferred to a record. Returns the folders filled."""
+    found: List[Tuple[Dict[str, Any], bool, str]] = []
     for src in sources:
         if not os.path.isdir(src):
             raise FileNotFoundError(f"no folder {src!r} to adopt runs from")
         cands = [src] + [os.path.join(src, a) for a in sorted(os.listdir(src))]
         cands += [os.path.join(c, b) for c in cands[1:] if os.path.isdir(c) for b in sorted(os.listdir(c))]
         for c in cands:
-            rc = _finished_run(c) if os.path.isdir(c) else None
-            if rc is not None:
-                found.append((_settings(rc), c))
+            got = _finished_settings(c) if os.path.isdir(c) else None
+            if got is not None:
+                found.append((got[0], got[1], c))
+    found.sort(key=lambda f: f[1])  # full runs first
     filled = []
     for cfg in configs:
         if os.path.exists(cfg.out_dir):
             continue
         want = _settings(cfg.to_dict())
-        match = next((d for rc, d in found if rc == want), None)
-        if match is not None:
-            tmp = f"{cfg.out_dir}.adopt-{os.getpid()}"
-            shutil.copytree(match, tmp, symlinks=True)
-            os.replace(tmp, cfg.out_dir)
-            filled.append(cfg.out_dir)
+        match = next(((is_rec, d) for rc, is_rec, d in found if rc == want), None)
+        if match is None:
+            continue
+        tmp = f"{cfg.out_dir}.adopt-{os.getpid()}"
+        if match[0]:
+            os.makedirs(tmp)
+            for name in (records.LOG_FILE, records.RECORD_FILE):
+                shutil.copyfile(os.path.join(match[1], name), os.path.join(tmp, name))
+        else:
+            shutil.copytree(match[1], tmp, symlinks=True)
+        os.replace(tmp, cfg.out_dir)
+        filled.append(cfg.out_dir)
     return filled
+
+
+def common_tokens(profile_name: str) -> Tuple[int, ...]:
+    """The n of Fig. 5's common targets in a profile (its shortest context - 1), which every run
+    record keeps a loss for (a Table 2 run is also one of Fig. 5's)."""
+    return (min(profile(profile_name)["contexts"]) - 1,)
+
+
+def run_with_records(configs: Sequence[TrainConfig], root: str, adopt: Sequence[str] = (),
+                     records_dir: Optional[str] = None, common: Sequence[int] = (),
+                     progress: bool = True) -> List[List[Dict[str, Any]]]:
+    """:func:`run_all` after adopting finished runs from ``adopt`` and ``records_dir``, then
+    writes a record of every finished run into ``records_dir`` (with its loss on the first n
+    tokens for each n of ``common``), also when a run fails or is interrupted part-way."""
+    sources = list(adopt) + ([records_dir] if records_dir and os.path.isdir(records_dir) else [])
+    if sources:
+        os.makedirs(root, exist_ok=True)
+        adopt_runs(configs, sources)
+    try:
+        return run_all(configs, progress=progress)
+    finally:
+        if records_dir:
+            records.write_records(configs, records_dir, common)
 
 
 def run_all(configs: Sequence[TrainConfig], progress: bool = True) -> List[List[Dict[str, Any]]]:
@@ -298,24 +323,11 @@ FIG5_DIFFERENCES = ("sink_0.3", "sink_0.8", "importance", "importance_over_unifo
 
 def common_target_losses(configs: Sequence[TrainConfig], n_tokens: int, progress: bool = False) -> Dict[str, float]:
     """Each finished run's validation loss (text only, nats) on the SAME targets whatever its
-    context: the first ``n_tokens`` tokens of each of its ``eval_docs`` held-out documents (the
-    targets x[1:n_tokens], as :mod:`.evaluate` scores a model of context n_tokens + 1), from its
-    last checkpoint. A run's logged ``val_loss_text`` is scored on its own first C - 1 tokens, so
-    logged losses of different contexts are not on the same targets. Keyed by ``out_dir``."""
-    out: Dict[str, float] = {}
-    corpora: Dict[Tuple[Optional[str], int], Any] = {}
-    for cfg in configs:
-        folder = checkpoint.latest_checkpoint(cfg.out_dir)
-        if folder is None:
-            raise ValueError(f"{cfg.out_dir} has no checkpoint to evaluate")
-        key = (cfg.corpus_root, cfg.vocab_size)
-        if key not in corpora:
-            corpora[key] = prepare_corpus(root=cfg.corpus_root, vocab_size=cfg.vocab_size, quiet=not progress)
-        model = checkpoint.trainer_from_checkpoint(checkpoint.load_checkpoint(folder)).model
-        docs = eval_documents(corpora[key].heldout_documents(), cfg.eval_docs)
-        out[cfg.out_dir] = float(perplexity(model, list(docs), bos=False, max_tokens=int(n_tokens),
-                                            progress=False).mean_nll)
-    return out
+    context: the first ``n_tokens`` tokens of each of its ``eval_docs`` held-out documents
+    (:func:`.records.common_loss`: from its last checkpoint, or from its record). A run's logged
+    ``val_loss_text`` is scored on its own first C - 1 tokens, so logged losses of different
+    contexts are not on the same targets. Keyed by ``out_dir``."""
+    return {cfg.out_dir: records.common_loss(cfg, n_tokens, progress) for cfg in configs}
 
 
 def fig5_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, Any]]],
@@ -510,21 +522,21 @@ def table2_figure(summary: Dict[str, Any], path: str) -> str:
 
 def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-experiments",
                    out: Optional[str] = None, progress: bool = True, threads: Optional[int] = None,
-                   seeds: Union[None, int, Sequence[int]] = None, adopt: Sequence[str] = ()) -> Dict[str, Any]:
+                   seeds: Union[None, int, Sequence[int]] = None, adopt: Sequence[str] = (),
+                   records_dir: Optional[str] = None) -> Dict[str, Any]:
     """Runs (or resumes) experiment ``"fig5"`` or ``"table2"`` with every seed (``seeds``: None
     for the profile's 3, a number, or a list) and writes its summary JSON (and the figure, and
     for Table 2 the Markdown table) into ``out`` (default ``root``), with the criterion's
     verdict (``verdict``) and the reading (``reading``) of :mod:`.criteria`. ``adopt``: folders
     of finished runs with the same settings (:func:`adopt_runs`) copied in before training.
-    Returns the summary."""
+    ``records_dir``: a folder of run records (:mod:`.records`; commit it to keep finished runs
+    across machines): adopted from before training, and every finished run's record written into
+    it afterwards, with its loss on the targets Fig. 5's contexts share. Returns the summary."""
     if name not in ("fig5", "table2"):
         raise ValueError(f"unknown experiment {name!r}: fig5 or table2")
     make = fig5_configs if name == "fig5" else table2_configs
     configs = make(profile_name, root=root, threads=threads, seeds=seeds)
-    if adopt:
-        os.makedirs(root, exist_ok=True)
-        adopt_runs(configs, adopt)
-    logs = run_all(configs, progress=progress)
+    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress)
     out = out or root
     os.makedirs(out, exist_ok=True)
     if name == "fig5":  # losses compared on the targets every context shares: the shortest's

@@ -1,0 +1,128 @@
+"""Run records (sinklab.train.records): a finished run's log and settings, a few kB, that stand
+in for the run on a machine that never trained it.
+
+Fig. 5 on the quick profile with one seed (3 runs, seconds) is trained into one root with a
+records folder, then run again into a fresh root from the records alone, with training disabled:
+the summaries must agree number for number, Fig. 5's losses on the common targets included (the
+first run computed them from the checkpoints; the second can only read them from the records).
+The records are checked against the runs' own files (log bytes, weight digests in each
+checkpoint's trainer_state.json); records that do not match a run's settings, that end early or
+that are corrupted are not adopted.
+"""
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from sinklab.train import experiments as X
+from sinklab.train import records as R
+
+
+@pytest.fixture(scope="module")
+def recorded(training_corpus, tmp_path_factory):
+    d = tmp_path_factory.mktemp("records")
+    recs = d / "records"
+    first = X.run_experiment("fig5", "quick", root=str(d / "a"), out=str(d / "a"), progress=False, seeds=1,
+                             records_dir=str(recs))
+    return {"dir": d, "records": recs, "first": first, "configs": X.fig5_configs("quick", root=str(d / "a"), seeds=1)}
+
+
+def _no_training(monkeypatch):
+    monkeypatch.setattr(X, "train", lambda cfg, *a, **kw: pytest.fail(f"trained {cfg.out_dir}"))
+
+
+def test_a_record_holds_the_runs_log_settings_and_weight_digests(recorded):
+    cfgs = recorded["configs"]
+    assert sorted(p.name for p in recorded["records"].iterdir()) == sorted(Path(c.out_dir).name for c in cfgs)
+    for c in cfgs:
+        rec_dir = recorded["records"] / Path(c.out_dir).name
+        assert sorted(p.name for p in rec_dir.iterdir()) == ["log.jsonl", "record.json"]
+        assert (rec_dir / "log.jsonl").read_bytes() == (Path(c.out_dir) / "log.jsonl").read_bytes()
+        rec = json.loads((rec_dir / "record.json").read_text())
+        ckpt = Path(c.out_dir) / (Path(c.out_dir) / "latest").read_text().strip()
+        state = json.loads((ckpt / "trainer_state.json").read_text())
+        digests = {k: hashlib.sha256((ckpt / k).read_bytes()).hexdigest() for k in state["files"]
+                   if k.endswith(".safetensors")}
+        assert digests and rec["weights_sha256"] == digests
+        assert rec["step"] == state["step"] == c.n_steps
+        assert rec["run_config"]["lr"] == c.lr and rec["run_config"]["seed"] == c.seed
+        assert rec["run_config"]["context"] == c.context and rec["cpu"]
+        # the loss on Fig. 5's common targets (the shortest context - 1 tokens) is kept
+        assert set(rec["common_losses"]) == {str(min(X.PROFILES["quick"]["contexts"]) - 1)}
+        assert sum(len(p.read_bytes()) for p in rec_dir.iterdir()) < 20_000
+
+
+def test_records_alone_give_the_same_summary_without_training(recorded, monkeypatch):
+    _no_training(monkeypatch)
+    d = recorded["dir"]
+    again = X.run_experiment("fig5", "quick", root=str(d / "b"), out=str(d / "b"), progress=False, seeds=1,
+                             records_dir=str(recorded["records"]))
+    first = recorded["first"]
+    for a, b in zip(first["runs"], again["runs"]):
+        assert a["context"] == b["context"]
+        for k in ("sink_0.3", "sink_0.8", "importance", "val_loss", "tokens"):
+            assert a[k] == b[k]
+        assert a["final_per_seed"]["val_loss_common"] == b["final_per_seed"]["val_loss_common"]
+        assert a["final_per_seed"]["val_loss_common"][0] is not None
+    assert first["verdict"] == again["verdict"] and first["reading"] == again["reading"]
+    # the folders filled from records hold no checkpoint, only the log and the record
+    for c in X.fig5_configs("quick", root=str(d / "b"), seeds=1):
+        assert sorted(p.name for p in Path(c.out_dir).iterdir()) == ["log.jsonl", "record.json"]
+
+
+def test_only_matching_complete_records_are_adopted(recorded, tmp_path):
+    src = tmp_path / "src"
+    name = Path(recorded["configs"][0].out_dir).name
+    good = recorded["records"] / name
+    # another learning rate: not this run
+    lr = src / "lr"
+    lr.mkdir(parents=True)
+    (lr / "log.jsonl").write_bytes((good / "log.jsonl").read_bytes())
+    rec = json.loads((good / "record.json").read_text())
+    (lr / "record.json").write_text(json.dumps({**rec, "run_config": {**rec["run_config"], "lr": 1.0}}))
+    # a log that stops before the last step
+    short = src / "short"
+    short.mkdir()
+    lines = (good / "log.jsonl").read_text().splitlines()
+    (short / "log.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    (short / "record.json").write_bytes((good / "record.json").read_bytes())
+    # a corrupted record
+    bad = src / "bad"
+    bad.mkdir()
+    (bad / "log.jsonl").write_bytes((good / "log.jsonl").read_bytes())
+    (bad / "record.json").write_bytes((good / "record.json").read_bytes()[:50])
+    assert R.read_record(str(lr)) is not None
+    assert R.read_record(str(short)) is None and R.read_record(str(bad)) is None
+    cfgs = X.fig5_configs("quick", root=str(tmp_path / "root"), seeds=1)
+    assert X.adopt_runs(cfgs, [str(src)]) == []
+    assert X.adopt_runs(cfgs, [str(src), str(recorded["records"])]) == [c.out_dir for c in cfgs]
+
+
+def test_a_record_without_the_common_loss_says_what_is_missing(recorded, tmp_path):
+    name = Path(recorded["configs"][0].out_dir).name
+    src = tmp_path / "src" / name
+    src.mkdir(parents=True)
+    (src / "log.jsonl").write_bytes((recorded["records"] / name / "log.jsonl").read_bytes())
+    rec = json.loads((recorded["records"] / name / "record.json").read_text())
+    (src / "record.json").write_text(json.dumps({**rec, "common_losses": {}}))
+    cfg = X.fig5_configs("quick", root=str(tmp_path / "root"), seeds=1)[0]
+    assert X.adopt_runs([cfg], [str(src.parent)]) == [cfg.out_dir]
+    with pytest.raises(ValueError, match="no checkpoint"):
+        X.common_target_losses([cfg], 31)
+
+
+def test_finished_runs_are_recorded_when_the_experiment_is_interrupted(training_corpus, tmp_path, monkeypatch):
+    cfgs = X.table2_configs("quick", root=str(tmp_path / "root"), seeds=1)
+    real = X.train
+
+    def stop_at_second(cfg, *a, **kw):
+        if cfg.out_dir == cfgs[1].out_dir:
+            raise KeyboardInterrupt
+        return real(cfg, *a, **kw)
+
+    monkeypatch.setattr(X, "train", stop_at_second)
+    with pytest.raises(KeyboardInterrupt):
+        X.run_experiment("table2", "quick", root=str(tmp_path / "root"), progress=False, seeds=1,
+                         records_dir=str(tmp_path / "records"))
+    assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [Path(cfgs[0].out_dir).name]
