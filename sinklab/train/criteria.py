@@ -68,23 +68,27 @@ PAPER_ROWS = {(m, b, i): (sink, loss) for m, b, i, sink, loss in PAPER_TABLE2}
 
 
 # ------------------------------------------------------------------------------ numbers
-def _summ(values: Optional[Sequence[Optional[float]]]) -> Optional[SeedSummary]:
-    """Mean ± sd over seeds, or None when there are no values or a seed lacks its value."""
-    present = [float(v) for v in values or () if v is not None]
+def seed_stats(values: Optional[Sequence[Optional[float]]], scale: float = 1.0) -> Optional[SeedSummary]:
+    """Mean ± sd and t interval over seeds of ``values`` × ``scale``, or None when there are no
+    values or a seed lacks its value."""
+    present = [scale * float(v) for v in values or () if v is not None]
     if not present or len(present) != len(values or ()):
         return None
     return over_seeds(present)
 
 
-def _iv(values: Optional[Sequence[Optional[float]]]) -> Interval:
-    s = _summ(values)
+def seed_interval(values: Optional[Sequence[Optional[float]]], scale: float = 1.0) -> Interval:
+    """The t interval of the mean over seeds (:func:`seed_stats`); all-NaN with n = 0 when a
+    seed lacks its value, which every criterion reads as inconclusive."""
+    s = seed_stats(values, scale)
     if s is None:
         nan = float("nan")
         return Interval(nan, nan, nan, 0, method="t")
     return s.interval
 
 
-def _pm(s: Optional[SeedSummary], spec: str = ".3f", unit: str = "") -> str:
+def mean_pm_sd(s: Optional[SeedSummary], spec: str = ".3f", unit: str = "") -> str:
+    """"mean ± sd{unit}" of a :func:`seed_stats` (just the mean for one seed; "–" for None)."""
     if s is None:
         return "–"
     return (f"{format(s.mean, spec)} ± {format(s.sd, spec)}{unit}" if s.n > 1 else f"{format(s.mean, spec)}{unit}")
@@ -167,9 +171,9 @@ def criterion_fig5(summary: Dict[str, Any]) -> Verdict:
     lo, hi = runs[0], runs[-1]
     key = f"sink_{EPS:g}"
     d = _paired(lo, hi, key)
-    iv = _iv(d).scaled(100)
+    iv = seed_interval(d).scaled(100)
     what = f"sink rate at C = {hi['context']} minus at C = {lo['context']} (percentage points, ε = {EPS:g})"
-    finals = {r["context"]: _summ(r["values"][key]) for r in runs}
+    finals = {r["context"]: seed_stats(r["values"][key]) for r in runs}
     nums: Dict[str, Any] = {"effect": iv, "contexts": [r["context"] for r in runs], "n_seeds": len(d),
                             "peak_sink": max(r["peak"] for r in runs),
                             "final_sink": {str(C): (None if s is None else s.to_dict()) for C, s in finals.items()}}
@@ -211,10 +215,10 @@ def criterion_fig5_loss(summary: Dict[str, Any]) -> Verdict:
     lo, hi = runs[0], runs[-1]
     key = fig5_loss_key(runs)
     d = _paired(lo, hi, key)
-    base = _summ(lo["values"][key])
+    base = seed_stats(lo["values"][key])
     margin = LOSS_COMPARABLE_FRACTION * (base.mean if base is not None else float("nan"))
     where = " on the same targets" if key == "val_loss_common" else ", each context on its own targets"
-    return S.equivalence(_iv(d), round(margin, 4), f"val loss at C = {hi['context']} minus at C = {lo['context']} "
+    return S.equivalence(seed_interval(d), round(margin, 4), f"val loss at C = {hi['context']} minus at C = {lo['context']} "
                          f"(nats{where})", criterion=f"reproduced if the 95% t interval over seeds of the longest-minus-"
                          f"shortest final validation loss lies within ±{LOSS_COMPARABLE_FRACTION:.0%} of the "
                          f"shortest context's loss, contradicted if wholly outside, else inconclusive")
@@ -244,10 +248,10 @@ def fig5_reading(summary: Dict[str, Any],
     verdict = criterion_fig5(summary)
     n = max(len(r["seeds"]) for r in runs)
     key = f"sink_{EPS:g}"
-    sinks = {r["context"]: _summ(r["values"][key]) for r in runs}
-    ratio = {r["context"]: _summ(r["values"]["importance_over_uniform"]) for r in runs}
+    sinks = {r["context"]: seed_stats(r["values"][key]) for r in runs}
+    ratio = {r["context"]: seed_stats(r["values"]["importance_over_uniform"]) for r in runs}
     lkey = fig5_loss_key(runs)
-    loss = {r["context"]: _summ(r["values"][lkey]) for r in runs}
+    loss = {r["context"]: seed_stats(r["values"][lkey]) for r in runs}
     seeds = f"{n} seed{'s' if n != 1 else ''}"
     tokens = runs[0]["tokens"]
     parts = []
@@ -263,7 +267,7 @@ def fig5_reading(summary: Dict[str, Any],
     else:
         parts.append(f"Final ε = {EPS:g} sink rate over {seeds} (mean ± sd)"
                      + (f" after {tokens:,} tokens per run" if tokens else "") + ": "
-                     + ", ".join(f"{_pm(scaled[C], '.2f', '%')} at C = {C}" for C in scaled) + ".")
+                     + ", ".join(f"{mean_pm_sd(scaled[C], '.2f', '%')} at C = {C}" for C in scaled) + ".")
     nums: Dict[str, Any] = {"contexts": [r["context"] for r in runs], "n_seeds": n, "tokens_per_run": tokens,
                             "sinks_formed": bool(peak > 0), "peak_sink_0.3": peak,
                             "final_sink_0.3": {str(C): (None if s is None else s.to_dict()) for C, s in scaled.items()},
@@ -278,7 +282,7 @@ def fig5_reading(summary: Dict[str, Any],
                                            ("importance_over_uniform", 1.0, ".3f", "", "difference"),
                                            (lkey, 1.0, ".3f", " nats", "difference")):
             d = _paired(lo, hi, k)
-            iv = _iv(d)
+            iv = seed_interval(d)
             iv = iv.scaled(scale) if iv.n and scale != 1.0 else iv
             diffs[k] = iv
             nums[f"longest_minus_shortest_{k}"] = iv.to_dict()
@@ -293,7 +297,7 @@ def fig5_reading(summary: Dict[str, Any],
         where = (f"on the same targets, each held-out document's first {summary.get('common_target_tokens', '?')} "
                  "tokens" if lkey == "val_loss_common" else "each context on its own first C - 1 tokens")
         parts.append(f"Final validation loss (nats, {where}): "
-                     + ", ".join(f"{_pm(s)} at C = {C}" for C, s in loss.items())
+                     + ", ".join(f"{mean_pm_sd(s)} at C = {C}" for C, s in loss.items())
                      + "; longest minus shortest: " + describe_difference(diffs[lkey], "difference", ".3f", " nats")
                      + f" (comparable within ±{LOSS_COMPARABLE_FRACTION:.0%}: {lv.status}).")
         nums["loss_verdict"] = lv.to_dict()
@@ -311,7 +315,7 @@ def _reliance_loss(d: Optional[List[Optional[float]]], masking: str) -> Verdict:
     p = PAPER_ROWS[(masking, True, "text")][1] - PAPER_ROWS[(masking, True, "bos")][1]
     if d is None:
         return S.not_testable(f"no fixed-⟨bos⟩ {masking} run evaluated both ways", rule)
-    iv = _iv(d)
+    iv = seed_interval(d)
     what = f"loss change without ⟨bos⟩ ({masking.replace('_', '-')}, fixed ⟨bos⟩; nats)"
     v = S.threshold(iv, RELIANCE_NATS, 0.0, what, criterion=rule)
     if v.status == S.REPRODUCED or not iv.defined:
@@ -337,7 +341,7 @@ def _sink_collapse(bos: Optional[List[Optional[float]]], d: Optional[List[Option
     pb, pt = PAPER_ROWS[(masking, True, "bos")][0], PAPER_ROWS[(masking, True, "text")][0]
     if bos is None or d is None:
         return S.not_testable(f"no fixed-⟨bos⟩ {masking} run evaluated both ways", rule)
-    ivd, ivb = _iv(d), _iv(bos)
+    ivd, ivb = seed_interval(d), seed_interval(bos)
     m = masking.replace("_", "-")
     nums = {"effect": ivd, "with_bos": ivb, "peak": peak}
     paper = f"(paper {pb:.2f}% → {pt:.2f}%)"
@@ -365,7 +369,7 @@ def _no_fixed_loss(d: Optional[List[Optional[float]]], masking: str) -> Verdict:
             f"else inconclusive")
     if d is None:
         return S.not_testable(f"no {masking} model without a fixed ⟨bos⟩ evaluated both ways", rule)
-    iv = _iv(d)
+    iv = seed_interval(d)
     what = f"loss change without ⟨bos⟩ ({masking.replace('_', '-')}, no fixed ⟨bos⟩; nats)"
     v = S.equivalence(iv, NO_EFFECT_NATS, what, criterion=rule)
     p = PAPER_ROWS[(masking, False, "text")][1] - PAPER_ROWS[(masking, False, "bos")][1]
@@ -382,7 +386,7 @@ def _no_fixed_sink(d: Optional[List[Optional[float]]], peak: float, masking: str
             f"any seed")
     if d is None:
         return S.not_testable(f"no {masking} model without a fixed ⟨bos⟩ evaluated both ways", rule)
-    iv = _iv(d)
+    iv = seed_interval(d)
     m = masking.replace("_", "-")
     p = PAPER_ROWS[(masking, False, "text")][0] - PAPER_ROWS[(masking, False, "bos")][0]
     if peak <= 0:
@@ -453,24 +457,24 @@ def table2_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Verdic
         if b is None or t is None:
             continue
         label = f"{m.replace('_', '-')} {'with' if fixed else 'without'} a fixed ⟨bos⟩"
-        dl = _iv(bos_removed(summary, m, fixed, "val_loss"))
-        ds = _iv(bos_removed(summary, m, fixed, key))
-        sb, st = _summ(b["values"][key]), _summ(t["values"][key])
+        dl = seed_interval(bos_removed(summary, m, fixed, "val_loss"))
+        ds = seed_interval(bos_removed(summary, m, fixed, key))
+        sb, st = seed_stats(b["values"][key]), seed_stats(t["values"][key])
         pl = PAPER_ROWS[(m, fixed, "text")][1] - PAPER_ROWS[(m, fixed, "bos")][1]
         ps = (PAPER_ROWS[(m, fixed, "bos")][0], PAPER_ROWS[(m, fixed, "text")][0])
         peak = _peak(summary, m, fixed)
         text = (f" {label[:1].upper() + label[1:]}: removing ⟨bos⟩ at inference changes the loss "
-                f"{_pm(_summ(b['values']['val_loss']))} → {_pm(_summ(t['values']['val_loss']))} nats, "
+                f"{mean_pm_sd(seed_stats(b['values']['val_loss']))} → {mean_pm_sd(seed_stats(t['values']['val_loss']))} nats, "
                 f"{describe_difference(dl, 'change', '.3f', ' nats')} (paper {pl:+.2f});")
         if peak <= 0:
             text += (f" no head crossed ε = {EPS:g} in any seed, with or without ⟨bos⟩ (paper {ps[0]:.2f}% → "
                      f"{ps[1]:.2f}%);")
         else:
-            text += (f" the ε = {EPS:g} sink rate {_pm(sb, '.2f', '%')} → {_pm(st, '.2f', '%')}, "
+            text += (f" the ε = {EPS:g} sink rate {mean_pm_sd(sb, '.2f', '%')} → {mean_pm_sd(st, '.2f', '%')}, "
                      f"{describe_difference(ds, 'change', '.2f', ' pp')} (paper {ps[0]:.2f}% → {ps[1]:.2f}%)"
                      + (", more sinks without ⟨bos⟩ than with it" if ds.above(0) else "") + ";")
-        text += f" mean a₀ with ⟨bos⟩ {_vs_uniform(_summ(b['values']['importance_over_uniform']))}, text only " \
-                f"{_vs_uniform(_summ(t['values']['importance_over_uniform']))}."
+        text += f" mean a₀ with ⟨bos⟩ {_vs_uniform(seed_stats(b['values']['importance_over_uniform']))}, text only " \
+                f"{_vs_uniform(seed_stats(t['values']['importance_over_uniform']))}."
         parts.append(text)
         tag = f"{m}_{'fixed_bos' if fixed else 'no_fixed_bos'}"
         nums[f"delta_loss_{tag}"] = dl.to_dict()
@@ -478,8 +482,8 @@ def table2_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Verdic
         nums[f"peak_sink_{tag}"] = peak
     ci = rows.get(("intra_doc", False, "text"))
     if ci is not None:
-        s = _summ(ci["values"][key])
-        parts.append(f" Intra-document without a fixed ⟨bos⟩ (text only): sink rate {_pm(s, '.2f', '%') if s else '–'} "
+        s = seed_stats(ci["values"][key])
+        parts.append(f" Intra-document without a fixed ⟨bos⟩ (text only): sink rate {mean_pm_sd(s, '.2f', '%') if s else '–'} "
                      f"(paper 28.23%).")
     parts.append(" Verdicts: " + "; ".join(f"{CLAIM_NAMES.get(k, k)}: {v.status}" for k, v in claims.items()) + ".")
     nums["claims"] = {k: v.to_dict() for k, v in claims.items()}

@@ -30,8 +30,9 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis import status as S
-from ..analysis.stats import Interval, describe_difference, over_seeds
+from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
+from .criteria import mean_pm_sd, seed_interval, seed_stats
 from .experiments import (PROFILES, clean, common_tokens, profile, run_config, run_with_records, seed_list,
                           seed_summary)
 from .run import TrainConfig
@@ -151,27 +152,13 @@ def depth_summary(configs: Sequence[TrainConfig], logs: Sequence[List[Dict[str, 
     return clean(out)
 
 
-def _complete(per_seed: Sequence[Optional[float]], scale: float = 1.0) -> Optional[List[float]]:
-    """The per-seed values scaled, or None when there are none or a seed lacks its value."""
-    vals = [scale * float(v) for v in per_seed if v is not None]
-    return vals if vals and len(vals) == len(per_seed) else None
-
-
-def _interval(per_seed: Sequence[Optional[float]], scale: float = 1.0) -> Interval:
-    vals = _complete(per_seed, scale)
-    if vals is None:
-        nan = float("nan")
-        return Interval(nan, nan, nan, 0, method="t")
-    return over_seeds(vals).interval
-
-
 def criterion_depth(summary: Dict[str, Any]) -> S.Verdict:
     """"Deeper models form stronger sinks" at matched parameters, by :data:`DEPTH_RULE`."""
     rows = summary["depths"]
     if len(rows) < 2:
         return S.not_testable("the depth comparison needs at least two depths", DEPTH_RULE)
     d = summary["differences"]["deepest_minus_shallowest"]
-    iv = _interval(d["sink_0.3_per_seed"], 100.0)
+    iv = seed_interval(d["sink_0.3_per_seed"], 100.0)
     lo, hi = rows[0]["n_layers"], rows[-1]["n_layers"]
     what = f"sink rate at {hi} layers minus at {lo} (percentage points, ε = {EPS:g}, with ⟨bos⟩)"
     nums = {"effect": iv, "depths": [r["n_layers"] for r in rows], "n_seeds": len(d["seeds"])}
@@ -182,11 +169,7 @@ def criterion_depth(summary: Dict[str, Any]) -> S.Verdict:
 
 
 def _pm(per_seed: Sequence[Optional[float]], scale: float = 1.0, spec: str = ".3f", unit: str = "") -> str:
-    vals = _complete(per_seed, scale)
-    if vals is None:
-        return "–"
-    s = over_seeds(vals)
-    return f"{format(s.mean, spec)} ± {format(s.sd, spec)}{unit}" if s.n > 1 else f"{format(s.mean, spec)}{unit}"
+    return mean_pm_sd(seed_stats(per_seed, scale), spec, unit)
 
 
 def depth_markdown(summary: Dict[str, Any]) -> str:
@@ -215,10 +198,10 @@ def depth_reading(summary: Dict[str, Any]) -> Tuple[str, S.Verdict]:
         d = summary["differences"]["deepest_minus_shallowest"]
         lo, hi = rows[0]["n_layers"], rows[-1]["n_layers"]
         parts.append(f"{hi} minus {lo} layers, seed with seed: sink rate "
-                     + describe_difference(_interval(d["sink_0.3_per_seed"], 100.0), "difference", ".2f", " pp")
-                     + "; cost of removing ⟨bos⟩ " + describe_difference(_interval(d["bos_gap_per_seed"]), "difference",
+                     + describe_difference(seed_interval(d["sink_0.3_per_seed"], 100.0), "difference", ".2f", " pp")
+                     + "; cost of removing ⟨bos⟩ " + describe_difference(seed_interval(d["bos_gap_per_seed"]), "difference",
                                                                          ".3f", " nats")
-                     + "; validation loss " + describe_difference(_interval(d["val_loss_per_seed"]), "difference",
+                     + "; validation loss " + describe_difference(seed_interval(d["val_loss_per_seed"]), "difference",
                                                                   ".3f", " nats") + ".")
     parts.append(f"Verdict on \"deeper models form stronger sinks\": {verdict.status} ({verdict.reason}).")
     return " ".join(parts), verdict

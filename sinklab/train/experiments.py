@@ -463,7 +463,7 @@ def _pm(summ: Optional[Dict[str, Any]], spec: str) -> str:
 
 def table2_markdown(summary: Dict[str, Any]) -> str:
     """The table in the paper's layout, ours (mean ± sd over seeds) beside the paper's."""
-    lines = [f"| masking | fixed ⟨bos⟩ in training | inference | sink % (ε 0.3) | sink % (ε 0.8) | mean a₀ "
+    lines = ["| masking | fixed ⟨bos⟩ in training | inference | sink % (ε 0.3) | sink % (ε 0.8) | mean a₀ "
              "| val loss | paper sink % | paper val loss |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in summary["rows"]:
