@@ -126,3 +126,20 @@ def test_finished_runs_are_recorded_when_the_experiment_is_interrupted(training_
         X.run_experiment("table2", "quick", root=str(tmp_path / "root"), progress=False, seeds=1,
                          records_dir=str(tmp_path / "records"))
     assert sorted(p.name for p in (tmp_path / "records").iterdir()) == [Path(cfgs[0].out_dir).name]
+
+
+def test_runs_trained_two_at_a_time_log_the_same_numbers(recorded, tmp_path):
+    """jobs=2 trains in two spawned processes of one thread each; the logs equal the one-process
+    runs' of the module fixture, timing fields aside (a run's numbers do not depend on threads)."""
+    from sinklab.train.run import TIMING_FIELDS
+
+    cfgs = X.fig5_configs("quick", root=str(tmp_path / "root"), seeds=1, threads=2)
+    logs = X.run_all(cfgs, progress=False, jobs=2)
+    strip = lambda log: [{k: v for k, v in r.items() if k not in TIMING_FIELDS} for r in log]  # noqa: E731
+    for c, log, ref in zip(cfgs, logs, recorded["configs"]):
+        assert strip(log) == strip(X.read_log(ref.out_dir)) and log[-1]["step"] == c.n_steps
+        state = json.loads((Path(c.out_dir) / (Path(c.out_dir) / "latest").read_text().strip()
+                            / "trainer_state.json").read_text())
+        assert state["run_config"]["threads"] == 1
+    with pytest.raises(ValueError, match="jobs"):
+        X.run_all(cfgs, jobs=0)

@@ -220,13 +220,13 @@ def depth_figure(summary: Dict[str, Any], path: str) -> str:
 
 def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments", out: Optional[str] = None,
               progress: bool = True, threads: Optional[int] = None, seeds: Union[None, int, Sequence[int]] = None,
-              adopt: Sequence[str] = (), records_dir: Optional[str] = None) -> Dict[str, Any]:
+              adopt: Sequence[str] = (), records_dir: Optional[str] = None, jobs: int = 1) -> Dict[str, Any]:
     """Trains (or resumes, or skips when finished) every depth and seed of a profile and writes
     ``depth-{profile}.json`` (summary, table, reading, verdict) and ``depth-{profile}.png`` into
-    ``out`` (default ``root``). ``adopt``, ``records_dir``: as for
+    ``out`` (default ``root``). ``adopt``, ``records_dir``, ``jobs``: as for
     :func:`.experiments.run_experiment`. Returns the summary."""
     configs = depth_configs(profile_name, root=root, seeds=seeds, threads=threads)
-    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress)
+    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs)
     summary = depth_summary(configs, logs)
     out = out or root
     os.makedirs(out, exist_ok=True)
