@@ -5,6 +5,7 @@ of finished and unfinished runs."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,3 +183,36 @@ def test_scale_trend_slope_over_documents_and_the_size_it_extrapolates_to():
     assert len(sp) == 1 and sp[0]["seeds"] == [0, 1] and sp[0]["value"] == pytest.approx(0.05, rel=1e-9)
     assert sp[0]["sink_difference"] == pytest.approx(0.4 - rows[1]["sink_bos"])
     assert "seed-to-seed spread" in mini.scale_reading(mini.scale_trend(groups[0], rows=rows + [other]))
+
+
+REPO = Path(__file__).resolve().parents[1]
+COMMITTED = REPO / "notebooks" / "results" / "training" / "miniature"
+
+
+def test_committed_search_tables_and_figure_are_made_again_from_its_json(tmp_path):
+    """The committed search JSON is the whole record of the search: its tables come out of it
+    byte for byte as they came out of the runs, and the variants figure's bars are the rows'
+    numbers (read here from the JSON, not from variant_rows)."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    from sinklab.viz.figures_training import variants_figure
+
+    assert mini.main(["--from-json", str(COMMITTED / "search.json"), "--out", str(tmp_path / "s")]) == 0
+    for name in ("search.md", "search-variants.md", "search-scale.md"):
+        assert (tmp_path / name.replace("search", "s")).read_text() == (COMMITTED / name).read_text()
+    assert (tmp_path / "s-variants.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = json.loads((COMMITTED / "search.json").read_text())["rows"]
+    fig = variants_figure(mini.variant_rows(rows))
+    names = [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    sink = [b.get_height() for b in fig.axes[0].patches]
+    gap = [b.get_height() for b in fig.axes[1].patches]
+    variants = {r["attention"]: r for r in rows if r.get("attention") not in (None, "softmax")}
+    assert names[0] == "softmax" and set(names[1:]) == set(variants)
+    for n, s, g in zip(names[1:], sink[1:], gap[1:]):
+        assert s == pytest.approx(100 * variants[n]["sink_bos"]) and g == pytest.approx(variants[n]["delta_loss"])
+    soft = [r for r in rows if r.get("attention") in (None, "softmax") and r["run"] == mini.variant_rows(rows)[0]["softmax_run"]]
+    assert sink[0] == pytest.approx(100 * soft[0]["sink_bos"])
+    with pytest.raises(SystemExit):
+        mini.main(["--out", str(tmp_path / "x")])           # neither sweeps nor --from-json

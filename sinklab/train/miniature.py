@@ -285,7 +285,8 @@ def variant_rows(rows: Sequence[Dict[str, Any]], seed: int = 0) -> List[Dict[str
                     "sink_bos": v["sink_bos"], "sink_bos_softmax": b["sink_bos"],
                     "a0_ratio": v["a0_ratio"], "a0_ratio_softmax": b["a0_ratio"],
                     "delta_loss": v["delta_loss"], "delta_lo": v["delta_lo"], "delta_hi": v["delta_hi"],
-                    "delta_loss_softmax": b["delta_loss"],
+                    "delta_loss_softmax": b["delta_loss"], "delta_lo_softmax": b["delta_lo"],
+                    "delta_hi_softmax": b["delta_hi"],
                     "gap_change": gap.value, "gap_change_lo": gap.lo, "gap_change_hi": gap.hi,
                     "val_loss_bos": v["val_loss_bos"], "val_loss_bos_softmax": b["val_loss_bos"],
                     "loss_change": loss.value, "loss_change_lo": loss.lo, "loss_change_hi": loss.hi,
@@ -464,32 +465,65 @@ def scale_reading(t: Dict[str, Any]) -> str:
 
 def write_search(sweep_dirs: Sequence[str], out_prefix: str, progress: bool = True,
                  threads: Optional[int] = None) -> List[Dict[str, Any]]:
-    """Rows of every finished run written to ``out_prefix.json`` and ``out_prefix.md``."""
+    """Rows of every finished run written to ``out_prefix.json``, and the tables and figure of
+    :func:`write_search_outputs`."""
     rows = search_rows(sweep_dirs, progress=progress, threads=threads)
     with open(out_prefix + ".json", "w") as f:
         json.dump({"targets": {"sink_bos": TARGET_SINK, "delta_loss": TARGET_LOSS}, "rows": rows}, f, indent=1,
                   default=lambda o: None if isinstance(o, float) and math.isnan(o) else str(o))
-    with open(out_prefix + ".md", "w") as f:
+    write_search_outputs(rows, out_prefix)
+    return rows
+
+
+def read_search(path: str) -> List[Dict[str, Any]]:
+    """The rows of a search's ``PREFIX.json`` (:func:`write_search`): the committed record of
+    the search, from which its tables and figure are made again without the runs."""
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    if not isinstance(data, dict) or not isinstance(data.get("rows"), list):
+        raise ValueError(f"{path} is not a miniature search's JSON (a dict with 'rows')")
+    return data["rows"]
+
+
+def write_search_outputs(rows: Sequence[Dict[str, Any]], out_prefix: str) -> List[str]:
+    """``out_prefix.md`` (every run), ``-variants.md`` and ``-variants.png`` (when a variant has a
+    softmax run of its setting) and ``-scale.md`` (when a setting was run at three sizes) from the
+    search's rows. Returns the files written."""
+    from ..viz.figures_training import variants_figure
+
+    written = [out_prefix + ".md"]
+    with open(written[0], "w") as f:
         f.write(search_markdown(rows))
     vrows = variant_rows(rows)
     if vrows:
         with open(out_prefix + "-variants.md", "w") as f:
             f.write(variants_markdown(vrows))
+        variants_figure(vrows).savefig(out_prefix + "-variants.png", dpi=120)
+        written += [out_prefix + "-variants.md", out_prefix + "-variants.png"]
     trends = [scale_trend(g, rows=rows) for g in scale_groups(rows)]
     if trends:
         with open(out_prefix + "-scale.md", "w") as f:
             f.write(scale_markdown(trends))
-    return rows
+        written.append(out_prefix + "-scale.md")
+    return written
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m sinklab.train.miniature",
                                 description="Read the miniature search's sweeps into one table.")
-    p.add_argument("sweeps", nargs="+", help="sweep folders (each with runs/train-*)")
+    p.add_argument("sweeps", nargs="*", help="sweep folders (each with runs/train-*)")
     p.add_argument("--out", required=True, help="output prefix: writes PREFIX.json and PREFIX.md")
+    p.add_argument("--from-json", default=None, metavar="JSON",
+                   help="make the tables and figure again from a search's PREFIX.json instead of its runs")
     p.add_argument("--threads", type=int, default=None,
                    help="OpenMP threads of the runs whose config does not record them (the sweep's threads)")
     a = p.parse_args(argv)
+    if bool(a.sweeps) == bool(a.from_json):
+        p.error("give sweep folders or --from-json, not both or neither")
+    if a.from_json:
+        for path in write_search_outputs(read_search(a.from_json), a.out):
+            print(f"wrote {path}")
+        return 0
     rows = write_search(a.sweeps, a.out, threads=a.threads)
     print(f"{len(rows)} finished run(s) -> {a.out}.md")
     return 0

@@ -166,3 +166,43 @@ def depth_figure(depth: Dict[str, Any]) -> Any:
                  fontsize=10)
     fig.tight_layout()
     return fig
+
+
+@restylable
+def variants_figure(vrows: Any) -> Any:
+    """Attention variants beside softmax attention of the same setting and seed (rows of
+    :func:`sinklab.train.miniature.variant_rows`): the sink rate at eps 0.3 with ⟨bos⟩ (%), the
+    cost of removing ⟨bos⟩ (text-only minus ⟨bos⟩+text validation loss, nats, with its 95 %
+    bootstrap interval over documents) and the validation loss with ⟨bos⟩ (nats); the softmax
+    run first. A sinklab Figure (no pyplot)."""
+    if not vrows:
+        raise ValueError("variants_figure: no variant rows (no variant run has a softmax run of its setting)")
+    base = vrows[0]
+    names = ["softmax"] + [r["attention"] for r in vrows]
+    sink = [100 * base["sink_bos_softmax"]] + [100 * r["sink_bos"] for r in vrows]
+    gap = [base["delta_loss_softmax"]] + [r["delta_loss"] for r in vrows]
+    lo_hi = [(base["delta_lo_softmax"], base["delta_hi_softmax"])] + [(r["delta_lo"], r["delta_hi"]) for r in vrows]
+    err = [[g - lo for g, (lo, _) in zip(gap, lo_hi)], [hi - g for g, (_, hi) in zip(gap, lo_hi)]]
+    loss = [base["val_loss_bos_softmax"]] + [r["val_loss_bos"] for r in vrows]
+    fig, axes = subplots(1, 3, figsize=(10, 3.4))
+    x = np.arange(len(names))
+    colors = ["0.55"] + [f"C{i}" for i in range(len(vrows))]
+    axes[0].bar(x, sink, color=colors)
+    axes[0].set_title("sink rate, eps = 0.3, with <bos> (%)", fontsize=9)
+    axes[1].bar(x, gap, color=colors, yerr=err, capsize=3)
+    axes[1].axhline(0, color="0.4", lw=0.8)
+    axes[1].set_title("removing <bos>: Δ val loss (nats)", fontsize=9)
+    axes[2].bar(x, loss, color=colors)
+    lo, hi = min(loss), max(loss)
+    axes[2].set_ylim(lo - 0.5 * (hi - lo + 0.02), hi + 0.3 * (hi - lo + 0.02))
+    axes[2].set_title("val loss with <bos> (nats)", fontsize=9)
+    for ax in axes:
+        ax.set_xticks(x)
+        ax.set_xticklabels(names, fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+    s = base.get("setting") or {}
+    fig.suptitle(f"Attention variants against softmax (d {s.get('d_model', '?')}, {s.get('n_layers', '?')} layers, "
+                 f"wd {s.get('weight_decay', '?')}, C {s.get('context', '?')}; one seed, interval over documents)",
+                 fontsize=9)
+    fig.tight_layout()
+    return fig
