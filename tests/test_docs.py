@@ -61,6 +61,7 @@ OTHER_FLAGS: Dict[str, Optional[str]] = {
     "--durations": None,  # `python -m pytest --durations=25`, pytest's own flag
     "--dist": None,  # `python -m pytest -n 2 --dist loadfile`, pytest-xdist's flag
     "--strict": None,  # `mkdocs build --strict`, MkDocs' own flag (the documentation site)
+    "--from-json": "sinklab/train/miniature.py",  # `python -m sinklab.train.miniature --from-json`
 }
 
 

@@ -150,7 +150,7 @@ def beyond_markdown(res: Dict[str, Any], mods: Optional[Dict[str, ModuleType]] =
              "| model | file sha256 | tokenizer adds ⟨bos⟩ |", "|---|---|---|"]
     lines += [f"| {m['name']} | `{m['sha256'][:16]}…` | {m['tokenizer_adds_bos']} |" for m in meta["models"]]
     lines += ["", f"Preset: {'quick' if meta['quick'] else 'full'}; sinklab {v['sinklab']}, NumPy {v['numpy']}, "
-                  f"{v['simd']} kernels, {v['threads']} threads; {meta['seconds_total']:.0f} s in all.", ""]
+                  f"{v['simd']} kernels, {v['threads']} thread{'s' if v['threads'] != 1 else ''}; {meta['seconds_total']:.0f} s in all.", ""]
     lines += [f"- [{res[k]['title']}]({anchor(res[k]['title'])})" for k in meta["sections"]]
     for k in meta["sections"]:
         sec = res[k]

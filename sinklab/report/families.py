@@ -493,7 +493,7 @@ def families_markdown(res: Dict[str, Any], figures: Sequence[str] = ()) -> str:
              "rate against model size) and §5/Table 2 with the rebuttal's Gemma 7B numbers (a fixed ⟨bos⟩ removed at "
              "inference), measured here on the registered models.",
              f"{m.get('preset', 'full').capitalize()} settings; total {m['seconds_total']:.0f} s "
-             f"({m['versions']['threads']} threads, {m['versions']['simd']} kernels); loading: {secs}. Every number "
+             f"({m['versions']['threads']} thread{'s' if m['versions']['threads'] != 1 else ''}, {m['versions']['simd']} kernels); loading: {secs}. Every number "
              f"is in `families.json`.", ""]
     if res["table1"]:
         lines += ["## Table 1 here: sink rate across models", "", table1_markdown(res), "",

@@ -182,7 +182,7 @@ def markdown(meta: Dict[str, Any], sections: Dict[str, Section], rows: List[Dict
              f"(the study model, {meta['study_model'] or 'none here'}); models trained without one are the contrast, "
              f"where the paper predicts no ⟨bos⟩ effect.",
              f"ε = {', '.join(map(str, meta['eps']))}. {'Quick settings' if meta['quick'] else 'Full settings'}; total "
-             f"{meta['seconds_total']:.0f} s ({meta['versions']['threads']} threads, {meta['versions']['simd']} "
+             f"{meta['seconds_total']:.0f} s ({meta['versions']['threads']} thread{'s' if meta['versions']['threads'] != 1 else ''}, {meta['versions']['simd']} "
              f"kernels). {_precision_line(meta)}Every number and every verdict's criterion is in `results.json`.", "",
              "## The paper, element by element", "",
              "Each status comes from a criterion in code applied to a measured effect and its 95% interval: "
