@@ -270,7 +270,7 @@ def cmd_experiment(args) -> int:
     if args.name == "depth":
         res = run_depth(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
                         seeds=args.seeds, adopt=args.adopt, records_dir=args.records,
-                        jobs=args.jobs)
+                        jobs=args.jobs, train_missing=not args.no_train)
         print(res["markdown"])
         print(f"wrote {res['figure']}")
         print()
@@ -278,7 +278,7 @@ def cmd_experiment(args) -> int:
         return 0
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
                          threads=args.threads, seeds=args.seeds, adopt=args.adopt, records_dir=args.records,
-                        jobs=args.jobs)
+                        jobs=args.jobs, train_missing=not args.no_train)
     n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
@@ -413,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a folder of run records (log and settings of each finished run, a few kB; commit it): "
                         "runs recorded there are not trained again, and every finished run is recorded there "
                         "(default: none)")
+    x.add_argument("--no-train", action="store_true",
+                   help="train nothing: summarize the runs already finished (or recorded), a partial experiment "
+                        "whose summary and reading name the runs still missing")
     x.add_argument("--jobs", type=int, default=1,
                    help="runs trained at a time, each in its own process with its share of --threads (on 2 cores, "
                         "--jobs 2 trains 1.6x the runs per hour of one 2-thread run; the numbers are the same; "

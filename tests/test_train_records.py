@@ -143,3 +143,24 @@ def test_runs_trained_two_at_a_time_log_the_same_numbers(recorded, tmp_path):
         assert state["run_config"]["threads"] == 1
     with pytest.raises(ValueError, match="jobs"):
         X.run_all(cfgs, jobs=0)
+
+
+def test_a_partial_experiment_summarizes_the_finished_runs_and_names_the_rest(training_corpus, tmp_path,
+                                                                              monkeypatch):
+    root = tmp_path / "root"
+    cfgs = X.table2_configs("quick", root=str(root), seeds=1)
+    with pytest.raises(ValueError, match="none of the 4 runs"):
+        X.run_experiment("table2", "quick", root=str(root), progress=False, seeds=1, train_missing=False)
+    X.run_all(cfgs[:2], progress=False)           # the two causal conditions
+    _no_training(monkeypatch)
+    summ = X.run_experiment("table2", "quick", root=str(root), progress=False, seeds=1, train_missing=False)
+    assert summ["complete"] is False
+    assert summ["missing_runs"] == [Path(c.out_dir).name for c in cfgs[2:]]
+    assert {r["masking"] for r in summ["rows"]} == {"causal"} and len(summ["rows"]) == 4
+    assert summ["reading"].startswith("Partial: 2 of 4 runs have finished; not yet trained: ")
+    for c in cfgs[2:]:
+        assert Path(c.out_dir).name in summ["reading"] and not Path(c.out_dir).exists()
+    # the rows are the finished runs' last evaluations, read here from their logs
+    last = X.read_log(cfgs[1].out_dir)[-1]
+    row = next(r for r in summ["rows"] if r["fixed_bos"] and r["inference"] == "text")
+    assert row["val_loss"] == pytest.approx(last["val_loss_text"], rel=1e-12)

@@ -33,8 +33,8 @@ from ..analysis import status as S
 from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
 from .criteria import mean_pm_sd, seed_interval, seed_stats
-from .experiments import (PROFILES, clean, common_tokens, profile, run_config, run_with_records, seed_list,
-                          seed_summary)
+from .experiments import (PROFILES, clean, common_tokens, missing_runs, partial_note, profile, run_config,
+                          run_with_records, seed_list, seed_summary)
 from .run import TrainConfig
 
 EPS = 0.3  # the sink rate the criterion reads (the paper's Table 2 threshold)
@@ -220,13 +220,16 @@ def depth_figure(summary: Dict[str, Any], path: str) -> str:
 
 def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments", out: Optional[str] = None,
               progress: bool = True, threads: Optional[int] = None, seeds: Union[None, int, Sequence[int]] = None,
-              adopt: Sequence[str] = (), records_dir: Optional[str] = None, jobs: int = 1) -> Dict[str, Any]:
+              adopt: Sequence[str] = (), records_dir: Optional[str] = None, jobs: int = 1,
+              train_missing: bool = True) -> Dict[str, Any]:
     """Trains (or resumes, or skips when finished) every depth and seed of a profile and writes
     ``depth-{profile}.json`` (summary, table, reading, verdict) and ``depth-{profile}.png`` into
-    ``out`` (default ``root``). ``adopt``, ``records_dir``, ``jobs``: as for
+    ``out`` (default ``root``). ``adopt``, ``records_dir``, ``jobs``, ``train_missing``: as for
     :func:`.experiments.run_experiment`. Returns the summary."""
     configs = depth_configs(profile_name, root=root, seeds=seeds, threads=threads)
-    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs)
+    wanted = configs
+    configs, logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs,
+                                     train_missing)
     summary = depth_summary(configs, logs)
     out = out or root
     os.makedirs(out, exist_ok=True)
@@ -234,7 +237,8 @@ def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments"
     summary["markdown"] = depth_markdown(summary)
     summary["figure"] = depth_figure(summary, os.path.join(out, f"depth-{profile_name}.png"))
     text, verdict = depth_reading(summary)
-    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), text
+    summary["complete"], summary["missing_runs"] = len(configs) == len(wanted), missing_runs(wanted, configs)
+    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), partial_note(summary, len(wanted)) + text
     path = os.path.join(out, f"depth-{profile_name}.json")
     with open(path + ".tmp", "w") as f:
         json.dump(summary, f, indent=1)

@@ -222,19 +222,44 @@ def common_tokens(profile_name: str) -> Tuple[int, ...]:
 
 def run_with_records(configs: Sequence[TrainConfig], root: str, adopt: Sequence[str] = (),
                      records_dir: Optional[str] = None, common: Sequence[int] = (),
-                     progress: bool = True, jobs: int = 1) -> List[List[Dict[str, Any]]]:
-    """:func:`run_all` (``jobs`` runs at a time) after adopting finished runs from ``adopt`` and ``records_dir``, then
-    writes a record of every finished run into ``records_dir`` (with its loss on the first n
-    tokens for each n of ``common``), also when a run fails or is interrupted part-way."""
+                     progress: bool = True, jobs: int = 1,
+                     train_missing: bool = True) -> Tuple[List[TrainConfig], List[List[Dict[str, Any]]]]:
+    """:func:`run_all` (``jobs`` runs at a time) after adopting finished runs from ``adopt`` and
+    ``records_dir``, then writes a record of every finished run into ``records_dir`` (with its
+    loss on the first n tokens for each n of ``common``), also when a run fails or is
+    interrupted part-way. Returns (configs, logs) of the finished runs: all of them, or with
+    ``train_missing=False`` (nothing trained or resumed) only those already finished, in order.
+    Raises ValueError when that leaves none."""
     sources = list(adopt) + ([records_dir] if records_dir and os.path.isdir(records_dir) else [])
     if sources:
         os.makedirs(root, exist_ok=True)
         adopt_runs(configs, sources)
     try:
-        return run_all(configs, progress=progress, jobs=jobs)
+        if train_missing:
+            return list(configs), run_all(configs, progress=progress, jobs=jobs)
+        done = [c for c in configs if not _needs_training(c)]
+        if not done:
+            raise ValueError(f"none of the {len(configs)} runs has finished (under {root!r}"
+                             f"{f' or recorded in {records_dir!r}' if records_dir else ''})")
+        return done, [read_log(c.out_dir) for c in done]
     finally:
         if records_dir:
             records.write_records(configs, records_dir, common)
+
+
+def partial_note(summary: Dict[str, Any], n_wanted: int) -> str:
+    """The sentence a partial experiment's reading starts with ("" when complete)."""
+    miss = summary.get("missing_runs") or []
+    if not miss:
+        return ""
+    return (f"Partial: {n_wanted - len(miss)} of {n_wanted} runs have finished; not yet trained: "
+            f"{', '.join(miss)}. ")
+
+
+def missing_runs(configs: Sequence[TrainConfig], done: Sequence[TrainConfig]) -> List[str]:
+    """The folder names of ``configs`` not among ``done`` (a partial experiment's summary lists them)."""
+    have = {c.out_dir for c in done}
+    return [os.path.basename(c.out_dir) for c in configs if c.out_dir not in have]
 
 
 def _needs_training(cfg: TrainConfig) -> bool:
@@ -564,7 +589,7 @@ def table2_figure(summary: Dict[str, Any], path: str) -> str:
 def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-experiments",
                    out: Optional[str] = None, progress: bool = True, threads: Optional[int] = None,
                    seeds: Union[None, int, Sequence[int]] = None, adopt: Sequence[str] = (),
-                   records_dir: Optional[str] = None, jobs: int = 1) -> Dict[str, Any]:
+                   records_dir: Optional[str] = None, jobs: int = 1, train_missing: bool = True) -> Dict[str, Any]:
     """Runs (or resumes) experiment ``"fig5"`` or ``"table2"`` with every seed (``seeds``: None
     for the profile's 3, a number, or a list) and writes its summary JSON (and the figure, and
     for Table 2 the Markdown table) into ``out`` (default ``root``), with the criterion's
@@ -573,12 +598,16 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
     ``records_dir``: a folder of run records (:mod:`.records`; commit it to keep finished runs
     across machines): adopted from before training, and every finished run's record written into
     it afterwards, with its loss on the targets Fig. 5's contexts share. ``jobs``: runs trained at a
-    time, in separate processes (:func:`run_all`). Returns the summary."""
+    time, in separate processes (:func:`run_all`). ``train_missing=False``: train nothing and
+    summarize the runs already finished (a partial experiment: ``complete`` is False,
+    ``missing_runs`` names the others and the reading starts by saying so). Returns the summary."""
     if name not in ("fig5", "table2"):
         raise ValueError(f"unknown experiment {name!r}: fig5 or table2")
     make = fig5_configs if name == "fig5" else table2_configs
     configs = make(profile_name, root=root, threads=threads, seeds=seeds)
-    logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs)
+    wanted = configs
+    configs, logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs,
+                                     train_missing)
     out = out or root
     os.makedirs(out, exist_ok=True)
     if name == "fig5":  # losses compared on the targets every context shares: the shortest's
@@ -598,7 +627,8 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
         summary["differences_markdown"] = table2_differences_markdown(summary)
         summary["figure"] = table2_figure(summary, os.path.join(out, f"table2-{profile_name}.png"))
         text, _, verdict = criteria.table2_reading(summary)
-    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), text
+    summary["complete"], summary["missing_runs"] = len(configs) == len(wanted), missing_runs(wanted, configs)
+    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), partial_note(summary, len(wanted)) + text
     path = os.path.join(out, f"{name}-{profile_name}.json")
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
