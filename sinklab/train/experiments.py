@@ -306,12 +306,7 @@ def run_all(configs: Sequence[TrainConfig], progress: bool = True, jobs: int = 1
     todo = [c for c in configs if _needs_training(c)]
     if int(jobs) > 1 and len(todo) > 1:
         _train_in_processes(todo, int(jobs), progress)
-    logs = []
-    for cfg in configs:
-        if _needs_training(cfg):
-            train(cfg, progress=progress)
-        logs.append(read_log(cfg.out_dir))
-    return logs
+    return [train(cfg, progress=progress).log if _needs_training(cfg) else read_log(cfg.out_dir) for cfg in configs]
 
 
 def _evaluated(log: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
