@@ -181,10 +181,17 @@ def _values(rng: np.random.Generator, n_keys: int) -> List[str]:
     return [str(int(d) * 10000 + int(rng.integers(0, 10000))) for d in lead]
 
 
+def _logits(tr: Any) -> np.ndarray:
+    """The logits a run_each trace was asked for (they are always captured here)."""
+    if tr.logits is None:
+        raise RuntimeError("internal: a task forward returned no logits")
+    return tr.logits
+
+
 def _filler_sentences(filler: str, rng: np.random.Generator, n: int) -> List[str]:
     if filler == "repeat":
         return [FILLER[j % len(FILLER)] for j in range(n)]
-    sents = []
+    sents: List[str] = []
     for p in load_passages("sinks"):
         sents.extend(s.strip() for s in re.split(r"(?<=[.!?])\s+", p) if s.strip())
     start = int(rng.integers(0, len(sents)))
@@ -413,7 +420,7 @@ def _score_retrieval(model, prompts: List[MultikeyPrompt], bos_id: Optional[int]
                               batch_bytes=batch_bytes, progress=False, ragged=True):
             p, r0, q = prompts[i], starts[i] - lf0, divs[i]
             ans = p.answer
-            rows = tr.logits[r0: r0 + len(ans)]
+            rows = _logits(tr)[r0: r0 + len(ans)]
             exact[i] = bool(np.array_equal(rows.argmax(axis=-1), ans))
             cols = [[int(ans[j])] for j in range(q)] + [[int(c[q]) for c in p.candidates]]
             lp = _log_softmax_at(rows[: q + 1], cols)
@@ -434,7 +441,7 @@ def _score_retrieval(model, prompts: List[MultikeyPrompt], bos_id: Optional[int]
         i, k = owner[j]
         p, r0 = prompts[i], starts[j] - lf0
         cand = p.candidates[k]
-        rows = tr.logits[r0: r0 + len(cand)]
+        rows = _logits(tr)[r0: r0 + len(cand)]
         lp = _log_softmax_at(rows, [[int(t)] for t in cand])
         scores[i, k] = float(sum(v[0] for v in lp))
         if k == p.target:
@@ -799,7 +806,7 @@ def _score_cloze(model, items: List[ClozeItem], bos_id: Optional[int], intervene
                 true = it.candidates[it.target]
                 if not np.array_equal(seq[off + it.cut: off + it.cut + len(true)], true):
                     raise RuntimeError(f"cloze item {i}: its word is not the passage's next tokens")
-                lp = _log_softmax_at(tr.logits[r0: r0 + len(true)],
+                lp = _log_softmax_at(_logits(tr)[r0: r0 + len(true)],
                                      [[int(true[0])] + [int(c[0]) for k, c in enumerate(it.candidates)
                                                         if k != it.target and len(c) == 1]]
                                      + [[int(t)] for t in true[1:]])
@@ -817,7 +824,7 @@ def _score_cloze(model, items: List[ClozeItem], bos_id: Optional[int], intervene
                 i, k = extra[j]
                 cand = items[i].candidates[k]
                 r0 = starts[j] - lf1
-                lp = _log_softmax_at(tr.logits[r0: r0 + len(cand)], [[int(t)] for t in cand])
+                lp = _log_softmax_at(_logits(tr)[r0: r0 + len(cand)], [[int(t)] for t in cand])
                 scores[i, k] = float(sum(v[0] for v in lp))
                 bar.update(1)
     finally:
@@ -888,7 +895,7 @@ def compare(a: TaskResult, b: TaskResult, length: Optional[int] = None, exact: b
     """
     if type(a) is not type(b):
         raise ValueError(f"cannot compare a {type(a).__name__} with a {type(b).__name__}")
-    if not a.same_items(b):
+    if not a.same_items(b):  # type: ignore[arg-type]  # type(a) is type(b), checked above
         raise ValueError("the two results were not measured on the same items (seed, lengths, "
                          "n_keys / n_candidates and texts must match)")
     return paired_difference(a.correct_at(length, exact).astype(float),

@@ -36,7 +36,7 @@ def _is_int(v: Any) -> bool:
 
 def _is_positive_number(v: Any) -> bool:
     """A finite real > 0 (NaN, inf, strings, lists and bools are not)."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v) and float(v) > 0
 
 
 def check_rope_scaling(scaling: Any, name: str = "rope_scaling") -> None:

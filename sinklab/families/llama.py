@@ -9,7 +9,8 @@ LLaMA-style decoder naming that Qwen and Gemma reuse.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Mapping, Optional
+from types import SimpleNamespace
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from . import base
 from .config import ModelConfig
@@ -73,7 +74,7 @@ def file_name(key: str, fmt: str, layer: Optional[int] = None) -> str:
 
 
 def decoder_names(fmt: str, global_names: Mapping[str, tuple] = GLOBAL_NAMES,
-                  layer_names: Mapping[str, tuple] = None) -> base.NameSpec:
+                  layer_names: Optional[Mapping[str, tuple]] = None) -> Callable[[str], str]:
     """``name_of`` for :func:`base.assemble` over (HF, GGUF) name-pair tables."""
     i = _FORMATS.index(fmt)
     layer_names = {**LAYER_NAMES, **OPTIONAL_LAYER_NAMES} if layer_names is None else layer_names
@@ -119,11 +120,7 @@ def rope_layout(fmt: str) -> int:
     return 1 if fmt == "gguf" else 0
 
 
-def canonical_weights(cfg: ModelConfig, fmt: str, get) -> Dict[str, "object"]:
+def canonical_weights(cfg: ModelConfig, fmt: str, get: Callable[..., Any]) -> Dict[str, Any]:
     """Every canonical tensor, fetched with ``get(file_name, shape)``; the LM head is the
     embedding when ``cfg.tied_embeddings`` (kept for callers of the LLaMA-only loader)."""
-    class _Src:
-        pass
-    src = _Src()
-    src.fmt, src.get = fmt, get
-    return base.assemble(cfg, src, decoder_names(fmt))
+    return base.assemble(cfg, SimpleNamespace(fmt=fmt, get=get), decoder_names(fmt))

@@ -3,7 +3,7 @@ RMSNorm on queries and keys before RoPE). LLaMA-style names in both file formats
 converts these with NEOX RoPE, so GGUF Q/K rows are NOT permuted (half-split layout)."""
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 from . import base, llama
 from .config import ModelConfig
@@ -30,6 +30,8 @@ def config_from_hf(c: Dict[str, Any], path: str) -> ModelConfig:
     if act != "silu":
         raise ValueError(f"{path}: hidden_act={act!r} is not supported (Qwen uses silu)")
     kw = base.hf_common(c, path, NAME)
+    biases: Tuple[str, ...]
+    norms: Tuple[str, ...]
     if c["model_type"] == "qwen2":
         biases = QKV_BIASES  # always on in Qwen2's attention, whatever attention_bias says
         norms = ("attn_norm", "ffn_norm")

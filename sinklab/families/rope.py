@@ -22,7 +22,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: Optional[Dict[str, Any]]
     ``_compute_llama3_parameters``. Any other type raises ValueError naming it.
     """
     inv = 1.0 / (float(theta) ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")) or "default"
+    scaling = scaling or {}
+    kind = scaling.get("rope_type", scaling.get("type", "default")) or "default"
     if kind == "default":
         pass
     elif kind == "linear":

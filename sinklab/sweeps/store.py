@@ -63,7 +63,7 @@ def write_result(out: str, task: Task, rows: List[Dict[str, Any]], arrays: Dict[
     """Writes the task's arrays, then its rows (the completion mark); returns the JSON path."""
     path = result_path(out, task)
     arrays = {k: np.asarray(v) for k, v in arrays.items()}
-    write_atomic(path[:-5] + ".npz", lambda f: np.savez(f, **arrays))
+    write_atomic(path[:-5] + ".npz", lambda f: np.savez(f, **arrays))  # type: ignore[arg-type]  # numpy's stub types **kwds badly
     doc = {"format": RESULT_FORMAT, "key": task.key, "name": task.name, "identity": task.identity,
            "rows": [{**task.point, **r, **m} for r, m in zip(task.rows, rows)], "info": info}
     _write_json(path, doc, sort_keys=True)

@@ -253,7 +253,8 @@ class _RReader:
     except ``names``, which turns a generic vector into a dict."""
 
     def __init__(self, data: bytes):
-        self.b, self.p, self.refs = data, 0, []
+        self.b, self.p = data, 0
+        self.refs: List[Any] = []
 
     def _int(self) -> int:
         v = struct.unpack_from(">i", self.b, self.p)[0]
@@ -847,6 +848,14 @@ class Corpus:
         train_doc_ids, heldout_doc_ids: int64 (n_docs,): global index of each stream document.
         unigram_entropy: nats/token of the train stream's unigram distribution.
     """
+
+    # set per split in __init__ (setattr over "train" / "heldout")
+    train_tokens: np.ndarray
+    heldout_tokens: np.ndarray
+    train_doc_offsets: np.ndarray
+    heldout_doc_offsets: np.ndarray
+    train_doc_ids: np.ndarray
+    heldout_doc_ids: np.ndarray
 
     def __init__(self, root: PathLike):
         from tokenizers import Tokenizer

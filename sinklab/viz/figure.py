@@ -136,8 +136,7 @@ class _ReadableLogLocator(LogLocator):
     def tick_values(self, vmin: float, vmax: float) -> Any:
         lo, hi = sorted((vmin, vmax))
         if lo > 0 and hi / lo < 10:
-            ticks = MaxNLocator(nbins=8, steps=[1.0, 2.0, 2.5, 5.0, 10.0]).tick_values(lo, hi)
-            ticks = np.asarray(ticks)
+            ticks = np.asarray(MaxNLocator(nbins=8, steps=[1.0, 2.0, 2.5, 5.0, 10.0]).tick_values(lo, hi))
             return ticks[ticks > 0]
         if lo > 0 and hi / lo > 1e3:                  # many decades: one label each is enough
             return LogLocator(base=10).tick_values(vmin, vmax)
