@@ -164,3 +164,48 @@ def test_a_partial_experiment_summarizes_the_finished_runs_and_names_the_rest(tr
     last = X.read_log(cfgs[1].out_dir)[-1]
     row = next(r for r in summ["rows"] if r["fixed_bos"] and r["inference"] == "text")
     assert row["val_loss"] == pytest.approx(last["val_loss_text"], rel=1e-12)
+
+
+REPO = Path(__file__).resolve().parents[1]
+RECORDS = REPO / "notebooks" / "results" / "training" / "records"
+SEARCH = REPO / "notebooks" / "results" / "training" / "miniature" / "search.json"
+
+
+def test_committed_records_are_complete_and_match_the_runs_they_name():
+    """Every committed record of this project's experiments is complete (its log reaches the
+    last step of its settings) and sits in the folder its settings name."""
+    from sinklab.train.depth import depth_configs
+
+    dirs = sorted(d for d in RECORDS.iterdir() if d.is_dir())
+    assert dirs, f"no run records in {RECORDS}"
+    names = {Path(c.out_dir).name: c for prof in ("miniature",)
+             for c in X.table2_configs(prof) + X.fig5_configs(prof) + depth_configs(prof)}
+    for d in dirs:
+        rec = R.read_record(str(d))
+        assert rec is not None, f"{d.name}: not a complete record"
+        assert d.name in names, f"{d.name}: no experiment of the miniature profile has this run"
+        want = names[d.name]
+        assert X._settings(rec["config"].to_dict()) == X._settings(want.to_dict())
+
+
+def test_records_trained_again_reproduce_the_search_runs_of_the_same_settings():
+    """Table 2's miniature runs whose settings equal a run of the miniature search were trained
+    again, sessions later, on another machine, from nothing but the code. The search's JSON rows
+    were written from the first runs (since lost); the records' logs must give the same numbers
+    to the bit: a₀ with ⟨bos⟩ at every evaluation, the final sink rate, and the ⟨bos⟩ loss gap
+    at every evaluation (sinklab's numbers do not depend on the machine or the thread count)."""
+    from sinklab.train.miniature import SETTING_KEYS
+
+    rows = json.loads(SEARCH.read_text())["rows"]
+    matched = []
+    for d in sorted(x for x in RECORDS.iterdir() if x.is_dir()):
+        cfg = R.read_record(str(d))["config"]
+        log = X.read_log(str(d))
+        for r in rows:
+            if all(r.get(k) == getattr(cfg, k) for k in SETTING_KEYS) and r["tokens"] == log[-1]["tokens"]:
+                ev = [x for x in log if x.get("importance_bos") is not None]
+                assert [[x["tokens"], x["importance_bos"]] for x in ev] == r["a0_curve"], d.name
+                assert ev[-1]["sink_bos_0.3"] == r["sink_bos"], d.name
+                assert [[x["tokens"], x["val_loss_text"] - x["val_loss_bos"]] for x in ev] == r["delta_curve"], d.name
+                matched.append(d.name)
+    assert len(matched) >= 2, matched
