@@ -88,6 +88,19 @@ _OPENMP_VERSIONS = {200505: "2.5", 200805: "3.0", 201107: "3.1", 201307: "4.0", 
                     201811: "5.0", 202011: "5.1", 202111: "5.2", 202411: "6.0"}
 
 
+def cpu_name() -> str:
+    """The CPU model (``/proc/cpuinfo``'s "model name", e.g. ``"AMD EPYC"``), else what the
+    platform module knows: what a benchmark or a training record says it ran on."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def build_info() -> Dict[str, Any]:
     """How this sinklab was built and what it runs with: the facts to quote in a bug report.
 

@@ -25,11 +25,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 import shutil
 from typing import Any, Dict, Optional, Sequence
 
 from ..analysis.quality import perplexity
+from ..runtime import cpu_name
 from . import checkpoint
 from .corpus import prepare_corpus
 from .evaluate import eval_documents
@@ -72,17 +72,6 @@ def read_record(folder: str) -> Optional[Dict[str, Any]]:
     if not log or int(log[-1].get("step", -1)) != cfg.n_steps:
         return None
     return {**rec, "config": cfg}
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 _CORPORA: Dict[Any, Any] = {}  # prepared corpora by (root, vocab size), loaded once per process
@@ -147,7 +136,7 @@ def write_record(run_dir: str, dest_root: str, common_tokens: Sequence[int] = ()
             rec = {"format": RECORD_FORMAT, "version": RECORD_VERSION,
                    "run_config": {**cfg.to_dict(), "out_dir": os.path.basename(dest)},
                    "step": int(st["step"]), "tokens": int(read_log(run_dir)[-1]["tokens"]),
-                   "wall_s": float(st.get("wall_s") or 0.0), "cpu": _cpu_model(),
+                   "wall_s": float(st.get("wall_s") or 0.0), "cpu": cpu_name(),
                    "threads": cfg.threads, "weights_sha256": weights}
     else:
         rec = {k: v for k, v in old.items() if k != "config"}  # type: ignore[union-attr]
