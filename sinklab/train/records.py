@@ -26,7 +26,7 @@ import dataclasses
 import json
 import os
 import shutil
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..analysis.quality import perplexity
 from ..runtime import cpu_name
@@ -153,7 +153,7 @@ def write_record(run_dir: str, dest_root: str, common_tokens: Sequence[int] = ()
     return dest
 
 
-def write_records(configs: Sequence[TrainConfig], dest_root: str, common_tokens: Sequence[int] = ()) -> list:
+def write_records(configs: Sequence[TrainConfig], dest_root: str, common_tokens: Sequence[int] = ()) -> List[str]:
     """:func:`write_record` for every config whose run has finished; returns the folders written."""
     os.makedirs(dest_root, exist_ok=True)
     return [write_record(c.out_dir, dest_root, common_tokens) for c in configs
