@@ -262,15 +262,18 @@ def cmd_train(args) -> int:
 
 
 def cmd_experiment(args) -> int:
-    """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments), or the
-    depth sweep at matched parameters (sinklab.train.depth)."""
+    """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments), the depth
+    sweep at matched parameters (sinklab.train.depth) or the attention variants with seeds
+    (sinklab.train.variants)."""
     from sinklab.train.depth import run_depth
     from sinklab.train.experiments import run_experiment
+    from sinklab.train.variants import run_variants
 
-    if args.name == "depth":
-        res = run_depth(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
-                        seeds=args.seeds, adopt=args.adopt, records_dir=args.records,
-                        jobs=args.jobs, train_missing=not args.no_train)
+    if args.name in ("depth", "variants"):
+        run = run_depth if args.name == "depth" else run_variants
+        res = run(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
+                  seeds=args.seeds, adopt=args.adopt, records_dir=args.records, jobs=args.jobs,
+                  train_missing=not args.no_train)
         print(res["markdown"])
         print(f"wrote {res['figure']}")
         print()
@@ -278,7 +281,7 @@ def cmd_experiment(args) -> int:
         return 0
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
                          threads=args.threads, seeds=args.seeds, adopt=args.adopt, records_dir=args.records,
-                        jobs=args.jobs, train_missing=not args.no_train)
+                         jobs=args.jobs, train_missing=not args.no_train)
     n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
@@ -397,10 +400,11 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     x = sub.add_parser("experiment", help="the paper's pre-training experiments in miniature: fig5 (context "
                                           "length) or table2 (packing and a fixed <bos>); resumable")
-    x.add_argument("name", choices=("fig5", "table2", "depth"),
+    x.add_argument("name", choices=("fig5", "table2", "depth", "variants"),
                    help="fig5: sink formation against the training context; table2: causal or intra-document "
                         "packing, with or without a fixed <bos>; depth: 2-12 layers at matched block parameters "
-                        "(profiles quick and miniature)")
+                        "(profiles quick and miniature); variants: sink-logit, softmax-plus-one and gated attention "
+                        "beside softmax, Table 2's fixed-<bos> causal recipe")
     x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
                         "cpu2x (cpu, twice the tokens), miniature (the miniature search's setting: 8 heads, weight "

@@ -88,10 +88,12 @@ def seed_interval(values: Optional[Sequence[Optional[float]]], scale: float = 1.
 
 
 def mean_pm_sd(s: Optional[SeedSummary], spec: str = ".3f", unit: str = "") -> str:
-    """"mean ± sd{unit}" of a :func:`seed_stats` (just the mean for one seed; "–" for None)."""
+    """"mean ± sd{unit}" of a :func:`seed_stats` (just the mean for one seed; "–" for None); a
+    sign in ``spec`` applies to the mean only."""
     if s is None:
         return "–"
-    return (f"{format(s.mean, spec)} ± {format(s.sd, spec)}{unit}" if s.n > 1 else f"{format(s.mean, spec)}{unit}")
+    return (f"{format(s.mean, spec)} ± {format(s.sd, spec.replace('+', ''))}{unit}" if s.n > 1
+            else f"{format(s.mean, spec)}{unit}")
 
 
 def _uniform(context: int) -> float:

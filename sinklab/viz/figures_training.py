@@ -206,3 +206,37 @@ def variants_figure(vrows: Any) -> Any:
                  fontsize=9)
     fig.tight_layout()
     return fig
+
+
+@restylable
+def variants_seeds_figure(summary: Dict[str, Any]) -> Any:
+    """Attention variants with seeds (:func:`sinklab.train.variants.variants_summary`): per
+    variant the final sink rate at eps 0.3 with ⟨bos⟩ (%), the cost of removing ⟨bos⟩ (text-only
+    minus ⟨bos⟩+text validation loss, nats) and the validation loss with ⟨bos⟩; each seed a dot,
+    the mean over seeds a bar; softmax first. A sinklab Figure (no pyplot)."""
+    rows = summary["variants"]
+    fig, axes = subplots(1, 3, figsize=(10, 3.4))
+    x = np.arange(len(rows))
+    colors = ["0.55"] + [f"C{i}" for i in range(len(rows) - 1)]
+    for ax, key, scale, title in ((axes[0], "sink_0.3", 100.0, "sink rate, eps = 0.3, with <bos> (%)"),
+                                  (axes[1], "bos_gap", 1.0, "removing <bos>: Δ val loss (nats)"),
+                                  (axes[2], "val_loss", 1.0, "val loss with <bos> (nats)")):
+        per = [np.array([np.nan if v is None else scale * v for v in r["final_per_seed"][key]], float) for r in rows]
+        means = [float(np.nanmean(p)) if np.isfinite(p).any() else np.nan for p in per]
+        ax.bar(x, means, color=colors, alpha=0.6)
+        for i, p in enumerate(per):
+            ax.plot(np.full(p.size, x[i]), p, "o", ms=4, color="k")
+        ax.set_xticks(x)
+        ax.set_xticklabels([r["attention"] for r in rows], fontsize=8)
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3, axis="y")
+    axes[1].axhline(0, color="0.4", lw=0.8)
+    vals = [v for p in (r["final_per_seed"]["val_loss"] for r in rows) for v in p if v is not None]
+    if vals:
+        lo, hi = min(vals), max(vals)
+        axes[2].set_ylim(lo - 0.5 * (hi - lo + 0.02), hi + 0.3 * (hi - lo + 0.02))
+    n = _n_seeds(summary)
+    fig.suptitle(f"Attention variants against softmax ({summary.get('profile', '?')} profile, causal, fixed <bos>; "
+                 f"{n} seed{'s' if n != 1 else ''}: dots, mean: bar)", fontsize=9)
+    fig.tight_layout()
+    return fig
