@@ -57,7 +57,7 @@ RESULT_FIGURES: Dict[str, str] = {
         "beyond_patching.png",
     )
 }
-RESULT_FIGURES["beyond/search-variants.png"] = "notebooks/results/training/miniature/search-variants.png"
+RESULT_FIGURES["training/search-variants.png"] = "notebooks/results/training/miniature/search-variants.png"
 
 
 def result_png(path: str) -> bytes:
