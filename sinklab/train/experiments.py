@@ -40,8 +40,10 @@ import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
+from ..runtime import get_num_threads
 from ..viz.reference import sink_T, uniform_first_importance
 from . import criteria, records
+from .corpus import prepare_corpus
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
@@ -279,9 +281,6 @@ def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool) 
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     from tqdm.auto import tqdm
-
-    from ..runtime import get_num_threads
-    from .corpus import prepare_corpus
 
     for key in {(c.corpus_root, c.vocab_size) for c in todo}:  # prepared once, here, not raced by the workers
         prepare_corpus(root=key[0], vocab_size=key[1], quiet=not progress)
