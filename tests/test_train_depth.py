@@ -2,16 +2,15 @@
 brute-force search and the engine's own parameter count, a real quick-profile sweep whose summary
 is recomputed here from the runs' log files, and the criterion against constructed intervals."""
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sinklab.analysis import status as S
 from sinklab.train import depth as D
 from sinklab.train import experiments as X
 from sinklab.train.engine import Trainer, llama_config
+from tests.support.run_logs import read_log, t_interval
 
 
 def brute_force_width(L, d0, L0, hd):
@@ -58,18 +57,6 @@ def test_the_reference_depth_is_table2s_run_and_other_depths_are_named_by_their_
         D.depth_configs("cpu")
 
 
-def read_log(folder):
-    with open(Path(folder) / "log.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def t_interval(v):
-    """Mean and 95 % t interval of per-seed values, here with scipy."""
-    from scipy import stats
-
-    v = np.asarray(v, float)
-    h = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return v.mean(), v.mean() - h, v.mean() + h
 
 
 @pytest.mark.slow  # six quick training runs

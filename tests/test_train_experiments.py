@@ -26,6 +26,7 @@ from sinklab import report
 from sinklab.analysis import status as S
 from sinklab.train import criteria as K
 from sinklab.train import experiments as X
+from tests.support.run_logs import read_log
 
 SEEDS = [0, 1, 2]
 T975_DF2 = 4.302652729911275       # Student's t quantile 0.975 with 2 degrees of freedom (tables)
@@ -79,11 +80,6 @@ def quick(corpus, tmp_path_factory):
         fig5 = X.run_experiment("fig5", "quick", root=str(root), out=str(out), progress=False)
     return {"dir": d, "root": root, "out": out, "table2": table2, "fig5": fig5, "trained": rec.calls}
 
-
-def read_log(folder):
-    """log.jsonl parsed here, independently of sinklab.train.run.read_log."""
-    with open(Path(folder) / "log.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def run_settings(folder):

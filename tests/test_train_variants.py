@@ -3,28 +3,16 @@ another attention (softmax's are Table 2's own folders), a real quick-profile ru
 recomputed here from the runs' log files and checkpoints (per seed, the variant minus softmax of
 the same seed, t interval with scipy), and the criterion against constructed summaries."""
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from sinklab.analysis import status as S
 from sinklab.train import experiments as X
 from sinklab.train import variants as V
+from tests.support.run_logs import read_log, t_interval
 
 
-def read_log(folder):
-    with open(Path(folder) / "log.jsonl", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def t_interval(v):
-    from scipy import stats
-
-    v = np.asarray(v, float)
-    h = stats.t.ppf(0.975, v.size - 1) * v.std(ddof=1) / math.sqrt(v.size)
-    return v.mean(), v.mean() - h, v.mean() + h
 
 
 def test_softmax_runs_are_table2s_and_the_variants_differ_only_in_attention():

@@ -24,7 +24,6 @@ trained elsewhere (:func:`.experiments.adopt_runs`).
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -33,8 +32,8 @@ from ..analysis import status as S
 from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
 from .criteria import mean_pm_sd, seed_interval, seed_stats
-from .experiments import (PROFILES, clean, common_tokens, missing_runs, partial_note, profile, run_config,
-                          run_with_records, seed_list, seed_summary)
+from .experiments import (PROFILES, clean, common_tokens, finish_summary, profile, run_config,
+                          run_with_records, save_figure, seed_list, seed_summary)
 from .run import TrainConfig
 
 EPS = 0.3  # the sink rate the criterion reads (the paper's Table 2 threshold)
@@ -213,9 +212,7 @@ def depth_figure(summary: Dict[str, Any], path: str) -> str:
     ``path``."""
     from ..viz.figures_training import depth_figure as draw  # matplotlib, only to draw
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    draw(summary).savefig(path, dpi=120)
-    return path
+    return save_figure(draw(summary), path)
 
 
 def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments", out: Optional[str] = None,
@@ -226,9 +223,8 @@ def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments"
     ``depth-{profile}.json`` (summary, table, reading, verdict) and ``depth-{profile}.png`` into
     ``out`` (default ``root``). ``adopt``, ``records_dir``, ``jobs``, ``train_missing``: as for
     :func:`.experiments.run_experiment`. Returns the summary."""
-    configs = depth_configs(profile_name, root=root, seeds=seeds, threads=threads)
-    wanted = configs
-    configs, logs = run_with_records(configs, root, adopt, records_dir, common_tokens(profile_name), progress, jobs,
+    wanted = depth_configs(profile_name, root=root, seeds=seeds, threads=threads)
+    configs, logs = run_with_records(wanted, root, adopt, records_dir, common_tokens(profile_name), progress, jobs,
                                      train_missing)
     summary = depth_summary(configs, logs)
     out = out or root
@@ -237,10 +233,5 @@ def run_depth(profile_name: str = "miniature", root: str = "sinklab-experiments"
     summary["markdown"] = depth_markdown(summary)
     summary["figure"] = depth_figure(summary, os.path.join(out, f"depth-{profile_name}.png"))
     text, verdict = depth_reading(summary)
-    summary["complete"], summary["missing_runs"] = len(configs) == len(wanted), missing_runs(wanted, configs)
-    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), partial_note(summary, len(wanted)) + text
-    path = os.path.join(out, f"depth-{profile_name}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(path + ".tmp", path)
-    return summary
+    summary["verdict"] = clean(verdict.to_dict())
+    return finish_summary(summary, wanted, configs, text, os.path.join(out, f"depth-{profile_name}.json"))

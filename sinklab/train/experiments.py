@@ -258,6 +258,26 @@ def partial_note(summary: Dict[str, Any], n_wanted: int) -> str:
             f"{', '.join(miss)}. ")
 
 
+def save_figure(fig: Any, path: str) -> str:
+    """Saves a drawn matplotlib figure to ``path`` (its folder made), at 120 dpi. Returns ``path``."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    return path
+
+
+def finish_summary(summary: Dict[str, Any], wanted: Sequence[TrainConfig], done: Sequence[TrainConfig],
+                   reading: str, path: str) -> Dict[str, Any]:
+    """Marks ``summary`` complete or partial (``complete``, ``missing_runs``; the reading then
+    starts by naming what is missing), sets its ``reading`` and writes it to ``path`` as JSON,
+    atomically (a crash leaves the previous summary). Returns ``summary``."""
+    summary["complete"], summary["missing_runs"] = len(done) == len(wanted), missing_runs(wanted, done)
+    summary["reading"] = partial_note(summary, len(wanted)) + reading
+    with open(path + ".tmp", "w") as f:
+        json.dump(summary, f, indent=1)
+    os.replace(path + ".tmp", path)
+    return summary
+
+
 def missing_runs(configs: Sequence[TrainConfig], done: Sequence[TrainConfig]) -> List[str]:
     """The folder names of ``configs`` not among ``done`` (a partial experiment's summary lists them)."""
     have = {c.out_dir for c in done}
@@ -565,9 +585,7 @@ def fig5_figure(summary: Dict[str, Any], path: str) -> str:
     saved to ``path``."""
     from ..viz.figures_training import fig5_miniature_figure  # matplotlib, only to draw
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig5_miniature_figure(summary).savefig(path, dpi=120)
-    return path
+    return save_figure(fig5_miniature_figure(summary), path)
 
 
 def table2_figure(summary: Dict[str, Any], path: str) -> str:
@@ -575,9 +593,7 @@ def table2_figure(summary: Dict[str, Any], path: str) -> str:
     (:func:`sinklab.viz.figures_training.table2_miniature_figure`), saved to ``path``."""
     from ..viz.figures_training import table2_miniature_figure  # matplotlib, only to draw
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    table2_miniature_figure(summary).savefig(path, dpi=120)
-    return path
+    return save_figure(table2_miniature_figure(summary), path)
 
 
 def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-experiments",
@@ -621,11 +637,5 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
         summary["differences_markdown"] = table2_differences_markdown(summary)
         summary["figure"] = table2_figure(summary, os.path.join(out, f"table2-{profile_name}.png"))
         text, _, verdict = criteria.table2_reading(summary)
-    summary["complete"], summary["missing_runs"] = len(configs) == len(wanted), missing_runs(wanted, configs)
-    summary["verdict"], summary["reading"] = clean(verdict.to_dict()), partial_note(summary, len(wanted)) + text
-    path = os.path.join(out, f"{name}-{profile_name}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(tmp, path)
-    return summary
+    summary["verdict"] = clean(verdict.to_dict())
+    return finish_summary(summary, wanted, configs, text, os.path.join(out, f"{name}-{profile_name}.json"))

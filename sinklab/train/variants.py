@@ -22,7 +22,6 @@ includes 0) there is nothing to remove, and the claim is inconclusive.
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -30,7 +29,7 @@ from ..analysis import status as S
 from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
 from .criteria import mean_pm_sd, seed_interval, seed_stats
-from .experiments import (clean, common_tokens, missing_runs, partial_note, profile, run_config, run_with_records,
+from .experiments import (clean, common_tokens, finish_summary, profile, run_config, run_with_records, save_figure,
                           seed_list, seed_summary)
 from .run import TrainConfig
 
@@ -165,9 +164,7 @@ def variants_figure(summary: Dict[str, Any], path: str) -> str:
     mean a bar (:func:`sinklab.viz.figures_training.variants_seeds_figure`), saved to ``path``."""
     from ..viz.figures_training import variants_seeds_figure as draw  # matplotlib, only to draw
 
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    draw(summary).savefig(path, dpi=120)
-    return path
+    return save_figure(draw(summary), path)
 
 
 def run_variants(profile_name: str = "miniature", root: str = "sinklab-experiments", out: Optional[str] = None,
@@ -188,11 +185,5 @@ def run_variants(profile_name: str = "miniature", root: str = "sinklab-experimen
     summary["markdown"] = variants_markdown(summary)
     summary["figure"] = variants_figure(summary, os.path.join(out, f"variants-{profile_name}.png"))
     text, verdicts = variants_reading(summary)
-    summary["complete"], summary["missing_runs"] = len(configs) == len(wanted), missing_runs(wanted, configs)
     summary["verdicts"] = {a: clean(v.to_dict()) for a, v in verdicts.items()}
-    summary["reading"] = partial_note(summary, len(wanted)) + text
-    path = os.path.join(out, f"variants-{profile_name}.json")
-    with open(path + ".tmp", "w") as f:
-        json.dump(summary, f, indent=1)
-    os.replace(path + ".tmp", path)
-    return summary
+    return finish_summary(summary, wanted, configs, text, os.path.join(out, f"variants-{profile_name}.json"))
