@@ -25,7 +25,9 @@ import pytest
 from sinklab import report
 from sinklab.analysis import status as S
 from sinklab.train import criteria as K
+from sinklab.train import depth as D
 from sinklab.train import experiments as X
+from sinklab.train import variants as V
 from tests.support.run_logs import read_log
 
 SEEDS = [0, 1, 2]
@@ -753,6 +755,31 @@ def test_report_section_states_what_the_numbers_show(quick, monkeypatch, tmp_pat
     skipped = report.section_training(report.Context(None, report.Settings.for_run(True), str(out), False,
                                                      training_profile="none"))
     assert skipped.figures == [] and "--training-profile none" in skipped.here
+
+
+@pytest.mark.slow  # the quick fixture's runs, and twelve quick runs of the depth sweep and the variants
+def test_report_section_shows_depth_and_variants_written_beside_the_paper_experiments(quick, monkeypatch, tmp_path):
+    out = tmp_path / "rep"
+    where = out / report.TRAINING_DIR
+    where.mkdir(parents=True)
+    _quick_runs_in_cache(quick, where, monkeypatch, tmp_path)
+    depth = D.run_depth("quick", root=str(tmp_path / "runs"), out=str(where), progress=False, seeds=2)
+    variants = V.run_variants("quick", root=str(tmp_path / "runs"), out=str(where), progress=False, seeds=2)
+    monkeypatch.setattr(X, "train", lambda *a, **kw: pytest.fail("trained again"))
+    sec = report.section_training(report.Context(None, report.Settings.for_run(True), str(out), False,
+                                                 training_profile="quick"))
+    for got in (depth, variants):
+        assert got["markdown"] in sec.body and got["reading"] in sec.reading
+    assert "Verdict on \"deeper models form stronger sinks\"" in sec.reading
+    assert f"{report.TRAINING_DIR}/depth-quick.png" in sec.figures and f"{report.TRAINING_DIR}/variants-quick.png" in sec.figures
+    for f in sec.figures:
+        assert (out / f).read_bytes()[:8] == PNG
+    assert sec.numbers["beyond"]["depth"]["verdict"] == depth["verdict"]
+    assert sec.numbers["beyond"]["variants"]["verdict"] == variants["verdicts"]
+    (where / "variants-quick.json").write_text(json.dumps({"variants": [], "profile": "quick"}))
+    with pytest.raises(ValueError, match="variants-quick.json"):
+        report.section_training(report.Context(None, report.Settings.for_run(True), str(out), False,
+                                               training_profile="quick"))
 
 
 def test_finished_runs_of_a_sweep_are_adopted_only_when_every_setting_matches(corpus, tmp_path, monkeypatch):

@@ -27,9 +27,9 @@ from .run import markdown, reproduce
 from .beyond import BEYOND_MODELS, BEYOND_SECTIONS, reproduce_beyond
 from ..train.criteria import fig5_reading, table2_reading
 from ..viz.figures_training import fig5_miniature_figure, table2_miniature_figure
-from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, find_training_summaries,
-                       load_training_summaries, run_training_profile, section_training, training_model_size,
-                       training_results, uniform_first_importance, quick_runs_dir)
+from .training import (DEFAULT_TRAINING_ROOT, TRAINING_DIR, TRAINING_PROFILES, beyond_training_summaries,
+                       find_training_summaries, load_training_summaries, quick_runs_dir, run_training_profile,
+                       section_training, training_model_size, training_results, uniform_first_importance)
 
 __all__ = ["reproduce", "reproduce_families", "reproduce_beyond", "families_study", "Settings", "FamilySettings", "Context", "Section",
            "ModelRole", "ELEMENTS", "DEFAULT_MODELS"]

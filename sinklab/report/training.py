@@ -3,14 +3,15 @@ and read here; the verdicts come from :mod:`sinklab.train.criteria`."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
 from typing import Any, Dict, Optional, Tuple
 
 from ..io.registry import cache_home
-from ..results import save_json
-from ..viz.figures_training import fig5_miniature_figure, sink_T, table2_miniature_figure, uniform_first_importance
+from ..viz.figures_training import (depth_figure, fig5_miniature_figure, sink_T, table2_miniature_figure,
+                                    uniform_first_importance, variants_seeds_figure)
 from ..analysis import status as S
 from ..train.criteria import fig5_reading, learned_nothing, table2_claims, table2_reading
 from ..train import experiments as X
@@ -30,6 +31,9 @@ DEFAULT_TRAINING_ROOT = "sinklab-experiments"  # where `sinklab experiment` puts
 PAPER_FIG5_TOKENS = 5e9                     # training tokens per Fig. 5 run
 PAPER_TABLE2_TOKENS = 30e9                  # training tokens per Table 2 run
 PAPER_TRAIN_PARAMS = "~120M"                # the paper's LLaMA-2-style models
+# experiments beyond the paper whose summaries the section shows when they sit beside Fig. 5's
+BEYOND_TRAINING = {"depth": ("Depth at matched block parameters", depth_figure),
+                   "variants": ("Attention variants at Table 2's fixed-⟨bos⟩ causal recipe", variants_seeds_figure)}
 
 
 def training_model_size(profile: Dict[str, Any], vocab_size: Optional[int] = None) -> Dict[str, int]:
@@ -64,8 +68,6 @@ def load_training_summaries(folder: str, profile: str) -> Tuple[Dict[str, Any], 
 
     Raises:
         OSError: a file is missing. ValueError: a file is not such a summary (named)."""
-    import json
-
     out = []
     for path, key in zip(_summary_paths(folder, profile), ("runs", "rows")):
         with open(path, encoding="utf-8") as f:
@@ -83,30 +85,37 @@ def load_training_summaries(folder: str, profile: str) -> Tuple[Dict[str, Any], 
 def run_training_profile(profile: str, root: str, out: str, progress: bool = True,
                          threads: Optional[int] = None) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """Runs (or resumes; finished runs are skipped) both experiments of ``profile`` with their runs
-    under ``root`` and writes the summaries as ``sinklab experiment`` does (``out/fig5-P.json``,
-    ``out/table2-P.json``, the figure ``out/fig5-P.png``; pyplot-free, so a notebook's backend is
-    left alone). Table 2 runs first, so the causal run Fig. 5 shares with it is trained once.
-    Returns (fig5, table2)."""
-    p = X.profile(profile)
-    os.makedirs(out, exist_ok=True)
-    t_cfgs = X.table2_configs(profile, root=root, threads=threads)
-    table2 = X.table2_summary(t_cfgs, X.run_all(t_cfgs, progress=progress))
-    table2["markdown"] = X.table2_markdown(table2)
-    f_cfgs = X.fig5_configs(profile, root=root, threads=threads)
-    n_common = min(c.context for c in f_cfgs) - 1  # losses on the targets every context shares
-    fig5 = X.fig5_summary(f_cfgs, X.run_all(f_cfgs, progress=progress),
-                          common=X.common_target_losses(f_cfgs, n_common))
-    fig5["common_target_tokens"] = n_common
-    prof = {"name": profile, **{k: (list(v) if isinstance(v, tuple) else v) for k, v in p.items()}}
-    fig5["profile"] = table2["profile"] = prof
-    png = os.path.join(out, f"fig5-{profile}.png")
-    fig = fig5_miniature_figure(fig5)
-    fig.savefig(png, dpi=120)
-    fig5["figure"] = png
-    f_path, t_path = _summary_paths(out, profile)
-    save_json(f_path, fig5)
-    save_json(t_path, table2)
+    under ``root`` and writes their summaries and figures into ``out`` exactly as ``sinklab
+    experiment table2|fig5`` does (:func:`sinklab.train.experiments.run_experiment`; pyplot-free,
+    so a notebook's backend is left alone). Table 2 runs first, so the causal run Fig. 5 shares
+    with it is trained once. Returns (fig5, table2)."""
+    table2 = X.run_experiment("table2", profile, root=root, out=out, progress=progress, threads=threads)
+    fig5 = X.run_experiment("fig5", profile, root=root, out=out, progress=progress, threads=threads)
     return fig5, table2
+
+
+def beyond_training_summaries(folder: str, profile: str) -> Dict[str, Dict[str, Any]]:
+    """The summaries of the experiments beyond the paper found beside Fig. 5's and Table 2's in
+    ``folder``: ``{"depth": ..., "variants": ...}`` for those of ``profile`` that exist
+    (``sinklab experiment depth|variants --profile PROFILE`` writes them; either may be partial).
+
+    Raises:
+        ValueError: a file is there but is not such a summary (named)."""
+    found = {}
+    for name, key in (("depth", "depths"), ("variants", "variants")):
+        path = os.path.join(folder, f"{name}-{profile}.json")
+        if not os.path.isfile(path):
+            continue
+        with open(path, encoding="utf-8") as f:
+            try:
+                s = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}: not valid JSON ({e})") from None
+        if not isinstance(s, dict) or not s.get(key) or s.get("profile") != profile or "reading" not in s:
+            raise ValueError(f"{path}: not a {profile}-profile {name} summary of sinklab.train.{name} "
+                             f"(no {key!r} or reading, or another profile)")
+        found[name] = s
+    return found
 
 
 def quick_runs_dir(out: str) -> str:
@@ -129,7 +138,8 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
     * ``"cpu"`` / ``"miniature"`` / ``"full"``: that profile run or resumed with its runs and summaries in ``root``
       (where ``sinklab experiment --profile P`` puts them).
 
-    Returns ``{"profile", "source" ("ran" or "read"), "where", "note", "fig5", "table2", "seconds"}``."""
+    Returns ``{"profile", "source" ("ran" or "read"), "where", "summaries" (the summaries' folder),
+    "note", "fig5", "table2", "seconds"}``."""
     if choice not in TRAINING_PROFILES[1:] + ("auto",):
         raise ValueError(f"training profile {choice!r}: choose from auto, {', '.join(TRAINING_PROFILES[1:])}")
     t0 = time.perf_counter()
@@ -139,7 +149,8 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
             found = find_training_summaries(root, prof)
             if found is not None:
                 fig5, table2 = load_training_summaries(found, prof)
-                return {"profile": prof, "source": "read", "where": found, "fig5": fig5, "table2": table2,
+                return {"profile": prof, "source": "read", "where": found, "summaries": found, "fig5": fig5,
+                        "table2": table2,
                         "note": f"Read the {prof} profile's summaries from `{found}` (written by `sinklab experiment "
                                 f"fig5|table2 --profile {prof}`); nothing was trained for this report.",
                         "seconds": time.perf_counter() - t0}
@@ -159,8 +170,8 @@ def training_results(choice: str, root: str = DEFAULT_TRAINING_ROOT, out: str = 
         fig5, table2 = run_training_profile(choice, root, root, progress)
         note += (f"Ran the {choice} profile: runs (checkpoints and log.jsonl, resumable) in `{where}`, "
                  f"summaries `fig5-{choice}.json` and `table2-{choice}.json` in `{root}`.")
-    return {"profile": choice, "source": "ran", "where": where, "fig5": fig5, "table2": table2, "note": note,
-            "seconds": time.perf_counter() - t0}
+    return {"profile": choice, "source": "ran", "where": where, "summaries": out if choice == "quick" else root,
+            "fig5": fig5, "table2": table2, "note": note, "seconds": time.perf_counter() - t0}
 
 
 
@@ -228,6 +239,14 @@ def section_training(c: Context) -> Section:
             for k in keys:
                 verdicts[k] = {MINIATURE: S.not_testable(why, numbers={"criterion_gave": verdicts[k][MINIATURE].status})}
     reading = f"Fig. 5: {r5} Table 2: {r2}"
+    beyond = beyond_training_summaries(res["summaries"], prof_name)
+    for name, (what, draw) in BEYOND_TRAINING.items():
+        if name in beyond:
+            b = beyond[name]
+            body += (f"\n\n{what} (beyond the paper; `sinklab experiment {name} --profile {prof_name}`, "
+                     f"mean ± sd over seeds):\n\n{b['markdown']}\n")
+            reading += f" {what}: {b['reading']}"
+            figs.append(c.save(draw(b), f"{TRAINING_DIR}/{name}-{prof_name}.png"))
     if prof_name == "quick":
         reading += (" The quick profile is a smoke test of the whole pipeline, far too small to show the paper's "
                     "effects; `sinklab experiment fig5 --profile cpu` and `sinklab experiment table2 --profile cpu` "
@@ -238,7 +257,9 @@ def section_training(c: Context) -> Section:
         numbers={"profile": prof, "source": res["source"], "where": res["where"], "model_size": size,
                  "fig5": {k: v for k, v in fig5.items() if k not in ("figure", "profile")},
                  "table2": {k: v for k, v in table2.items() if k not in ("markdown", "profile")},
-                 "fig5_reading": n5, "table2_reading": n2, "table2_claims": {k: v.to_dict() for k, v in claims.items()},
+                 "fig5_reading": n5, "table2_reading": n2,
+                 "beyond": {k: {"verdict": b.get("verdict", b.get("verdicts")), "complete": b.get("complete"),
+                                "missing_runs": b.get("missing_runs")} for k, b in beyond.items()}, "table2_claims": {k: v.to_dict() for k, v in claims.items()},
                  "paper": {"params": PAPER_TRAIN_PARAMS, "fig5_tokens": PAPER_FIG5_TOKENS,
                            "table2_tokens": PAPER_TABLE2_TOKENS, "fig5_contexts": [128, 256, 512, 1024, 2048]}})
 
