@@ -193,6 +193,13 @@ class Model:
     def detokenize(self, ids: Iterable[int]) -> str:
         return self.tokenizer.decode([int(i) for i in np.asarray(ids).reshape(-1)])
 
+    def token_text(self, token_id: Optional[int]) -> Optional[str]:
+        """The text of one token (special tokens written out, ``"<bos>"``), for labels; None
+        when ``token_id`` is None or the model carries no tokenizer."""
+        if token_id is None or self.tokenizer is None:
+            return None
+        return self.tokenizer.decode([int(token_id)])
+
     # ------------------------------------------------------------------ forward
     def check_ids(self, ids: Any) -> np.ndarray:
         """``ids`` as a C-contiguous int64 array of shape (T,) or (B, T), or a ValueError/TypeError naming the problem."""

@@ -213,6 +213,31 @@ def test_figures(word_result):
         plt.close(fig)
 
 
+def test_figures_name_tokens_by_their_text(smollm2_gguf):
+    """A token perturbation's figure says which tokens changed by their text, and the ⟨bos⟩
+    panel names ⟨bos⟩ by its text (SmolLM2's is <|im_start|>), not by ids; a result saved
+    before the texts were recorded still draws, with ids."""
+    import matplotlib.pyplot as plt
+
+    from sinklab.viz import figures_mixing as fm
+
+    model = sl.load(str(smollm2_gguf), quiet=True)
+    text = "The greatest thing about this city is the food."
+    j = [model.detokenize([i]) for i in model.tokenize(text)].index(" greatest")
+    r = perturb(model, text, position=j, token=" best", progress=False)
+    fig = fm.perturbation_heatmaps(r)
+    title = fig._suptitle.get_text()
+    assert f"' greatest' at position {j} → ' best'" in title and "id" not in title
+    assert [a.get_title() for a in fig.axes[:2]] == ["with BOS ('<|im_start|>')", "without BOS"]
+    plt.close(fig)
+    old = {k: v for k, v in r.meta.items() if k not in ("bos_token", "token_text", "old_token_text")}
+    r.meta = old
+    fig = fm.perturbation_heatmaps(r)
+    assert f"→ id {r.meta['token']}" in fig._suptitle.get_text() and fig.axes[0].get_title().endswith(
+        f"(id {model.config.bos_token_id})")
+    plt.close(fig)
+
+
 def test_smollm2_paper_example_errors(smollm2_gguf):
     """The paper's 'greatest' -> 'best' is one token each in SmolLM2; a two-token replacement
     and a prompt beyond the 8192-token context are rejected before any forward pass."""

@@ -317,7 +317,7 @@ def collapse_vs_length(model: Any, text: Union[str, Sequence[int], np.ndarray],
         rdist[s][i] = _repr_from_resid(resid, n, relative=False)
         lnorm[s][i] = np.linalg.norm(np.asarray(resid[:, n - 1, :], dtype=np.float64), axis=-1)
     meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id,
-            "rank_positions": rank_positions, "n_text_tokens": int(len(ids)),
+            "bos_token": model.token_text(model.config.bos_token_id), "rank_positions": rank_positions, "n_text_tokens": int(len(ids)),
             "ids": ids[: int(Ts.max())].tolist()}
     return CollapseResult(lengths=Ts, settings=settings, rank=rank, repr_dist=rdist, last_norm=lnorm, meta=meta,
                           dev_frob=dev, last_two=last2)
@@ -597,7 +597,7 @@ def collapse_trend(model: Any, passages: Optional[Sequence[str]] = None,
             arr["rank"][s][u], arr["repr_dist"][s][u], arr["last_norm"][s][u] = r.rank[s], r.repr_dist[s], r.last_norm[s]
             arr["dev_frob"][s][u], arr["last_two"][s][u] = r.dev_frob[s], r.last_two[s]
     meta = {"model": getattr(model, "name", None), "bos_token_id": model.config.bos_token_id,
-            "rank_positions": rank_positions, "units": [span for _, span in units],
+            "bos_token": model.token_text(model.config.bos_token_id), "rank_positions": rank_positions, "units": [span for _, span in units],
             "separator": PASSAGE_SEPARATOR,
             "depth_layers": None if depth_layers is None else sorted(int(l) for l in set(depth_layers))}
     return CollapseTrend(lengths=np.asarray(Ts, np.int64), settings=settings, meta=meta, **arr)

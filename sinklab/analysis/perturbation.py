@@ -354,7 +354,8 @@ def perturb(model: Any, text: Union[str, Sequence[int], np.ndarray], old: Option
         raise ValueError("give old and new (a word replacement), or position and token")
 
     meta: Dict[str, Any] = {"model": getattr(model, "name", None), "source": getattr(model, "source", None),
-                            "bos_token_id": model.config.bos_token_id}
+                            "bos_token_id": model.config.bos_token_id,
+                            "bos_token": model.token_text(model.config.bos_token_id)}
     if word_mode:
         if not isinstance(text, str):
             raise ValueError("a word replacement needs the prompt as a string")
@@ -388,6 +389,7 @@ def perturb(model: Any, text: Union[str, Sequence[int], np.ndarray], old: Option
         ids_p = ids.copy()
         ids_p[j] = tok_id
         meta.update(mode="token", position=j, token=tok_id, old_token=int(ids[j]),
+                    token_text=model.token_text(tok_id), old_token_text=model.token_text(int(ids[j])),
                     text=text if isinstance(text, str) else None)
     changed = np.nonzero(ids != ids_p)[0].astype(np.int64)
     if changed.size == 0:
@@ -771,7 +773,8 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
     passage_idx: List[int] = []
     swaps: List[Dict[str, Any]] = []
     base_meta = {"model": getattr(model, "name", None), "source": getattr(model, "source", None),
-                 "bos_token_id": model.config.bos_token_id, "mode": "token", "T_text": int(T),
+                 "bos_token_id": model.config.bos_token_id, "bos_token": model.token_text(model.config.bos_token_id),
+                 "mode": "token", "T_text": int(T),
                  "settings": list(SETTINGS)}
     plan: List[Tuple[int, np.ndarray, List[int]]] = []      # (passage, text ids, swap positions)
     for i, text in enumerate(passages):                     # choose everything before running
@@ -808,7 +811,8 @@ def perturbation_study(model: Any, passages: Optional[Sequence[Union[str, Sequen
                 i, ids = part[k][0], part[k][1]
                 swaps.append({"passage": i, "position": j, "old_token": int(ids[j]), "new_token": int(ids_p[j]),
                               "old": model.detokenize([int(ids[j])]), "new": model.detokenize([int(ids_p[j])])})
-                meta = dict(base_meta, position=j, token=int(ids_p[j]), old_token=int(ids[j]), passage=i)
+                meta = dict(base_meta, position=j, token=int(ids_p[j]), old_token=int(ids[j]), passage=i,
+                            token_text=swaps[-1]["new"], old_token_text=swaps[-1]["old"])
                 results.append(_result(model, ids, ids_p, orig[k], ch, meta))
                 passage_idx.append(i)
     finally:

@@ -18,9 +18,19 @@ COLORS = {BOS: "#1f77b4", NOBOS: "#d62728"}
 
 
 def _bos_label(setting: str, meta: dict) -> str:
+    """The setting's label, with ⟨bos⟩'s text (its id only for results saved before the text was)."""
+    if setting == BOS and meta.get("bos_token") is not None:
+        return f"{LABELS[setting]} ({meta['bos_token']!r})"
     if setting == BOS and meta.get("bos_token_id") is not None:
         return f"{LABELS[setting]} (id {meta['bos_token_id']})"
     return LABELS[setting]
+
+
+def _swap_label(meta: dict) -> str:
+    """What a token perturbation changed: the tokens' texts (ids only for results saved before)."""
+    if meta.get("token_text") is not None and meta.get("old_token_text") is not None:
+        return f"{meta['old_token_text']!r} at position {meta.get('position')} → {meta['token_text']!r}"
+    return f"token at position {meta.get('position')} → id {meta.get('token')}"
 
 
 # ---------------------------------------------------------------------------------- perturbation
@@ -63,8 +73,7 @@ def perturbation_heatmaps(result: Any, relative: bool = True, max_tick_labels: i
     what = "relative change ‖v−ṽ‖/‖v‖" if relative else "change ‖v−ṽ‖"
     fig.colorbar(im, ax=axes[0].tolist(), label=what, shrink=0.9)
     m = result.meta
-    sub = f"{m.get('old')!r} → {m.get('new')!r}" if m.get("mode") == "word" else \
-        f"token at position {m.get('position')} → id {m.get('token')}"
+    sub = f"{m.get('old')!r} → {m.get('new')!r}" if m.get("mode") == "word" else _swap_label(m)
     fig.suptitle(title or f"{m.get('model') or ''}: perturbation {sub}", fontsize=11)
     return fig
 
