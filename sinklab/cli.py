@@ -132,7 +132,7 @@ def cmd_sinks(args) -> int:
           f"{', bidirectional encoder: a0 averages over all queries' if c.bidirectional else ''}"
           f"{'' if args.precision == 'fp32' else ', weight products in ' + args.precision})")
     print(f"prompts: {study.n_prompts} of {n_given}, each cut to exactly {T} tokens, "
-          f"BOS: {'id %d prepended (counted in the %d)' % (c.bos_token_id, T) if bos else 'none'}")
+          f"BOS: {'%r (id %d) prepended (counted in the %d)' % (model.token_text(c.bos_token_id), c.bos_token_id, T) if bos else 'none'}")
     if dropped:
         print(f"dropped {dropped} of {n_given} prompts shorter than {T} tokens "
               f"(lower --max-tokens to keep them)")
@@ -398,8 +398,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--example", action="store_true", help="print the default config and exit")
     _global_options(t, defaults=False)
     t.set_defaults(func=cmd_train)
-    x = sub.add_parser("experiment", help="the paper's pre-training experiments in miniature: fig5 (context "
-                                          "length) or table2 (packing and a fixed <bos>); resumable")
+    x = sub.add_parser("experiment", help="pre-training experiments in miniature: the paper's fig5 (context "
+                                          "length) and table2 (packing and a fixed <bos>), and beyond it depth "
+                                          "and attention variants; resumable")
     x.add_argument("name", choices=("fig5", "table2", "depth", "variants"),
                    help="fig5: sink formation against the training context; table2: causal or intra-document "
                         "packing, with or without a fixed <bos>; depth: 2-12 layers at matched block parameters "
@@ -424,7 +425,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs trained at a time, each in its own process with its share of --threads (on 2 cores, "
                         "--jobs 2 trains 1.6x the runs per hour of one 2-thread run; the numbers are the same; "
                         "default 1)")
-    x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by both experiments (default sinklab-experiments)")
+    x.add_argument("--root", default="sinklab-experiments", help="folder of the runs, shared by the experiments (default sinklab-experiments)")
     x.add_argument("--out", default=None, help="folder of the summary JSON, figure and table (default --root)")
     x.add_argument("--seeds", type=int, default=None,
                    help="training seeds per condition, 0..N-1 (default: the profile's, 3); seed 0's runs keep the "

@@ -140,6 +140,8 @@ def test_sinks_on_the_real_gguf(smollm2_gguf, tmp_path):
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     assert "sink rate (first token, eps=0.5)" in res.stdout and "dropped 1 of 2" in res.stdout
+    # the first line is the model's, and ⟨bos⟩ is named by its text (SmolLM2's is <|im_start|>, id 1)
+    assert res.stdout.startswith("model: ") and "BOS: '<|im_start|>' (id 1) prepended" in res.stdout
     result = json.loads((out / "sinks.json").read_text())
     assert result["sha256"] == sl.io.registry.MODELS["smollm2-135m-instruct"].sha256
     assert result["sha256_manifest"] == {smollm2_gguf.name: result["sha256"]}
