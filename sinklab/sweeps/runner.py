@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Mapping, Optional, Union
 from ..progress import progress_bar
 from ..runtime import __version__, get_num_threads, set_num_threads
 from ..system import write_atomic
-from ..train.corpus import prepare_corpus
+from ..train.corpus import corpus_for, corpus_key
 from . import analyses, cluster, store
 from .grid import AXES, Grid, SpecError, Task, address_all, read_spec
 from ..reprs import compact_repr
@@ -121,10 +121,10 @@ def _prepare_corpora(tasks: List[Task]) -> None:
         if t.analysis != "train":
             continue
         cfg = {**t.settings, **t.point["train"]}
-        k = (cfg.get("corpus_root"), int(cfg.get("vocab_size", 4096)))
+        k = corpus_key(cfg)
         if k not in seen:
             seen.add(k)
-            prepare_corpus(k[0], vocab_size=k[1])
+            corpus_for(cfg, quiet=False)
 
 
 def _run_serial(tasks: List[Task], out: str, threads: Optional[int], progress: bool,

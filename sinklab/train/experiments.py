@@ -43,7 +43,7 @@ from ..analysis.stats import over_seeds
 from ..runtime import get_num_threads
 from ..viz.reference import sink_T, uniform_first_importance
 from . import criteria, records
-from .corpus import prepare_corpus
+from .corpus import CORPUS_NAME, corpus_for, corpus_key
 from .criteria import PAPER_TABLE2
 from .run import TrainConfig, read_log, train
 
@@ -125,6 +125,8 @@ def run_config(profile_name: str, context: int, masking: str = "causal", fixed_b
         del key["precision"]
     if key.get("attention") == "softmax":  # so do softmax runs, from before the attention variants
         del key["attention"]
+    if key.get("corpus") == CORPUS_NAME:  # and runs on the default corpus, from before the extended one
+        del key["corpus"]
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:10]
     variant = f"-{attention}" if attention != "softmax" else ""
     if shape != p["model"]:
@@ -302,8 +304,8 @@ def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool) 
 
     from tqdm.auto import tqdm
 
-    for key in {(c.corpus_root, c.vocab_size) for c in todo}:  # prepared once, here, not raced by the workers
-        prepare_corpus(root=key[0], vocab_size=key[1], quiet=not progress)
+    for c in {corpus_key(c): c for c in todo}.values():  # each corpus prepared once, here, not raced by the workers
+        corpus_for(c, quiet=not progress)
     # a run's threads (or the default) are the budget of all: each worker gets its share
     todo = [dataclasses.replace(c, threads=max(1, (c.threads or get_num_threads()) // jobs)) for c in todo]
     with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as ex:

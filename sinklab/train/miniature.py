@@ -38,7 +38,7 @@ from ..analysis.stats import bootstrap, paired_difference
 from ..progress import progress_bar
 from ..viz.reference import uniform_first_importance
 from . import checkpoint as ckpt_io
-from .corpus import prepare_corpus
+from .corpus import corpus_for
 from .evaluate import SINK_TOKENS, eval_documents
 from .run import read_log
 
@@ -68,7 +68,7 @@ def bos_dependence(run_dir: str, corpus: Any = None, n_docs: Optional[int] = Non
     ck = ckpt_io.load_checkpoint(latest)
     cfg = ck.state.get("run_config", {})
     if corpus is None:
-        corpus = prepare_corpus(root=cfg.get("corpus_root"), vocab_size=int(cfg.get("vocab_size", 4096)))
+        corpus = corpus_for(cfg)
     model = ckpt_io.trainer_from_checkpoint(ck).model
     docs = eval_documents(corpus.heldout_documents(), int(n_docs or cfg.get("eval_docs", 64)))
     C = int(cfg.get("context", model.config.context_length))
@@ -138,7 +138,7 @@ def search_row(run_dir: str, corpus: Any = None, threads: Optional[int] = None) 
     if not log or log[-1]["step"] != steps:
         return None
     if corpus is None:
-        corpus = prepare_corpus(root=cfg.get("corpus_root"), vocab_size=int(cfg.get("vocab_size", 4096)))
+        corpus = corpus_for(cfg)
     dep = bos_dependence(run_dir, corpus)
     last = [x for x in log if x.get("val_loss_bos") is not None][-1]
     T = min(SINK_TOKENS, int(cfg["context"]))

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..analysis.quality import perplexity
 from ..runtime import cpu_name
 from . import checkpoint
-from .corpus import prepare_corpus
+from .corpus import corpus_for, corpus_key
 from .evaluate import eval_documents
 from .run import LOG_FILE, TrainConfig, read_log
 
@@ -85,9 +85,9 @@ def checkpoint_common_loss(cfg: TrainConfig, n_tokens: int, progress: bool = Fal
     folder = checkpoint.latest_checkpoint(cfg.out_dir)
     if folder is None:
         raise ValueError(f"{cfg.out_dir} has no checkpoint to evaluate")
-    key = (cfg.corpus_root, cfg.vocab_size)
+    key = corpus_key(cfg)
     if key not in _CORPORA:
-        _CORPORA[key] = prepare_corpus(root=cfg.corpus_root, vocab_size=cfg.vocab_size, quiet=not progress)
+        _CORPORA[key] = corpus_for(cfg, quiet=not progress)
     model = checkpoint.trainer_from_checkpoint(checkpoint.load_checkpoint(folder)).model
     docs = eval_documents(_CORPORA[key].heldout_documents(), cfg.eval_docs)
     return float(perplexity(model, list(docs), bos=False, max_tokens=int(n_tokens), progress=False).mean_nll)

@@ -31,7 +31,7 @@ from ..runtime import get_num_threads, set_num_threads
 from ..system import clean_stale, write_text_atomic
 from ..tokenizer import Tokenizer
 from . import checkpoint as ckpt_io
-from .corpus import prepare_corpus
+from .corpus import CORPORA, CORPUS_NAME, corpus_for
 from ..families.config import ATTN_VARIANTS
 from .engine import TRAIN_PRECISIONS, AdamW, Trainer, llama_config, lr_schedule
 from .evaluate import EPS, eval_documents, evaluate
@@ -76,6 +76,10 @@ class TrainConfig:
 
     Data:
         corpus_root: folder of the prepared corpus (None: the corpus module's default cache).
+        corpus: which corpus (:data:`sinklab.train.corpus.CORPORA`): ``"pd-english"`` (23.9 MB
+            of public-domain English: Austen, the KJV, two Bible commentaries) or
+            ``"pd-english-xl"`` (those, then Scofield's notes, Shakespeare, The Devil's
+            Dictionary and the GCIDE dictionary: 59.8 MB).
         vocab_size: BPE vocabulary size the corpus tokenizer is trained with (tokens); the
             model's vocabulary is the tokenizer's.
 
@@ -125,6 +129,7 @@ class TrainConfig:
     """
 
     corpus_root: Optional[str] = None
+    corpus: str = CORPUS_NAME
     vocab_size: int = 4096
     d_model: int = 256
     n_layers: int = 4
@@ -232,6 +237,7 @@ class TrainConfig:
              f"keep_steps must be a list of step numbers, got {self.keep_steps!r}")
         need(isinstance(self.out_dir, str) and self.out_dir != "", "out_dir must be a folder name")
         need(self.corpus_root is None or isinstance(self.corpus_root, str), "corpus_root must be null or a folder")
+        need(self.corpus in CORPORA, f"corpus must be one of {', '.join(CORPORA)}, got {self.corpus!r}")
         return self
 
     def is_report_step(self, step: int) -> bool:
@@ -359,8 +365,8 @@ def _start_over(out_dir: str) -> None:
 
 def _check_same_run(config: TrainConfig, saved: Dict[str, Any], where: str) -> None:
     now = config.to_dict()
-    # runs saved before these fields existed trained in fp32, with softmax attention
-    saved = {"precision": "fp32", "attention": "softmax", **saved}
+    # runs saved before these fields existed trained in fp32, with softmax attention, on the default corpus
+    saved = {"precision": "fp32", "attention": "softmax", "corpus": CORPUS_NAME, **saved}
     diff = [k for k in now if k not in TrainConfig.FREE_ON_RESUME and saved.get(k) != now[k]]
     if diff:
         shown = ", ".join(f"{k}: {saved.get(k)!r} -> {now[k]!r}" for k in diff[:4])
@@ -455,7 +461,7 @@ def _train(config: TrainConfig, resume: bool, progress: bool, corpus: Any,
     if latest is not None:  # before the corpus, which may take minutes to prepare
         _check_same_run(config, ckpt_io.read_state(latest).get("run_config", {}), latest)
     if corpus is None:
-        corpus = prepare_corpus(root=config.corpus_root, vocab_size=config.vocab_size)
+        corpus = corpus_for(config, quiet=not progress)
     if packer_cls is None:
         packer_cls = Packer
     tok = _tokenizer(corpus)
