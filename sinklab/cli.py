@@ -406,10 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "packing, with or without a fixed <bos>; depth: 2-12 layers at matched block parameters "
                         "(profiles quick and miniature); variants: sink-logit, softmax-plus-one and gated attention "
                         "beside softmax, Table 2's fixed-<bos> causal recipe")
-    x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "full"),
+    x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "miniature-xl", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
                         "cpu2x (cpu, twice the tokens), miniature (the miniature search's setting: 8 heads, weight "
-                        "decay 2, 14.3M tokens, ~35 min a run at 1 thread), full (a larger model, 5x the tokens: "
+                        "decay 2, 14.3M tokens, ~35 min a run at 1 thread), miniature-xl (the same on the extended "
+                        "corpus pd-english-xl: 0.77 epochs instead of 2.3), full (a larger model, 5x the tokens: "
                         "overnight)")
     x.add_argument("--adopt", action="append", default=[], metavar="DIR",
                    help="copy in finished runs with the same settings from DIR (a sweep's runs/ folder or another "

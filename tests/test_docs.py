@@ -585,7 +585,7 @@ def test_checkers_fail_on_bogus_names(readme):
     # a flag of another subcommand is not accepted: --families belongs to reproduce, not sinks
     assert any("--families" in b for b in unknown_cli_flags("`sinklab sinks MODEL --families`"))
     assert unknown_cli_flags("`sinklab experiment fig5 [--profile quick|huge]`") == [
-        "sinklab experiment --profile huge: not one of ['cpu', 'cpu2x', 'full', 'miniature', 'quick']"]
+        "sinklab experiment --profile huge: not one of ['cpu', 'cpu2x', 'full', 'miniature', 'miniature-xl', 'quick']"]
     assert unknown_flags_anywhere(readme + "\n`--no-such-option` overrides this\n") == [
         "--no-such-option: no sinklab parser has it"]
 

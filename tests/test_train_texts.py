@@ -108,8 +108,12 @@ def test_the_corpus_is_a_setting_that_keeps_the_default_runs_names():
     # committed records were written before the field existed)
     recorded = {p.name for p in (Path(__file__).parent.parent / "notebooks/results/training/records").iterdir()}
     assert Path(base.out_dir).name in recorded
-    xl = TrainConfig.from_dict({**base.to_dict(), "corpus": "pd-english-xl"})
-    assert xl.corpus == "pd-english-xl" and X._settings(xl.to_dict()) != X._settings(base.to_dict())
+    xl = X.run_config("miniature-xl", 256, "causal", True, root="r")
+    assert xl.corpus == "pd-english-xl" and Path(xl.out_dir).name.startswith("miniature-xl-C256-causal-bos-")
+    # the profiles differ in the corpus alone
+    assert {k for k, v in xl.to_dict().items() if base.to_dict()[k] != v} == {"corpus", "out_dir"}
+    same = TrainConfig.from_dict({**base.to_dict(), "corpus": "pd-english-xl", "out_dir": xl.out_dir})
+    assert same == xl
 
 
 @pytest.fixture(scope="module")
