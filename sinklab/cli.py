@@ -265,10 +265,21 @@ def cmd_experiment(args) -> int:
     """Runs (or resumes) the Fig. 5 or Table 2 miniature (sinklab.train.experiments), the depth
     sweep at matched parameters (sinklab.train.depth) or the attention variants with seeds
     (sinklab.train.variants)."""
+    from sinklab.train.campaign import run_campaign
     from sinklab.train.depth import run_depth
     from sinklab.train.experiments import run_experiment
     from sinklab.train.variants import run_variants
 
+    if args.name == "all":
+        res = run_campaign(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
+                           seeds=args.seeds, adopt=args.adopt, records_dir=args.records, jobs=args.jobs,
+                           train_missing=not args.no_train)
+        print(f"{res['finished']} of {res['runs']} distinct runs have finished")
+        for name, summary in res["summaries"].items():
+            print(f"\n## {name} ({summary['figure']})\n\n{summary['reading']}")
+        for name in res["not_started"]:
+            print(f"\n## {name}: none of its runs has finished")
+        return 0
     if args.name in ("depth", "variants"):
         run = run_depth if args.name == "depth" else run_variants
         res = run(args.profile, root=args.root, out=args.out, progress=not args.quiet, threads=args.threads,
@@ -401,11 +412,12 @@ def build_parser() -> argparse.ArgumentParser:
     x = sub.add_parser("experiment", help="pre-training experiments in miniature: the paper's fig5 (context "
                                           "length) and table2 (packing and a fixed <bos>), and beyond it depth "
                                           "and attention variants; resumable")
-    x.add_argument("name", choices=("fig5", "table2", "depth", "variants"),
+    x.add_argument("name", choices=("fig5", "table2", "depth", "variants", "all"),
                    help="fig5: sink formation against the training context; table2: causal or intra-document "
                         "packing, with or without a fixed <bos>; depth: 2-12 layers at matched block parameters "
                         "(profiles quick and miniature); variants: sink-logit, softmax-plus-one and gated attention "
-                        "beside softmax, Table 2's fixed-<bos> causal recipe")
+                        "beside softmax, Table 2's fixed-<bos> causal recipe; all: every run of the four as one "
+                        "queue (shared runs once, Table 2 first), then each summary")
     x.add_argument("--profile", default="cpu", choices=("quick", "cpu", "cpu2x", "miniature", "miniature-xl", "full"),
                    help="run sizes: quick (seconds, a smoke test), cpu (under an hour on 2 cores, the default), "
                         "cpu2x (cpu, twice the tokens), miniature (the miniature search's setting: 8 heads, weight "
