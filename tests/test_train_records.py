@@ -11,6 +11,7 @@ that are corrupted are not adopted.
 """
 import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -69,6 +70,23 @@ def test_records_alone_give_the_same_summary_without_training(recorded, monkeypa
     # the folders filled from records hold no checkpoint, only the log and the record
     for c in X.fig5_configs("quick", root=str(d / "b"), seeds=1):
         assert sorted(p.name for p in Path(c.out_dir).iterdir()) == ["log.jsonl", "record.json"]
+
+
+def test_a_partial_fig5_from_records_compares_on_the_whole_experiments_targets(recorded, tmp_path, monkeypatch):
+    """Fig. 5 with its shortest context not yet run: its summary still scores every context on the
+    shortest context's targets (C_min - 1 tokens, which every record keeps), not on the shortest
+    finished context's (which no record holds)."""
+    _no_training(monkeypatch)
+    recs = tmp_path / "records"
+    shortest = min(recorded["configs"], key=lambda c: c.context)
+    shutil.copytree(recorded["records"], recs, ignore=lambda d, names: [n for n in names
+                                                                     if n == Path(shortest.out_dir).name])
+    part = X.run_experiment("fig5", "quick", root=str(tmp_path / "r"), out=str(tmp_path / "r"), progress=False,
+                            seeds=1, records_dir=str(recs), train_missing=False)
+    assert part["complete"] is False and part["common_target_tokens"] == shortest.context - 1
+    full = {r["context"]: r for r in recorded["first"]["runs"]}
+    for r in part["runs"]:
+        assert r["final_per_seed"]["val_loss_common"] == full[r["context"]]["final_per_seed"]["val_loss_common"]
 
 
 def test_only_matching_complete_records_are_adopted(recorded, tmp_path):

@@ -632,7 +632,7 @@ def run_experiment(name: str, profile_name: str = "cpu", root: str = "sinklab-ex
     out = out or root
     os.makedirs(out, exist_ok=True)
     if name == "fig5":  # losses compared on the targets every context shares: the shortest's
-        n_common = min(c.context for c in configs) - 1
+        n_common = min(c.context for c in wanted) - 1   # the whole experiment's, also when partial
         summary = fig5_summary(configs, logs, common=common_target_losses(configs, n_common))
         summary["common_target_tokens"] = n_common
     else:
