@@ -51,6 +51,8 @@ def run_campaign(profile_name: str = "miniature", root: str = "sinklab-experimen
         done, _ = X.run_with_records(queue, root, adopt, records_dir, X.common_tokens(profile_name), progress, jobs,
                                      train_missing)
     except ValueError:                      # nothing finished yet, and nothing to train
+        if train_missing:                   # any other ValueError is the caller's to see
+            raise
         done = []
     kw: Dict[str, Any] = dict(root=root, out=out, progress=progress, threads=threads, seeds=seeds, train_missing=False)
     summaries: Dict[str, Any] = {}

@@ -1008,9 +1008,8 @@ def corpus_for(settings: Any, quiet: bool = True) -> "Corpus":
     """The prepared corpus a training run's settings name (``corpus_root``, ``vocab_size``,
     ``corpus``; a :class:`~sinklab.train.run.TrainConfig` or its dict, as a checkpoint's
     ``run_config`` holds it: missing keys take the defaults), prepared on first use."""
-    get = settings.get if isinstance(settings, dict) else lambda k, d=None: getattr(settings, k, d)
-    return prepare_corpus(root=get("corpus_root"), vocab_size=int(get("vocab_size", DEFAULT_VOCAB_SIZE)),
-                          quiet=quiet, corpus=get("corpus", CORPUS_NAME) or CORPUS_NAME)
+    root, vocab_size, corpus = corpus_key(settings)
+    return prepare_corpus(root=root, vocab_size=vocab_size, quiet=quiet, corpus=corpus)
 
 
 def corpus_key(settings: Any) -> Tuple[Optional[str], int, str]:
