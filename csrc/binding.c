@@ -732,8 +732,8 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     static char *kwlist[] = {"handle", "ids", "attn", "resid", "logits", "logits_from", "importance",
                              "to_first", "entropy", "mask_first", "zero_first_value", "head_scale",
                              "q", "k", "v", "z", "head_out", "attn_out", "mlp_out", "lengths", "layers", "key_start",
-                             "keep_first", "precision", "window", "patch", NULL};
-    PyObject *patch_o = Py_None;
+                             "keep_first", "precision", "window", "patch", "logits_at", NULL};
+    PyObject *patch_o = Py_None, *at_o = Py_None;
     PyObject *capsule, *ids_o, *attn_o = Py_None, *resid_o = Py_None, *logits_o = Py_None;
     PyObject *imp_o = Py_None, *first_o = Py_None, *ent_o = Py_None;
     PyObject *mask_o = Py_None, *zero_o = Py_None, *scale_o = Py_None;
@@ -742,10 +742,10 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     long long logits_from = 0;
     int keep_first = 0, precision = SL_PREC_FP32;
     long long window = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOiiLO", kwlist, &capsule, &ids_o, &attn_o,
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO|OOOLOOOOOOOOOOOOOOOOiiLOO", kwlist, &capsule, &ids_o, &attn_o,
                                      &resid_o, &logits_o, &logits_from, &imp_o, &first_o, &ent_o, &mask_o,
                                      &zero_o, &scale_o, &q_o, &k_o, &v_o, &z_o, &head_o, &aout_o, &mout_o,
-                                     &len_o, &layers_o, &ks_o, &keep_first, &precision, &window, &patch_o))
+                                     &len_o, &layers_o, &ks_o, &keep_first, &precision, &window, &patch_o, &at_o))
         return NULL;
     if (keep_first < 0 || window < 0)
         return PyErr_Format(PyExc_ValueError, "keep_first=%d and window=%lld must be >= 0", keep_first, window);
@@ -767,6 +767,16 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     if (T == 0 || B == 0) return PyErr_Format(PyExc_ValueError, "ids is empty: need at least one token");
     if (logits_from < 0 || logits_from >= T)
         return PyErr_Format(PyExc_ValueError, "logits_from=%lld outside [0, %zd)", logits_from, (Py_ssize_t)T);
+    /* logits_at: (R,) or (B, R) positions; the core checks each against its sequence's length */
+    const int64_t *logits_at = NULL;
+    npy_intp logit_rows = T - logits_from;
+    if (at_o != Py_None) {
+        npy_intp adims[2] = {B, -1};
+        PyArrayObject *aa = sl_py_check_array(at_o, "logits_at", NPY_INT64, batched ? 2 : 1, batched ? adims : adims + 1, 0);
+        if (!aa) return NULL;
+        logit_rows = PyArray_DIM(aa, batched ? 1 : 0);
+        logits_at = PyArray_DATA(aa);
+    }
     const int64_t *lengths = NULL;
     if (len_o != Py_None) {
         npy_intp ldims[1] = {B};
@@ -786,14 +796,15 @@ static PyObject *py_model_forward(PyObject *self, PyObject *args, PyObject *kw) 
     }
     float **next = ptrs + B * (2 * L + 1); /* after attn (B*L) and resid (B*(L + 1)) */
 #define TAKE() (next += B * L, next - B * L)
-    sl_capture cap = {.attn = ptrs, .resid = ptrs + B * L, .logits = NULL, .logits_from = logits_from};
+    sl_capture cap = {.attn = ptrs, .resid = ptrs + B * L, .logits = NULL, .logits_from = logits_from,
+                      .logits_at = logits_at, .logits_rows = logit_rows};
     cap.importance = TAKE(), cap.to_first = TAKE(), cap.entropy = TAKE();
     cap.q = TAKE(), cap.k = TAKE(), cap.v = TAKE(), cap.z = TAKE(), cap.head_out = TAKE();
     cap.attn_out = TAKE(), cap.mlp_out = TAKE();
 #undef TAKE
     sl_intervention iv = {0};
     const npy_intp H = m->n_heads, G = m->n_kv_heads, hd = m->head_dim, d = m->d_model;
-    npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[3] = {B, T - logits_from, m->vocab_size},
+    npy_intp attn_dims[3] = {H, T, T}, resid_dims[2] = {T, d}, logit_dims[3] = {B, logit_rows, m->vocab_size},
              stat_dims[2] = {H, T}, q_dims[3] = {H, T, hd}, kv_dims[3] = {G, T, hd},
              head_dims[3] = {H, T, d};
 #define CAPTURE(o, name, field, nd, dims) capture_arg(o, name, B, batched, L, sel, n_sel, nd, dims, cap.field)
@@ -1255,12 +1266,14 @@ static PyMethodDef methods[] = {
      "model_forward(handle, ids int64 (T,) or (B, T), attn=None, resid=None, logits=None, logits_from=0,\n"
      "importance=None, to_first=None, entropy=None, mask_first=None, zero_first_value=None,\n"
      "head_scale=None, q=None, k=None, v=None, z=None, head_out=None, attn_out=None, mlp_out=None,\n"
-     "lengths=None, layers=None, key_start=None, keep_first=0, precision=0, window=0, patch=None):\n"
+     "lengths=None, layers=None, key_start=None, keep_first=0, precision=0, window=0, patch=None,\n"
+     "logits_at=None):\n"
      "runs all B sequences in one call (their tokens packed through every weight product).\n"
      "Each per-layer capture is None or one float32 array (B, L', ...) (no B axis for (T,) ids)\n"
      "whose slot s is layer layers[s] (layers: increasing indices, default all): attn (H, T, T);\n"
      "importance, to_first, entropy (H, T); q, z (H, T, hd); k, v (G, T, hd); head_out (H, T, d);\n"
-     "attn_out, mlp_out (T, d); resid is (B, L+1, T, d) and logits (B, T-logits_from, V). With (T,)\n"
+     "attn_out, mlp_out (T, d); resid is (B, L+1, T, d) and logits (B, T-logits_from, V), or\n"
+     "(B, R, V) with logits_at int64 (B, R): the rows at those positions only (logits_from 0). With (T,)\n"
      "ids a capture may also be a list of L per-layer arrays or None. lengths: None or int64 (B,)\n"
      "in [1, T], sequence b being its first lengths[b] ids (the rest padding, still valid ids);\n"
      "captures are zero at positions >= lengths[b]. Interventions are (L, H): mask_first uint8\n"

@@ -1181,7 +1181,50 @@ static int run_layers(const sl_model *m, const int64_t *ids, int64_t n_run, acts
 /* The final norm and the output head on positions logits_from.. of each sequence, packed into
  * xb; one product when no sequence is shorter than T, else one per sequence (each writes its own
  * block of the (B, T - logits_from, V) output, the rest of which is zeroed). */
+/* The final norm and the output head on the positions cap->logits_at, gathered into xb a chunk of
+ * rows at a time (xb holds one row per token of the batch, so any number of chosen rows fits):
+ * row b*R + r of the (B, R, V) output is position logits_at[b*R + r] of sequence b. Rows are
+ * independent, so each is bitwise the row logits_from would give. */
+static int logits_at_rows(const sl_model *m, acts *w, const sl_capture *cap) {
+    const int64_t d = m->d_model, V = m->vocab_size, R = cap->logits_rows, n = w->ab.B * R;
+    const int64_t tokens = w->ab.off[w->ab.B], chunk = tokens < SL_HEAD_ROWS ? tokens : SL_HEAD_ROWS;
+    for (int64_t r0 = 0; r0 < n; r0 += chunk) {
+        const int64_t k = n - r0 < chunk ? n - r0 : chunk;
+        float *out = cap->logits + r0 * V;
+        SL_TRY(sl_check_interrupt());
+        for (int64_t i = 0; i < k; i++) {
+            const int64_t b = (r0 + i) / R;
+            memcpy(w->xb + i * d, w->x + (w->ab.off[b] + cap->logits_at[r0 + i]) * d, (size_t)d * sizeof(float));
+        }
+        if (m->out_norm.w) norm_rows(m, &m->out_norm, w->xb, NULL, NULL, w->xb, k, d);
+        SL_TRY(weight_product(m, head_slot(m), k, w->xb, d, &m->lm_head, out, V));
+        if (m->final_softcap > 0.0f) sl_softcap(out, k * V, m->final_softcap);
+    }
+    return SL_OK;
+}
+
+/* cap->logits_at's positions each inside its sequence (lengths NULL: all T long). */
+static int check_logits_at(const sl_capture *cap, int64_t B, int64_t T, const int64_t *lengths) {
+    if (cap->logits_rows < 1)
+        return sl_fail(SL_ERR_VALUE, "forward: logits_at has %lld rows per sequence, need >= 1",
+                       (long long)cap->logits_rows);
+    if (cap->logits_from != 0)
+        return sl_fail(SL_ERR_VALUE, "forward: logits_at and logits_from=%lld are exclusive",
+                       (long long)cap->logits_from);
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t len = lengths ? lengths[b] : T;
+        for (int64_t r = 0; r < cap->logits_rows; r++) {
+            const int64_t p = cap->logits_at[b * cap->logits_rows + r];
+            if (p < 0 || p >= len)
+                return sl_fail(SL_ERR_VALUE, "forward: logits_at[%lld, %lld]=%lld outside sequence %lld's [0, %lld)",
+                               (long long)b, (long long)r, (long long)p, (long long)b, (long long)len);
+        }
+    }
+    return SL_OK;
+}
+
 static int logits_head(const sl_model *m, acts *w, const sl_capture *cap) {
+    if (cap->logits_at) return logits_at_rows(m, w, cap);
     const int64_t d = m->d_model, V = m->vocab_size, from = cap->logits_from, T = w->ab.T_pad, nl = T - from;
     int64_t r = 0;
     int ragged = 0;
@@ -1225,6 +1268,7 @@ int sl_model_forward_batch(const sl_model *m, const int64_t *ids, int64_t B, int
                        (long long)cap->logits_from, (long long)T);
     if (cap && cap->logits && !m->lm_head.data)
         return sl_fail(SL_ERR_VALUE, "forward: the model has no LM head, so no logits");
+    if (cap && cap->logits && cap->logits_at) SL_TRY(check_logits_at(cap, B, T, lengths));
     sl_workspace *ws = ws_take(cache);
     if (!ws) return sl_fail(SL_ERR_MEMORY, "forward: cannot allocate the workspace");
     acts w;

@@ -198,6 +198,12 @@ typedef struct {
                        entry n_layers is the last layer's output before the final norm */
     float *logits;  /* NULL or (T - logits_from, V): logits of positions logits_from..T-1 */
     int64_t logits_from;
+    /* NULL, or (B, logits_rows) positions, each in [0, that sequence's length), any order and
+     * repeats allowed: logits is then (B, logits_rows, V), row (b, r) the logits of position
+     * logits_at[b * logits_rows + r] of sequence b (logits_from must be 0). Only these rows go
+     * through the output head, which costs V * d per row (for a 262k vocabulary more than a layer). */
+    const int64_t *logits_at;
+    int64_t logits_rows;
     /* n_layers entries each, NULL or (H, T): see sl_attn_stats */
     float **importance, **to_first, **entropy;
     /* Activations inside layer l, n_layers entries each, NULL or head-major buffers:

@@ -40,7 +40,8 @@ def model_forward(handle: Handle, ids: NDArray[np.int64], attn: Any = ..., resid
                   mask_first: Any = ..., zero_first_value: Any = ..., head_scale: Any = ..., q: Any = ...,
                   k: Any = ..., v: Any = ..., z: Any = ..., head_out: Any = ..., attn_out: Any = ...,
                   mlp_out: Any = ..., lengths: Any = ..., layers: Any = ..., key_start: Any = ...,
-                  keep_first: int = ..., precision: int = ..., window: int = ..., patch: Any = ...) -> None: ...
+                  keep_first: int = ..., precision: int = ..., window: int = ..., patch: Any = ...,
+                  logits_at: Any = ...) -> None: ...
 def model_vjp(handle: Handle, ids: NDArray[np.int64], cotangent: F32, at: int, dresid: Any = ...,
               sqnorm: Any = ..., spectral: Any = ...,
               spectral_rtol: float = ..., spectral_max_iter: int = ..., mask_first: Any = ...,

@@ -44,13 +44,13 @@ def _cap(batch_bytes: Optional[int]) -> int:
 
 
 def max_batch(model: Any, T: int, capture: Union[str, Iterable[str]], layers: Optional[Sequence[int]] = None,
-              logits_from: int = 0, batch_bytes: Optional[int] = None) -> int:
+              logits_from: int = 0, batch_bytes: Optional[int] = None, logit_rows: Optional[int] = None) -> int:
     """The most sequences of ``T`` tokens whose capture buffers fit in ``batch_bytes`` (>= 1).
 
     Bytes per sequence are ``sum(model.capture_bytes(T, capture, layers, logits_from, B=1))``;
     ``batch_bytes`` defaults to :data:`BATCH_BYTES`.
     """
-    per = sum(model.capture_bytes(T, capture, layers, logits_from, B=1).values())
+    per = sum(model.capture_bytes(T, capture, layers, logits_from, B=1, logit_rows=logit_rows).values())
     return max(1, _cap(batch_bytes) // max(per, 1))
 
 
@@ -84,23 +84,53 @@ def _ragged_plan(lengths: Sequence[int], per_seq: Any, cap: int) -> List[List[in
     return out
 
 
-def _cut(a: np.ndarray, buffer: str, n: int, logits_from: int) -> np.ndarray:
+def _cut(a: np.ndarray, buffer: str, n: int, n_logits: int) -> np.ndarray:
     """A contiguous copy of one row's ``buffer`` cut to ``n`` tokens along its token axes
-    (:data:`sinklab.trace.BUFFERS`; the logits axis to ``n - logits_from`` rows)."""
-    idx = tuple(slice(0, n - logits_from) if ax == "logit_pos" else slice(0, n) if ax in TOKEN_AXES
+    (:data:`sinklab.trace.BUFFERS`; the logits axis to ``n_logits`` rows)."""
+    idx = tuple(slice(0, n_logits) if ax == "logit_pos" else slice(0, n) if ax in TOKEN_AXES
                 else slice(None) for ax in buffer_axes(buffer))
     return np.ascontiguousarray(a[idx])
 
 
-def _cut_row(tr: Trace, n: int, logits_from: int) -> Trace:
-    """A (T_max,)-padded row trace cut to its real length ``n`` (contiguous copies)."""
+def _cut_row(tr: Trace, n: int, n_logits: int) -> Trace:
+    """A (T_max,)-padded row trace cut to its real length ``n`` and ``n_logits`` logits rows
+    (contiguous copies)."""
     for name in ("ids",) + tuple(c for c in CAPTURES if c != "stats"):
         v = getattr(tr, name)
         if v is not None:
-            setattr(tr, name, _cut(v, name, n, logits_from))
+            setattr(tr, name, _cut(v, name, n, n_logits))
     if tr.stats is not None:
-        tr.stats = AttentionStats(*(_cut(getattr(tr.stats, k), k, n, logits_from) for k in STATS))
+        tr.stats = AttentionStats(*(_cut(getattr(tr.stats, k), k, n, n_logits) for k in STATS))
     return tr
+
+
+def _positions(arrs: List[np.ndarray], logits_at: Any, logits_from: Any) -> Optional[List[np.ndarray]]:
+    """``logits_at`` per sequence as (R_i,) int64 positions in [0, len_i), or None when absent;
+    ValueError naming the sequence and position otherwise."""
+    if logits_at is None:
+        return None
+    if np.ndim(logits_from) != 0 or int(logits_from) != 0:
+        raise ValueError("logits_at and logits_from are exclusive: give one")
+    if len(logits_at) != len(arrs):
+        raise ValueError(f"logits_at has {len(logits_at)} entries for {len(arrs)} sequences")
+    out = []
+    for i, (a, p) in enumerate(zip(arrs, logits_at)):
+        p = np.asarray(p)
+        if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+            raise ValueError(f"logits_at[{i}] must be a non-empty 1-D array of integer positions, got {p.dtype} {p.shape}")
+        bad = np.flatnonzero((p < -len(a)) | (p >= len(a)))
+        if bad.size:
+            raise ValueError(f"logits_at[{i}] has position {int(p[bad[0]])} outside [-{len(a)}, {len(a)}) "
+                             f"for sequence {i} of {len(a)} tokens")
+        out.append(p.astype(np.int64) % len(a))
+    return out
+
+
+def _rows_at(at: List[np.ndarray], idx: List[int]) -> np.ndarray:
+    """(len(idx), R_max) positions of a batch: each sequence's own, padded by repeating its last
+    (the padded rows are computed and cut off)."""
+    R = max(len(at[i]) for i in idx)
+    return np.stack([np.concatenate([at[i], np.full(R - len(at[i]), at[i][-1], np.int64)]) for i in idx])
 
 
 def _takes_lengths(model: Any) -> bool:
@@ -133,7 +163,8 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
              layers: Optional[Sequence[int]] = None,
              logits_from: Union[int, Sequence[int]] = 0, intervene: Any = None,
              batch_bytes: Optional[int] = None, progress: bool = True, desc: str = "forward",
-             unit: str = "prompt", ragged: bool = False) -> Iterator[Tuple[int, Trace]]:
+             unit: str = "prompt", ragged: bool = False,
+             logits_at: Optional[Sequence[Any]] = None) -> Iterator[Tuple[int, Trace]]:
     """Yields ``(i, trace_i)`` for every sequence ``seqs[i]``, running equal-length sequences
     together as (B, T) batches under the memory cap.
 
@@ -151,6 +182,10 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
         ragged: let sequences of different lengths share a call, zero-padded with explicit
             ``lengths=`` (see the module docstring); needs one ``logits_from`` >= 0 for all
             and a ``Model.run`` that takes ``lengths=`` (else equal lengths only, as without).
+        logits_at: None, or one (R_i,) array of positions per sequence (negative counts from
+            its end), as ``Model.run``'s ``logits_at``: the trace's logits are (R_i, V), only
+            those rows computed; sequences with different R_i still share a call. Exclusive
+            with ``logits_from``.
 
     Yields:
         ``(i, trace)`` in batch order (not necessarily increasing ``i``): ``trace`` is what
@@ -169,16 +204,18 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
         if not -len(a) <= x < len(a):
             raise ValueError(f"logits_from={x} outside [-{len(a)}, {len(a)}) for sequence {i} of {len(a)} tokens")
     lf = [x % len(a) for a, x in zip(arrs, lf)]
+    at = _positions(arrs, logits_at, logits_from)
+    rows = None if at is None else max(len(p) for p in at)     # the memory plan's (most) logits rows
     cap = _cap(batch_bytes)
     # padding needs every row's logits to start at the same position, counted from the start
     pad = ragged and np.ndim(logits_from) == 0 and int(logits_from) >= 0 and _takes_lengths(model)
     if pad:
         lf0 = int(logits_from)
         batches = _ragged_plan([len(a) for a in arrs], lambda T: sum(
-            model.capture_bytes(T, capture, layers, lf0, B=1).values()), cap)
+            model.capture_bytes(T, capture, layers, lf0, B=1, logit_rows=rows).values()), cap)
     else:
         batches = plan([len(a) for a in arrs],
-                       lambda T, key: max_batch(model, T, capture, layers, key, cap), keys=lf)
+                       lambda T, key: max_batch(model, T, capture, layers, key, cap, rows), keys=lf)
     bar = progress_bar(None, progress and n > 0, desc=desc, total=n, unit=unit)
     try:
         for idx in batches:
@@ -191,11 +228,18 @@ def run_each(model: Any, seqs: Sequence[Any], capture: Union[str, Iterable[str]]
                 kw["lengths"] = np.asarray(lens, np.int64)
             else:
                 ids = np.stack([arrs[i] for i in idx])
+            if at is not None:
+                kw["logits_at"] = _rows_at(at, idx)
             tr = model.run(ids, capture=capture, layers=layers, intervene=intervene,
                            logits_from=lf[idx[0]], progress=False, **kw)
             for b, i in enumerate(idx):
                 row = _row(tr, b)
-                yield i, (_cut_row(row, lens[b], lf[i]) if kw else row)
+                n_logits = lens[b] - lf[i] if at is None else len(at[i])
+                if "lengths" in kw or (at is not None and n_logits < kw["logits_at"].shape[1]):
+                    row = _cut_row(row, lens[b], n_logits)
+                if at is not None:
+                    row.meta["logits_at"] = at[i].tolist()
+                yield i, row
             bar.update(len(idx))
     finally:
         bar.close()

@@ -252,18 +252,19 @@ class Model:
 
     def capture_bytes(self, T: int, capture: Union[str, Iterable[str]] = DEFAULT_CAPTURE,
                       layers: Optional[Sequence[int]] = None, logits_from: int = 0,
-                      B: int = 1) -> Dict[str, int]:
+                      B: int = 1, logit_rows: Optional[int] = None) -> Dict[str, int]:
         """Bytes of the float32 buffers :meth:`run` allocates for ``B`` sequences of ``T`` tokens.
 
         One entry per requested capture, 4 bytes times B times the shape in the table of
         :meth:`run` (L' = number of captured layers): e.g. ``"attn"`` B*L'*H*T*T*4,
-        ``"head_out"`` B*L'*H*T*d*4, ``"stats"`` 3*B*L'*H*T*4.
+        ``"head_out"`` B*L'*H*T*d*4, ``"stats"`` 3*B*L'*H*T*4. ``logit_rows``: the number of
+        ``logits_at`` positions per sequence, when the logits are taken only there.
         """
         if capture is DEFAULT_CAPTURE and not self.config.has_lm_head:
             capture = ("attn", "resid")
         names = normalize_capture(capture)
         self._check_head(names)
-        shapes = buffer_shapes(self.config, T, len(self.check_layers(layers)), logits_from % max(T, 1))
+        shapes = buffer_shapes(self.config, T, len(self.check_layers(layers)), logits_from % max(T, 1), logit_rows)
         per = {capture_of(k): 0 for k in shapes}
         for k, shape in shapes.items():
             per[capture_of(k)] += int(np.prod(shape))
@@ -297,7 +298,7 @@ class Model:
             logits_from: int = 0, progress: bool = True, lengths: Any = None,
             out: Optional[Trace] = None, max_rows: Optional[int] = None,
             key_start: Any = None, keep_first: Union[bool, int] = 0, precision: Optional[str] = None,
-            window: Optional[int] = None, patch: Any = None) -> Trace:
+            window: Optional[int] = None, patch: Any = None, logits_at: Any = None) -> Trace:
         """Runs the forward pass and returns what ``capture`` asks for.
 
         Every capture is float32, copied out of the C forward as it computes the tensor (nothing
@@ -317,7 +318,7 @@ class Model:
                                                                 the last layer's output before the final
                                                                 norm; always every layer (``layers=`` does
                                                                 not apply) (``hook_resid_pre``)
-        ``logits``    ``logits``          (T-logits_from, V)    output logits
+        ``logits``    ``logits``          (T-logits_from, V)    output logits; (R, V) with ``logits_at``
         ``q``         ``q``               (L', H, T, hd)        queries after RoPE (``hook_rot_q``)
         ``k``         ``k``               (L', G, T, hd)        keys after RoPE, per kv head
                                                                 (``hook_rot_k``)
@@ -359,6 +360,14 @@ class Model:
                 -1 gives only the last position's, which is all generation needs). With
                 ``lengths`` it counts padded positions: row r is position logits_from + r of
                 every sequence, zero where that is padding.
+            logits_at: None, or the positions whose logits are computed, in the order given
+                (repeats allowed; negative counts from the sequence's end, its ``lengths[b]``
+                under ``lengths``): (R,) for every sequence, or (B, R), one row per sequence.
+                ``logits`` is then (R, V) ((B, R, V)), row r the logits of position
+                ``logits_at[r]``, bitwise the row ``logits_from`` would give; only those rows go
+                through the output head (V * d multiply-adds each: for Gemma-3's 262,144-token
+                vocabulary more than a whole layer per token). Exclusive with ``logits_from``;
+                ``Trace.meta["logits_at"]`` holds the resolved positions.
             progress: show a progress bar over the chunks when there are several.
             lengths: None, or (B,) ints in [1, T] for a padded (B, T) batch: sequence b is its
                 first ``lengths[b]`` ids and is computed exactly as if run alone; the padding ids
@@ -421,18 +430,20 @@ class Model:
             raise ValueError(f"logits_from={logits_from} outside [-{T}, {T}) for T={T}")
         logits_from %= T
         lens = self._check_lengths(lengths, B, T, arr.ndim)
+        at = None if logits_at is None else self._check_logits_at(logits_at, logits_from, B, T, lens, arr.ndim)
         ks = self._check_key_start(key_start, T)
         keep, win = self._check_window(keep_first, window)
         c = self.config
         ivs = core_arrays(intervene, c.n_layers, c.n_heads)
         patches = check_patches(patch)
         dims = patch_dims(c, "rope_inv_freq" in self.weights)
-        shapes = buffer_shapes(c, T, len(sel), logits_from)
+        rows = None if at is None else at.shape[1]
+        shapes = buffer_shapes(c, T, len(sel), logits_from, rows)
         wanted = [k for k in shapes if capture_of(k) in capture]
         if out is not None:
             bufs = self._out_buffers(out, capture, wanted, shapes, sel, B, arr.ndim)
         else:
-            self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B), B, T, len(sel))
+            self._check_memory(self.capture_bytes(T, capture, sel, logits_from, B, rows), B, T, len(sel))
             bufs = {k: np.empty((B,) + shapes[k], np.float32) for k in wanted}
         per_call = max(1, int(self.max_rows_per_call if max_rows is None else max_rows) // T)
         starts = range(0, B, per_call)
@@ -443,6 +454,7 @@ class Model:
                                 lengths=None if lens is None else lens[b0:b1], key_start=ks,
                                 keep_first=keep, window=win, precision=PRECISIONS[prec],
                                 patch=chunk_patches(patches, dims, B, T, b0, b1) if patches else None,
+                                logits_at=None if at is None else at[b0:b1],
                                 **{k: v[b0:b1] for k, v in bufs.items()}, **ivs)
         squeeze = (lambda x: x[0]) if arr.ndim == 1 else (lambda x: x)
         get = lambda k: squeeze(bufs[k]) if k in bufs else None  # noqa: E731
@@ -451,6 +463,8 @@ class Model:
                 "starts_with_bos": bool(bos is not None and np.all(batch[:, 0] == bos)),
                 "logits_from": logits_from, "intervention": {k: v is not None for k, v in ivs.items()},
                 "precision": prec, "patched": len(patches)}
+        if at is not None:
+            meta["logits_at"] = squeeze(at).tolist()      # JSON-able: Trace.save writes meta as JSON
         st = None
         if "stats" in capture:
             st = AttentionStats(**{k: get(k) for k in STATS})  # type: ignore[arg-type]  # captured: not None
@@ -482,6 +496,30 @@ class Model:
         if bad.size:
             raise ValueError(f"lengths[{int(bad[0])}]={int(ln[bad[0]])} outside [1, {T}] (T={T})")
         return None if np.all(ln == T) else np.ascontiguousarray(ln, dtype=np.int64)
+
+    @staticmethod
+    def _check_logits_at(logits_at: Any, logits_from: int, B: int, T: int, lens: Optional[np.ndarray],
+                         ndim: int) -> np.ndarray:
+        """``logits_at`` as a (B, R) int64 array of positions inside each sequence (negative ones
+        counted from its end); ValueError naming the problem."""
+        if logits_from != 0:
+            raise ValueError(f"logits_at and logits_from={logits_from} are exclusive: give one")
+        at = np.asarray(logits_at)
+        one = at.ndim == 1
+        if at.size == 0 or not np.issubdtype(at.dtype, np.integer) or at.ndim not in (1, 2):
+            raise ValueError(f"logits_at must be a non-empty (R,) or (B, R) array of integer positions, "
+                             f"got {at.dtype} {at.shape}")
+        if at.ndim == 2 and (ndim == 1 or at.shape[0] != B):
+            raise ValueError(f"logits_at has shape {at.shape}: for ids of shape {(B, T) if ndim == 2 else (T,)} "
+                             f"give (R,) positions{f' or ({B}, R), a row per sequence' if ndim == 2 else ''}")
+        at = np.broadcast_to(at.astype(np.int64), (B, at.shape[-1]))
+        n = np.full((B, 1), T, np.int64) if lens is None else lens.astype(np.int64)[:, None]
+        bad = np.argwhere((at < -n) | (at >= n))
+        if bad.size:
+            b, r = (int(x) for x in bad[0])
+            raise ValueError(f"logits_at[{r if one else f'{b}, {r}'}]={int(at[b, r])} outside [-{int(n[b, 0])}, {int(n[b, 0])}) "
+                             f"for sequence {b} of {int(n[b, 0])} tokens")
+        return np.ascontiguousarray(np.where(at < 0, at + n, at))
 
     def _check_window(self, keep_first: Any, window: Any) -> Tuple[int, int]:
         """``keep_first`` as a count and ``window`` as an int (0: none), each checked."""

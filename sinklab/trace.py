@@ -60,12 +60,14 @@ def capture_of(buffer: str) -> str:
     return _BY_NAME[buffer].capture
 
 
-def buffer_shapes(config: Any, T: int, n_sel: int, logits_from: int) -> Dict[str, Tuple[int, ...]]:
+def buffer_shapes(config: Any, T: int, n_sel: int, logits_from: int,
+                  logit_rows: Optional[int] = None) -> Dict[str, Tuple[int, ...]]:
     """Per-sequence shape of every buffer in :data:`BUFFERS` for ``T`` tokens, ``n_sel`` captured
-    layers and logits from position ``logits_from`` (in [0, T)); ``config`` a
-    :class:`sinklab.families.config.ModelConfig`."""
+    layers and logits from position ``logits_from`` (in [0, T)), or at ``logit_rows`` chosen
+    positions; ``config`` a :class:`sinklab.families.config.ModelConfig`."""
     c = config
-    size = {"layer": n_sel, "stream": c.n_layers + 1, "pos": T, "key": T, "logit_pos": T - logits_from,
+    rows = T - logits_from if logit_rows is None else int(logit_rows)
+    size = {"layer": n_sel, "stream": c.n_layers + 1, "pos": T, "key": T, "logit_pos": rows,
             "head": c.n_heads, "kv_head": c.n_kv_heads, "head_dim": c.head_dim, "d_model": c.d_model,
             "vocab": c.vocab_size}
     return {b.name: tuple(size[a] for a in b.axes) for b in BUFFERS}
@@ -131,7 +133,8 @@ class Trace:
             (rows sum to 1, zero above the diagonal), or None.
         resid: (L+1, T, d) float32 residual stream entering each layer; ``resid[L]`` is the last
             layer's output before the final norm. None if not captured.
-        logits: (T - logits_from, V) float32, or None.
+        logits: (T - logits_from, V) float32 (or (R, V): the ``logits_at`` positions, in
+            ``meta["logits_at"]``), or None.
         stats: :class:`AttentionStats` of the captured layers, or None.
         q: (L', H, T, hd) queries after RoPE, in Hugging Face's rotate-half layout, or None.
         k: (L', G, T, hd) keys after RoPE (same layout), one per kv head, or None.
@@ -208,7 +211,9 @@ class Trace:
         coords: Dict[str, Any] = {"position": np.arange(T), "query": np.arange(T), "key": np.arange(T),
                                   "layer": np.asarray(self.layers, np.int64)}
         if self.logits is not None:
-            coords["logit_pos"] = np.arange(T - self.logits.shape[-2], T)
+            at = self.meta.get("logits_at")
+            coords["logit_pos"] = (np.arange(T - self.logits.shape[-2], T) if at is None
+                                   else (lead + ("logit_pos",), np.asarray(at)))
         if self.resid is not None:
             coords["stream"] = np.arange(self.resid.shape[-3])
         if self.lengths is not None:

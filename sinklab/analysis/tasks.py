@@ -415,12 +415,12 @@ def _score_retrieval(model, prompts: List[MultikeyPrompt], bos_id: Optional[int]
         divs = [_divergence(p.candidates) for p in prompts]
         seqs = [p.sequence(bos_id) for p in prompts]
         starts = [off + len(p.ids) - 1 for p in prompts]     # row predicting the first answer token
-        lf0 = min(starts)
-        for i, tr in run_each(model, seqs, ("logits",), logits_from=lf0, intervene=intervene,
+        at = [s0 + np.arange(len(p.answer)) for s0, p in zip(starts, prompts)]
+        for i, tr in run_each(model, seqs, ("logits",), logits_at=at, intervene=intervene,
                               batch_bytes=batch_bytes, progress=False, ragged=True):
-            p, r0, q = prompts[i], starts[i] - lf0, divs[i]
+            p, q = prompts[i], divs[i]
             ans = p.answer
-            rows = _logits(tr)[r0: r0 + len(ans)]
+            rows = _logits(tr)
             exact[i] = bool(np.array_equal(rows.argmax(axis=-1), ans))
             cols = [[int(ans[j])] for j in range(q)] + [[int(c[q]) for c in p.candidates]]
             lp = _log_softmax_at(rows[: q + 1], cols)
@@ -433,15 +433,14 @@ def _score_retrieval(model, prompts: List[MultikeyPrompt], bos_id: Optional[int]
         for k in range(K):
             seqs.append(p.sequence(bos_id, k))
             owner.append((i, k))
-    starts = [off + len(prompts[i].ids) - 1 for i, _ in owner]
-    lf0 = min(starts)
+    at = [off + len(prompts[i].ids) - 1 + np.arange(len(prompts[i].candidates[k])) for i, k in owner]
     done = np.zeros(len(prompts), np.int64)
-    for j, tr in run_each(model, seqs, ("logits",), logits_from=lf0, intervene=intervene,
+    for j, tr in run_each(model, seqs, ("logits",), logits_at=at, intervene=intervene,
                           batch_bytes=batch_bytes, progress=False, ragged=True):
         i, k = owner[j]
-        p, r0 = prompts[i], starts[j] - lf0
+        p = prompts[i]
         cand = p.candidates[k]
-        rows = _logits(tr)[r0: r0 + len(cand)]
+        rows = _logits(tr)
         lp = _log_softmax_at(rows, [[int(t)] for t in cand])
         scores[i, k] = float(sum(v[0] for v in lp))
         if k == p.target:
@@ -784,25 +783,26 @@ def _score_cloze(model, items: List[ClozeItem], bos_id: Optional[int], intervene
     by_passage: Dict[int, List[int]] = {}
     for i, it in enumerate(items):
         by_passage.setdefault(it.passage, []).append(i)
-    base, base_lf = [], []
+    base, base_at = [], []
     for p, idx in by_passage.items():
         end = max(items[i].cut + len(items[i].candidates[items[i].target]) for i in idx)
         longest = max(idx, key=lambda i: items[i].cut + len(items[i].candidates[items[i].target]))
         # the passage's tokens up to `end`: the longest item's context + true word
         seq = items[longest].sequence(bos_id)[: off + end]
         base.append((p, idx, seq))
-        base_lf.append(off + min(items[i].cut for i in idx) - 1)
+        # the rows read: each item's, from the one predicting its word's first token
+        base_at.append(np.unique(np.concatenate([off + items[i].cut - 1 + np.arange(len(items[i].candidates[items[i].target]))
+                                                 for i in idx])))
     extra = [(i, k) for i, it in enumerate(items) for k, c in enumerate(it.candidates)
              if k != it.target and len(c) > 1]
     bar = progress_bar(None, progress, desc=desc, total=len(base) + len(extra), unit="forward")
     try:
-        lf0 = min(base_lf)
-        for b, tr in run_each(model, [s for _, _, s in base], ("logits",), logits_from=lf0,
+        for b, tr in run_each(model, [s for _, _, s in base], ("logits",), logits_at=base_at,
                               intervene=intervene, batch_bytes=batch_bytes, progress=False, ragged=True):
             _, idx, seq = base[b]
             for i in idx:
                 it = items[i]
-                r0 = off + it.cut - 1 - lf0
+                r0 = int(np.searchsorted(base_at[b], off + it.cut - 1))   # its rows are consecutive in base_at
                 true = it.candidates[it.target]
                 if not np.array_equal(seq[off + it.cut: off + it.cut + len(true)], true):
                     raise RuntimeError(f"cloze item {i}: its word is not the passage's next tokens")
@@ -817,14 +817,12 @@ def _score_cloze(model, items: List[ClozeItem], bos_id: Optional[int], intervene
             bar.update(1)
         if extra:
             seqs = [items[i].sequence(bos_id, k) for i, k in extra]
-            starts = [off + items[i].cut - 1 for i, _ in extra]
-            lf1 = min(starts)
-            for j, tr in run_each(model, seqs, ("logits",), logits_from=lf1, intervene=intervene,
+            at = [off + items[i].cut - 1 + np.arange(len(items[i].candidates[k])) for i, k in extra]
+            for j, tr in run_each(model, seqs, ("logits",), logits_at=at, intervene=intervene,
                                   batch_bytes=batch_bytes, progress=False, ragged=True):
                 i, k = extra[j]
                 cand = items[i].candidates[k]
-                r0 = starts[j] - lf1
-                lp = _log_softmax_at(_logits(tr)[r0: r0 + len(cand)], [[int(t)] for t in cand])
+                lp = _log_softmax_at(_logits(tr), [[int(t)] for t in cand])
                 scores[i, k] = float(sum(v[0] for v in lp))
                 bar.update(1)
     finally:
