@@ -36,6 +36,16 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture
+def threads_restored():
+    """Puts back the process's thread count after a test that sets it."""
+    import sinklab as sl
+
+    n = sl.get_num_threads()
+    yield
+    sl.set_num_threads(n)
+
+
 @pytest.fixture(scope="session")
 def smollm2_gguf() -> Path:
     """Path to SmolLM2-135M-Instruct.Q4_1.gguf, fetched into the sinklab cache on first use."""

@@ -49,13 +49,6 @@ def smol(smollm2_model):
     return smollm2_model
 
 
-@pytest.fixture
-def threads_restored():
-    n = sl.get_num_threads()
-    yield
-    sl.set_num_threads(n)
-
-
 def _arrays(tr):
     """Every captured array of a Trace by name (stats flattened to their three names)."""
     out = {k: getattr(tr, k) for k in ALL if k != "stats" and getattr(tr, k) is not None}

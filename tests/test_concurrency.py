@@ -46,13 +46,6 @@ def models(tmp_path_factory):
             for s in (ERR_SPEC, RUN_SPEC)}
 
 
-@pytest.fixture
-def threads_restored():
-    n = sl.get_num_threads()
-    yield
-    sl.set_num_threads(n)
-
-
 def _run_threads(targets):
     """Starts one thread per callable together, joins them, re-raises the first failure."""
     barrier = threading.Barrier(len(targets))

@@ -284,13 +284,6 @@ def log(request):
     return lg
 
 
-@pytest.fixture
-def threads_restored():
-    n = sl.get_num_threads()
-    yield
-    sl.set_num_threads(n)
-
-
 def _ids(spec: str, T: int, seed: int = 0) -> np.ndarray:
     return rm.random_ids(rm.SPECS[spec].vocab_size, T, seed=7919 * T + seed)
 

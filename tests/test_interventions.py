@@ -198,13 +198,6 @@ def test_scope_codes_and_core_check(models):
         sl._core.model_forward(model._handle, np.arange(3, 10, dtype=np.int64), zero_first_value=bad)
 
 
-@pytest.fixture
-def threads_restored():
-    n = sl.get_num_threads()
-    yield
-    sl.set_num_threads(n)
-
-
 def test_threads_bitwise_with_interventions(models, threads_restored):
     """Every scope (and the other interventions) gives the same bits on 1 and 2 threads; T spans
     several query blocks of the attention kernel."""

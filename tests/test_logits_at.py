@@ -38,13 +38,6 @@ def gemma2(tmp_path_factory):
     return store.sl("gemma2", "st"), store.hf("gemma2", "st")
 
 
-@pytest.fixture
-def threads_restored():
-    n = sl.get_num_threads()
-    yield
-    sl.set_num_threads(n)
-
-
 def test_rows_match_transformers_alone_and_in_a_ragged_batch(tiny):
     model, hf = tiny
     ids = rm.random_ids(SPEC.vocab_size, 50, seed=1, batch=3)
