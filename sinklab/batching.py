@@ -47,8 +47,9 @@ def max_batch(model: Any, T: int, capture: Union[str, Iterable[str]], layers: Op
               logits_from: int = 0, batch_bytes: Optional[int] = None, logit_rows: Optional[int] = None) -> int:
     """The most sequences of ``T`` tokens whose capture buffers fit in ``batch_bytes`` (>= 1).
 
-    Bytes per sequence are ``sum(model.capture_bytes(T, capture, layers, logits_from, B=1))``;
-    ``batch_bytes`` defaults to :data:`BATCH_BYTES`.
+    Bytes per sequence are ``sum(model.capture_bytes(T, capture, layers, logits_from, B=1, logit_rows))``
+    (``logit_rows``: the ``logits_at`` positions per sequence, if any); ``batch_bytes`` defaults to
+    :data:`BATCH_BYTES`.
     """
     per = sum(model.capture_bytes(T, capture, layers, logits_from, B=1, logit_rows=logit_rows).values())
     return max(1, _cap(batch_bytes) // max(per, 1))
