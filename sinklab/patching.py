@@ -29,7 +29,8 @@ P = number of selected positions, h / g = number of selected heads (query heads,
 ``k`` and ``v``). A value may also carry a leading axis of one entry per selected batch row;
 without it, the same value goes to every selected row.
 
-Where sinklab and TransformerLens differ: head-indexed activations are head-major here (TL puts
+Checked against TransformerLens 4's hooks themselves (tests/test_patching_tl.py). Where sinklab and
+TransformerLens differ: head-indexed activations are head-major here (TL puts
 position first, ``(pos, head, d_head)``), so TL arrays need ``.transpose(1, 0, 2)``; TL's
 ``hook_q``/``hook_k`` are *before* RoPE while sinklab's ``q``/``k`` are after it, so those two
 aliases are accepted only for models without rotary positions (use ``hook_rot_q``/``hook_rot_k``).
