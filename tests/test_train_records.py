@@ -227,3 +227,25 @@ def test_records_trained_again_reproduce_the_search_runs_of_the_same_settings():
                 assert [[x["tokens"], x["val_loss_text"] - x["val_loss_bos"]] for x in ev] == r["delta_curve"], d.name
                 matched.append(d.name)
     assert len(matched) >= 2, matched
+
+
+def test_a_partial_summary_figure_names_each_rows_seed_count():
+    """A summary whose rows have different numbers of finished seeds (Table 2 partway through)
+    says "2-3 seeds", not the most any row has; a whole one "3 seeds"."""
+    from sinklab.viz.figures_training import table2_miniature_figure
+
+    committed = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "results" / "training"
+                            / "table2-miniature.json").read_text())
+
+    def legends(summary):
+        fig = table2_miniature_figure(summary)
+        return [t.get_text() for ax in fig.axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+
+    whole = json.loads(json.dumps(committed))
+    for r in whole["rows"]:
+        r["seeds"] = [0, 1, 2]
+    partial = json.loads(json.dumps(whole))
+    partial["rows"][-1]["seeds"] = [0, 1]
+    assert any("over 3 seeds" in t for t in legends(whole))
+    got = legends(partial)
+    assert any("over 2-3 seeds" in t for t in got) and not any("over 3 seeds" in t for t in got), got

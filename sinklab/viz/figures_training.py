@@ -21,8 +21,14 @@ def _series(run: Dict[str, Any], key: str, scale: float = 1.0) -> tuple:
     return mean, sd[:mean.size]
 
 
-def _n_seeds(summary: Dict[str, Any]) -> int:
-    return len(summary.get("seeds") or [0])
+def _seeds(summary: Dict[str, Any]) -> str:
+    """"one seed", "3 seeds" or, for a partial summary whose rows have different numbers of
+    seeds, "2-3 seeds": the counts of the rows (Table 2's rows, Fig. 5's runs, the depths, the
+    variants), else of the summary's seed list."""
+    rows = [r for k in ("rows", "runs", "depths", "variants") for r in summary.get(k) or [] if r.get("seeds")]
+    counts = sorted({len(r["seeds"]) for r in rows}) or [len(summary.get("seeds") or [0])]
+    lo, hi = counts[0], counts[-1]
+    return "one seed" if hi == 1 else f"{lo}-{hi} seeds" if lo != hi else f"{hi} seeds"
 
 
 @restylable
@@ -59,8 +65,8 @@ def fig5_miniature_figure(fig5: Dict[str, Any]) -> Any:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=8)
     prof = fig5.get("profile", {}).get("name", "?")
-    n = _n_seeds(fig5)
-    seeds = f"mean ± sd over {n} seeds" if n > 1 else "one seed"
+    n = _seeds(fig5)
+    seeds = f"mean ± sd over {n}" if n != "one seed" else n
     fig.suptitle(f"Fig. 5 in miniature ({prof} profile, {seeds}): the first-token sink while training at each "
                  f"context length (paper: ~120M models, 5B tokens each)", fontsize=10)
     fig.tight_layout()
@@ -81,7 +87,7 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
     A sinklab Figure (no pyplot)."""
     rows = table2["rows"]
     x = np.arange(len(rows))
-    n = _n_seeds(table2)
+    n = _seeds(table2)
 
     def sd(r: Dict[str, Any], key: str) -> float:
         v = (r.get("sd") or {}).get(key)
@@ -89,7 +95,7 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
 
     fig, axes = subplots(1, 3, figsize=(17, 4.4), gridspec_kw={"width_ratios": [3, 3, 1.6]})
     prof = table2.get("profile", {}).get("name", "?")
-    seeds = f", mean ± sd over {n} seeds" if n > 1 else ""
+    seeds = f", mean ± sd over {n}" if n != "one seed" else ""
     pairs = ((axes[0], [r["sink_0.3"] for r in rows], [sd(r, "sink_0.3") for r in rows],
               [r["paper_sink"] for r in rows], "sink rate (%)"),
              (axes[1], [r["val_loss"] for r in rows], [sd(r, "val_loss") for r in rows],
@@ -122,7 +128,7 @@ def table2_miniature_figure(table2: Dict[str, Any]) -> Any:
     d_paper = [by[(m, b, "text")]["paper_loss"] - by[(m, b, "bos")]["paper_loss"] for m, b in both]
     xb = np.arange(len(both))
     axes[2].bar(xb - 0.2, d_ours, 0.4, yerr=None if not np.isfinite(d_err).any() else np.nan_to_num(d_err),
-                capsize=3, label="here" + (f" (paired per seed, ± sd over {n})" if n > 1 else ""))
+                capsize=3, label="here" + (f" (paired per seed, ± sd over {n})" if n != "one seed" else ""))
     axes[2].bar(xb + 0.2, d_paper, 0.4, label="paper", alpha=0.7)
     axes[2].axhline(0, color="k", lw=0.6)
     axes[2].set_xticks(xb)
@@ -161,8 +167,7 @@ def depth_figure(depth: Dict[str, Any]) -> Any:
     axes[0].set_ylim(bottom=0)
     axes[1].axhline(0, color="0.5", lw=0.8)
     axes[0].legend(fontsize=8)
-    n = _n_seeds(depth)
-    fig.suptitle(f"Depth at matched parameters ({depth.get('profile', '?')} profile, {n} seed{'s' if n != 1 else ''})",
+    fig.suptitle(f"Depth at matched parameters ({depth.get('profile', '?')} profile, {_seeds(depth)})",
                  fontsize=10)
     fig.tight_layout()
     return fig
@@ -235,8 +240,7 @@ def variants_seeds_figure(summary: Dict[str, Any]) -> Any:
     if vals:
         lo, hi = min(vals), max(vals)
         axes[2].set_ylim(lo - 0.5 * (hi - lo + 0.02), hi + 0.3 * (hi - lo + 0.02))
-    n = _n_seeds(summary)
     fig.suptitle(f"Attention variants against softmax ({summary.get('profile', '?')} profile, causal, fixed <bos>; "
-                 f"{n} seed{'s' if n != 1 else ''}: dots, mean: bar)", fontsize=9)
+                 f"{_seeds(summary)}: dots, mean: bar)", fontsize=9)
     fig.tight_layout()
     return fig
