@@ -58,6 +58,7 @@ RESULT_FIGURES: Dict[str, str] = {
     )
 }
 RESULT_FIGURES["training/search-variants.png"] = "notebooks/results/training/miniature/search-variants.png"
+RESULT_FIGURES["training/table2-miniature.png"] = "notebooks/results/training/table2-miniature.png"
 
 
 def result_png(path: str) -> bytes:
