@@ -21,13 +21,10 @@ from machine import lscpu_lines  # noqa: E402
 import sinklab as sl  # noqa: E402
 
 
-def median_time(fn, reps):
-    out = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
-    return statistics.median(out)
+def seconds(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 
 
 def main():
@@ -74,7 +71,7 @@ def main():
     times = {}
     for _ in range(a.reps):           # interleaved: each round runs every variant once
         for k, fn in t.items():
-            times.setdefault(k, []).append(median_time(fn, 1))
+            times.setdefault(k, []).append(seconds(fn))
     base = statistics.median(times["logits_at (rows read)"])
     for k, v in times.items():
         mv = statistics.median(v)
