@@ -551,6 +551,22 @@ def test_criterion_fig5_gives_every_status():
     assert "validation losses (contradicted)" in K.criterion_fig5(apart).reason
 
 
+def test_readings_name_each_groups_seed_count_while_a_campaign_is_partial():
+    """A context with 2 seeds beside ones with 3 (a campaign still under way) is not described as
+    "over 3 seeds": the reading names the range and each context's count."""
+    assert K.seeds_phrase([("C = 32", 3), ("C = 64", 3)]) == "3 seeds"
+    assert K.seeds_phrase([("a", 1)]) == "1 seed"
+    partial = synth_fig5({32: [(0.30, 4.0), (0.25, 4.01)], 64: [(0.1, v) for v in LOSS],
+                          128: [(0.30, 4.0), (0.25, 4.01), (0.35, 3.99)]})
+    text, nums, _ = K.fig5_reading(partial)
+    assert "over 2–3 seeds (C = 32: 2, C = 64: 3, C = 128: 3)" in text and "over 3 seeds" not in text
+    full = synth_fig5({C: [(0.1, v) for v in LOSS] for C in (32, 64, 128)})
+    assert "over 3 seeds (mean ± sd)" in K.fig5_reading(full)[0]
+    two = K.table2_reading(synth_table2(with_(("intra_doc", False), PAPERLIKE[("intra_doc", False)][:2])))[0]
+    assert two.startswith("Over 2–3 seeds (") and "intra-doc, text: 2" in two
+    assert K.table2_reading(synth_table2(PAPERLIKE))[0].startswith("Over 3 seeds (mean ± sd;")
+
+
 def synth_table2(conds, drop=()):
     """A Table 2 summary made by table2_summary from made-up logs: ``conds[(masking, fixed)]``
     = per seed (sink_bos, sink_text, loss_bos, loss_text), sink rates as fractions."""

@@ -13,7 +13,7 @@ from ..io.registry import cache_home
 from ..viz.figures_training import (depth_figure, fig5_miniature_figure, sink_T, table2_miniature_figure,
                                     uniform_first_importance, variants_seeds_figure)
 from ..analysis import status as S
-from ..train.criteria import fig5_reading, learned_nothing, table2_claims, table2_reading
+from ..train.criteria import fig5_reading, learned_nothing, seeds_phrase, table2_claims, table2_reading
 from ..train import experiments as X
 from ..train.engine import llama_config, param_layout
 from ..train.run import TrainConfig
@@ -215,10 +215,11 @@ def section_training(c: Context) -> Section:
         f"{100 * r['sink_0.8'][-1]:.2f} | {num(r['importance'][-1])} | "
         f"{uniform_first_importance(sink_T(r['context'])):.3f} | {r['val_loss'][-1]:.3f} |\n"
         for r in sorted(fig5["runs"], key=lambda r: r["context"]))
+    fig5_seeds = seeds_phrase([(f"C = {r['context']}", len(r.get("seeds", [0]))) for r in fig5["runs"]])
     body = (f"Table 2 in miniature (context {prof['table2_context']}, ours beside the paper's; mean a₀ = mean "
             f"first-token importance; mean ± sd over seeds):\n\n{table2['markdown']}\n\n"
             + table2.get("differences_markdown", "") + f"\n\nFig. 5 in miniature, at the end of training, means over "
-            f"{len(fig5['runs'][0].get('seeds', [0]))} seed(s) (sink rate % at the last evaluation, the largest over all evaluations in brackets; uniform a₀ = "
+            f"{fig5_seeds} (sink rate % at the last evaluation, the largest over all evaluations in brackets; uniform a₀ = "
             f"H_T / T, what a head attending uniformly would give):\n\n| training context C | tokens | sink % eps=0.3 "
             f"(max) | sink % eps=0.8 | mean a₀ | uniform a₀ | val loss (text only) |\n|---|---|---|---|---|---|---|\n"
             + fig_rows)

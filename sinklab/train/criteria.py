@@ -96,6 +96,18 @@ def mean_pm_sd(s: Optional[SeedSummary], spec: str = ".3f", unit: str = "") -> s
             else f"{format(s.mean, spec)}{unit}")
 
 
+def seeds_phrase(counts: Sequence[Tuple[str, int]]) -> str:
+    """How many seeds a reading's numbers rest on: ``"3 seeds"`` when every group (a context, a
+    row, a depth) has as many, else ``"2–3 seeds (C = 128: 2, C = 256: 3)"``, so a campaign still
+    under way is never described by its most complete group. ``counts``: (group label, seeds)."""
+    ns = sorted({int(n) for _, n in counts})
+    if not ns:
+        return "no seeds"
+    if len(ns) == 1:
+        return f"{ns[0]} seed{'s' if ns[0] != 1 else ''}"
+    return f"{ns[0]}–{ns[-1]} seeds (" + ", ".join(f"{label}: {n}" for label, n in counts) + ")"
+
+
 def _uniform(context: int) -> float:
     return uniform_first_importance(sink_T(context))
 
@@ -254,7 +266,7 @@ def fig5_reading(summary: Dict[str, Any],
     ratio = {r["context"]: seed_stats(r["values"]["importance_over_uniform"]) for r in runs}
     lkey = fig5_loss_key(runs)
     loss = {r["context"]: seed_stats(r["values"][lkey]) for r in runs}
-    seeds = f"{n} seed{'s' if n != 1 else ''}"
+    seeds = seeds_phrase([(f"C = {r['context']}", len(r["seeds"])) for r in runs])
     tokens = runs[0]["tokens"]
     parts = []
     scaled = {C: (None if s is None else over_seeds([100 * v for v in s.values])) for C, s in sinks.items()}
@@ -451,7 +463,9 @@ def table2_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Verdic
     verdict = S.combine(*claims.values(), what="Table 2")
     key = f"sink_{EPS:g}"
     n = max(len(r["seeds"]) for r in rows.values())
-    parts = [f"Over {n} seed{'s' if n != 1 else ''} (mean ± sd; changes are text only minus ⟨bos⟩+text on the same "
+    seeds = seeds_phrase([(f"{m.replace('_', '-')}{', fixed ⟨bos⟩' if fixed else ''}, {inf}", len(r["seeds"]))
+                          for (m, fixed, inf), r in rows.items()])
+    parts = [f"Over {seeds} (mean ± sd; changes are text only minus ⟨bos⟩+text on the same "
              f"model, seed by seed):"]
     nums: Dict[str, Any] = {"n_seeds": n}
     for m, fixed in (("causal", True), ("intra_doc", True), ("causal", False)):
@@ -494,7 +508,7 @@ def table2_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Verdic
 
 
 __all__ = ["criterion_fig5", "criterion_fig5_loss", "criterion_table2", "table2_claims", "fig5_reading",
-           "table2_reading", "fig5_finals", "bos_removed", "EPS", "RELIANCE_NATS", "NO_EFFECT_NATS",
+           "table2_reading", "fig5_finals", "bos_removed", "seeds_phrase", "EPS", "RELIANCE_NATS", "NO_EFFECT_NATS",
            "NO_EFFECT_SINK_PP", "LOSS_COMPARABLE_FRACTION"]
 
 

@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ..analysis import status as S
 from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
-from .criteria import mean_pm_sd, seed_interval, seed_stats
+from .criteria import mean_pm_sd, seed_interval, seed_stats, seeds_phrase
 from .experiments import (PROFILES, clean, common_tokens, finish_summary, profile, run_config,
                           run_with_records, save_figure, seed_list, seed_summary)
 from .run import TrainConfig
@@ -189,8 +189,8 @@ def depth_reading(summary: Dict[str, Any]) -> Tuple[str, S.Verdict]:
     :func:`criterion_depth`'s verdict."""
     verdict = criterion_depth(summary)
     rows = summary["depths"]
-    n = max(len(r["seeds"]) for r in rows)
-    parts = [f"Final ε 0.3 sink rate with ⟨bos⟩ over {n} seed{'s' if n != 1 else ''} (mean ± sd): "
+    seeds = seeds_phrase([(f"{r['n_layers']} layers", len(r["seeds"])) for r in rows])
+    parts = [f"Final ε 0.3 sink rate with ⟨bos⟩ over {seeds} (mean ± sd): "
              + ", ".join(f"{_pm(r['final_per_seed']['sink_0.3'], 100, '.1f', '%')} at {r['n_layers']} layers"
                          for r in rows) + "."]
     if len(rows) >= 2:

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 from ..analysis import status as S
 from ..analysis.stats import describe_difference
 from ..viz.reference import sink_T, uniform_first_importance
-from .criteria import mean_pm_sd, seed_interval, seed_stats
+from .criteria import mean_pm_sd, seed_interval, seed_stats, seeds_phrase
 from .experiments import (clean, common_tokens, finish_summary, profile, run_config, run_with_records, save_figure,
                           seed_list, seed_summary)
 from .run import TrainConfig
@@ -142,8 +142,8 @@ def variants_reading(summary: Dict[str, Any]) -> Tuple[str, Dict[str, S.Verdict]
     variant's :func:`criterion_variant` verdict."""
     rows = summary["variants"]
     base = rows[0]
-    n = max(len(r["seeds"]) for r in rows)
-    parts = [f"Over {n} seed{'s' if n != 1 else ''} (mean ± sd), softmax attention: sink rate "
+    seeds = seeds_phrase([(r["attention"], len(r["seeds"])) for r in rows])
+    parts = [f"Over {seeds} (mean ± sd), softmax attention: sink rate "
              f"{_pm(base['final_per_seed']['sink_0.3'], 100, '.1f', '%')}, removing ⟨bos⟩ costs "
              + describe_difference(seed_interval(base["final_per_seed"]["bos_gap"]), "cost", ".3f", " nats") + "."]
     verdicts = {}
