@@ -112,6 +112,13 @@ static PyObject *py_set_thread_num_threads(PyObject *self, PyObject *arg) {
     return PyLong_FromLong(sl_set_thread_num_threads((int)n));
 }
 
+static PyObject *py_guard_sigterm(PyObject *self, PyObject *arg) {
+    (void)self;
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    return PyBool_FromLong(sl_set_guard_sigterm(on));
+}
+
 static PyObject *py_get_num_threads(PyObject *self, PyObject *noargs) {
     (void)self, (void)noargs;
 #if SL_HAVE_OPENMP
@@ -1177,6 +1184,8 @@ static PyMethodDef methods[] = {
      "set_num_threads(n): OpenMP threads for every later call, from any Python thread (process-wide)."},
     {"get_num_threads", py_get_num_threads, METH_NOARGS,
      "get_num_threads() -> int: the count a call started now from this thread uses."},
+    {"guard_sigterm", py_guard_sigterm, METH_O,
+     "guard_sigterm(on) -> previous: whether long calls also stop for SIGTERM (Python's handler then runs)."},
     {"_interrupt_check_gaps", sl_py_interrupt_check_gaps, METH_NOARGS,
      "_interrupt_check_gaps() -> (checks, longest_gap_s) of the last main-thread call guarded for Ctrl-C "
      "(-1 checks: none yet). Test-only."},

@@ -73,7 +73,7 @@ int sl_check_interrupt(void) {
     if (!c->interruptible) return SL_OK;
     note_check_gap();
     if (atomic_load_explicit(&sl_interrupt_flag, memory_order_relaxed))
-        return sl_fail(SL_ERR_INTERRUPTED, "interrupted (SIGINT)");
+        return sl_fail(SL_ERR_INTERRUPTED, "interrupted (SIGINT or SIGTERM)");
     return SL_OK;
 }
 

@@ -2,8 +2,9 @@
  * GIL released, Python's SIGINT handler only trips a flag that nothing reads until the call
  * returns, so Ctrl-C would wait for the whole computation. The guard swaps in a handler that
  * also sets the core's interrupt flag (read between layers by sl_check_interrupt) and chains to
- * Python's handler, then restores it. A SIGINT that is ignored (SIG_IGN) or left to the default
- * action is not touched. Include after Python.h (it defines the POSIX feature macros that
+ * Python's handler, then restores it. SIGTERM is guarded the same way where Python handles it
+ * (sinklab.runtime.sigterm_as_interrupt: the CLI, a campaign's workers). A signal that is ignored
+ * (SIG_IGN) or left to the default action is not touched. Include after Python.h (it defines the POSIX feature macros that
  * struct sigaction needs under -std=c11). */
 #ifndef SL_INTERRUPT_H
 #define SL_INTERRUPT_H
@@ -19,10 +20,13 @@
 #define SL_HAVE_SIGINT_GUARD 0
 #endif
 
+#define SL_GUARDED_SIGNALS 2 /* SIGINT, SIGTERM */
+
 typedef struct {
     int on;
 #if SL_HAVE_SIGINT_GUARD
-    struct sigaction prev;
+    unsigned char guarded[SL_GUARDED_SIGNALS];
+    struct sigaction prev[SL_GUARDED_SIGNALS];
 #endif
 } sl_sigint_guard;
 
@@ -31,7 +35,11 @@ typedef struct {
 void sl_sigint_init(void);
 
 /* Call with the GIL held, after sl_ctx_begin(ctx): guards the call (ctx->interruptible set) when
- * it runs on the main thread and Python handles SIGINT. */
+ * it runs on the main thread and Python handles SIGINT or SIGTERM. */
+/* Whether guards also take SIGTERM (set while sinklab.runtime.sigterm_as_interrupt installs
+ * Python's handler for it); returns the previous setting. Main thread, GIL held. */
+int sl_set_guard_sigterm(int on);
+
 void sl_sigint_guard_begin(sl_sigint_guard *g, sl_ctx *ctx);
 void sl_sigint_guard_end(sl_sigint_guard *g);
 

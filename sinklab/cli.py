@@ -32,7 +32,7 @@ from .families import UnsupportedArchitecture
 from .io import registry
 from .prompts import load_passages
 from .results import save_json, to_jsonable
-from .runtime import __version__
+from .runtime import Terminated, __version__, sigterm_as_interrupt
 
 # Each subcommand imports its own top-floor module (viz and matplotlib, report, train, sweeps)
 # when it runs, so `sinklab --help` or a typo answers without loading all of them.
@@ -494,7 +494,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.threads:
             sl.set_num_threads(args.threads)
-        return args.func(args)
+        with sigterm_as_interrupt():  # kill / scancel: checkpoints and records are kept as on Ctrl-C
+            return args.func(args)
     except BrokenPipeError:  # stdout closed early (`sinklab sinks M | head`): not an error worth a line
         try:  # as the Python docs advise: keep the interpreter's final flush from failing again
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
@@ -507,7 +508,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # train and sweep say where their work stands and how a rerun resumes it
         said = str(e.args[0]) if e.args and e.args[0] else ""
         print(f"sinklab: interrupted{': ' + said if said else ''}", file=sys.stderr)
-        return 130  # 128 + SIGINT, as a shell reports a process that Ctrl-C ended
+        # 128 + the signal, as a shell reports a process that Ctrl-C (SIGINT) or kill (SIGTERM) ended
+        return 143 if isinstance(e, Terminated) else 130
     except Exception as e:  # one line for the user; the traceback only with --debug
         if args.debug:
             raise

@@ -1,5 +1,6 @@
 """The runtime of the C core, sinklab's one door to it outside the model and the trainer: OpenMP
-threads (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`), the SIMD kernel
+threads (:func:`set_num_threads`, :func:`get_num_threads`, :func:`threads`), SIGTERM handled as
+Ctrl-C (:func:`sigterm_as_interrupt`), the SIMD kernel
 family (:func:`simd`), how the extension was built (:func:`build_info`) and the quantized
 block decoder (:func:`quant_block_size`, :func:`dequantize`).
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import signal
+import threading
 import warnings
 from typing import Any, Dict, Iterator, Tuple
 
@@ -71,6 +74,35 @@ def threads(n: int) -> Iterator[None]:
         yield
     finally:
         _core.set_thread_num_threads(previous)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (``kill``, a batch scheduler's time limit or ``scancel``) raised the way Ctrl-C is,
+    inside :func:`sigterm_as_interrupt`: whatever checkpoints, records or cleans up on
+    KeyboardInterrupt does so for it too. The CLI exits 143 (128 + SIGTERM)."""
+
+
+def _raise_terminated(sig: int, frame: Any) -> None:
+    raise Terminated("terminated (SIGTERM)")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within the block SIGTERM raises :class:`Terminated` (a KeyboardInterrupt) instead of ending
+    the process at once, so ``finally`` blocks run: a campaign records its finished runs, a run
+    removes its half-written checkpoint. A long C-core call stops for it as for Ctrl-C (between
+    layers, within a second). The previous handler comes back after the block. Main thread only
+    (Python runs signal handlers there); elsewhere the block runs unchanged."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = signal.signal(signal.SIGTERM, _raise_terminated)
+    guarded = _core.guard_sigterm(True)
+    try:
+        yield
+    finally:
+        _core.guard_sigterm(guarded)
+        signal.signal(signal.SIGTERM, prev)
 
 
 def simd() -> str:

@@ -210,6 +210,7 @@ def test_an_interrupted_optimizer_step_leaves_the_trainer_at_a_step_boundary(tmp
 LONG_STEP = textwrap.dedent("""
     import json, os, signal, threading, time
     import numpy as np
+    from sinklab.runtime import sigterm_as_interrupt
     from sinklab.train import Trainer, llama_config
     tr = Trainer(llama_config(4096, d_model=256, n_layers=4, n_heads=4, context_length=256), seed=0)
     b = np.random.default_rng(0).integers(0, 4096, size=(16, 257))
@@ -218,15 +219,16 @@ LONG_STEP = textwrap.dedent("""
     def fire():
         time.sleep(0.2)
         sent["t"] = time.perf_counter()
-        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGNAL)
     th = threading.Thread(target=fire)
     th.start()
     t = time.perf_counter()
     try:
-        tr.step(b[:, :-1], b[:, 1:], 1e-3)
+        with sigterm_as_interrupt():
+            tr.step(b[:, :-1], b[:, 1:], 1e-3)
         stopped = "finished"
-    except KeyboardInterrupt:
-        stopped = "KeyboardInterrupt"
+    except KeyboardInterrupt as e:
+        stopped = type(e).__name__
     end = time.perf_counter()
     th.join()
     print(json.dumps({"call_s": end - t, "latency_s": end - sent["t"], "result": stopped, "step_count": tr.step_count,
@@ -234,15 +236,53 @@ LONG_STEP = textwrap.dedent("""
 """)
 
 
-def test_a_long_optimizer_step_stops_within_a_second():
+@pytest.mark.parametrize("sig,raised", [("SIGINT", "KeyboardInterrupt"), ("SIGTERM", "Terminated")])
+def test_a_long_optimizer_step_stops_within_a_second(sig, raised):
     """One step of 16 windows of 256 tokens on `sinklab train --example`'s model (d 256,
-    4 layers: 1-2 s on 2 cores), SIGINT 0.2 s in: KeyboardInterrupt within 1 s, stopped inside
-    the gradient (its group workers check for Ctrl-C too), weights untouched, step_count 0."""
-    r = subprocess.run([sys.executable, "-c", LONG_STEP], capture_output=True, text=True, timeout=300)
+    4 layers: 1-2 s on 2 cores), the signal 0.2 s in: KeyboardInterrupt (SIGTERM, inside
+    sigterm_as_interrupt: its subclass Terminated) within 1 s, stopped inside the gradient (its
+    group workers check too), weights untouched, step_count 0."""
+    r = subprocess.run([sys.executable, "-c", LONG_STEP.replace("SIGNAL", sig)], capture_output=True, text=True,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
-    assert res["result"] == "KeyboardInterrupt" and res["step_count"] == 0 and res["unchanged"], res
+    assert res["result"] == raised and res["step_count"] == 0 and res["unchanged"], res
     assert res["latency_s"] < BOUND_S, res
+
+
+def test_sigterm_of_a_two_job_campaign_records_each_finished_run_and_leaves_no_worker(tmp_path):
+    """`kill` of `sinklab experiment table2 --jobs 2` (steps slowed by the test hook): a run's
+    record is written as it finishes, while the others train; SIGTERM then ends the CLI with 143
+    and a line saying so, its workers stopped (none left training) with no half-written file, and
+    every finished run recorded."""
+    from sinklab.train.records import finished_config
+
+    root, rec = tmp_path / "runs", tmp_path / "records"
+    p = _cli("--threads", "2", "experiment", "table2", "--profile", "quick", "--seeds", "1", "--jobs", "2",
+             "--root", str(root), "--records", str(rec), "--out", str(tmp_path / "out"),
+             env_extra={"SINKLAB_TEST_STEP_PAUSE": "0.15"})
+    _wait_for(lambda: rec.is_dir() and any(rec.iterdir()), p, timeout=300)
+    assert p.poll() is None, "the campaign had ended: the record was not written as the run finished"
+    below = _descendants(p.pid)
+    t = time.perf_counter()
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("the campaign did not exit within 120 s of SIGTERM")
+    secs, err = time.perf_counter() - t, p.stderr.read()
+    assert p.returncode == 143, (p.returncode, err[-2000:])
+    assert "sinklab: interrupted: terminated (SIGTERM)" in err and "Traceback" not in err, err
+    deadline = time.time() + 5.0
+    while any(_alive(q) for q in below) and time.time() < deadline:
+        time.sleep(0.05)
+    assert not [q for q in below if _alive(q)], "a worker outlived the campaign"
+    assert secs < 10.0, f"{secs:.1f} s from SIGTERM to exit"  # workers stop at a step boundary, not run's end
+    assert not _temporaries(str(root))
+    runs = sorted(d.name for d in root.iterdir() if d.is_dir())
+    done = sorted(d for d in runs if finished_config(str(root / d)) is not None)
+    assert 1 <= len(done) < 4 and sorted(d.name for d in rec.iterdir()) == done, (runs, done)
 
 
 # ------------------------------------------------------------------ sweeps

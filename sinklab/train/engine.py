@@ -20,6 +20,7 @@ from .. import _core
 from ..families import base
 from ..families.config import ModelConfig
 from ..model import PRECISIONS, Model
+from ..runtime import Terminated
 from ..system import available_memory
 
 ROPE_HALF_SPLIT = 0  # Hugging Face's rotate-half layout: checkpoints are plain HF LLaMA folders
@@ -124,26 +125,32 @@ def _check_train_memory(n: int, grad_groups: int) -> None:
 
 
 @contextmanager
-def _sigint_deferred() -> Iterator[None]:
-    """Holds Python's SIGINT handler (KeyboardInterrupt by default) until the block ends, so that
-    a Ctrl-C arriving just as a C call returns cannot split the call from the bookkeeping that
-    must follow it. A KeyboardInterrupt the C call raises itself (it stopped before changing
-    anything) still propagates at once. Main thread only (elsewhere Python runs no handler)."""
+def _interrupts_deferred() -> Iterator[None]:
+    """Holds Python's SIGINT and SIGTERM handlers (KeyboardInterrupt, and
+    :class:`sinklab.runtime.Terminated` where installed) until the block ends, so that a signal
+    arriving just as a C call returns cannot split the call from the bookkeeping that must follow
+    it. A KeyboardInterrupt the C call raises itself (it stopped before changing anything) still
+    propagates at once. Main thread only (elsewhere Python runs no handler)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    prev = signal.getsignal(signal.SIGINT)
-    if not callable(prev):  # SIG_IGN / SIG_DFL: nothing Python-level to hold
-        yield
-        return
+    # SIG_IGN / SIG_DFL: nothing Python-level to hold
+    prev = {sig: h for sig in (signal.SIGINT, signal.SIGTERM) if callable(h := signal.getsignal(sig))}
     held: List[Any] = []
-    signal.signal(signal.SIGINT, lambda sig, frame: held.append((sig, frame)))
+    for sig in prev:
+        signal.signal(sig, lambda sig, frame: held.append((sig, frame)))
     try:
         yield
+    except KeyboardInterrupt as e:  # the C call stopped for a held signal: say which
+        if type(e) is KeyboardInterrupt and held and held[0][0] == signal.SIGTERM:
+            raise Terminated("terminated (SIGTERM)") from None
+        raise
     finally:
-        signal.signal(signal.SIGINT, prev)
-    if held:  # the block completed: now run the handler it held back (raises KeyboardInterrupt)
-        prev(*held[0])
+        for sig, h in prev.items():
+            signal.signal(sig, h)
+    if held:  # the block completed: now run the first handler it held back (raises)
+        sig, frame = held[0]
+        prev[sig](sig, frame)
 
 
 class Trainer:
@@ -254,13 +261,13 @@ class Trainer:
         o = self.optimizer
         groups = min(self.grad_groups, ids.shape[0])
         # Ctrl-C: the C step either stops before the update (KeyboardInterrupt, nothing changed) or
-        # applies it whole; a SIGINT that lands as it returns is held until step_count agrees with
+        # applies it whole; a SIGINT (or SIGTERM) that lands as it returns is held until step_count agrees with
         # the weights, so an interrupted trainer is always at a step boundary.
         group_grads = None
         if groups > 1:
             assert self._group_grads is not None      # allocated for grad_groups > 1 in __init__
             group_grads = self._group_grads[:groups - 1]
-        with _sigint_deferred():
+        with _interrupts_deferred():
             loss, norm = _core.train_step(self.model._handle, self._core_grads, self.params, self.grads, self.mom,
                                           self.vel, self.decay_ranges, ids, targets, key_start, bool(keep_first),
                                           float(lr), o.beta1, o.beta2, o.eps, o.weight_decay, o.grad_clip,

@@ -37,10 +37,10 @@ import json
 import math
 import os
 import shutil
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
-from ..runtime import get_num_threads
+from ..runtime import get_num_threads, sigterm_as_interrupt
 from ..viz.reference import sink_T, uniform_first_importance
 from . import criteria, records
 from .corpus import CORPUS_NAME, corpus_for, corpus_key
@@ -238,18 +238,22 @@ def run_with_records(configs: Sequence[TrainConfig], root: str, adopt: Sequence[
                      progress: bool = True, jobs: int = 1,
                      train_missing: bool = True) -> Tuple[List[TrainConfig], List[List[Dict[str, Any]]]]:
     """:func:`run_all` (``jobs`` runs at a time) after adopting finished runs from ``adopt`` and
-    ``records_dir``, then writes a record of every finished run into ``records_dir`` (with its
-    loss on the first n tokens for each n of ``common``), also when a run fails or is
-    interrupted part-way. Returns (configs, logs) of the finished runs: all of them, or with
+    ``records_dir``, writing a record of each run into ``records_dir`` (with its loss on the
+    first n tokens for each n of ``common``) as it finishes, and of every finished run at the end,
+    also when a run fails or is interrupted part-way (Ctrl-C, or SIGTERM under the CLI). Returns (configs, logs) of the finished runs: all of them, or with
     ``train_missing=False`` (nothing trained or resumed) only those already finished, in order.
     Raises ValueError when that leaves none."""
     sources = list(adopt) + ([records_dir] if records_dir and os.path.isdir(records_dir) else [])
     if sources:
         os.makedirs(root, exist_ok=True)
         adopt_runs(configs, sources)
+    def record(cfg: TrainConfig) -> None:
+        if records_dir:
+            records.write_records([cfg], records_dir, common)
+
     try:
         if train_missing:
-            return list(configs), run_all(configs, progress=progress, jobs=jobs)
+            return list(configs), run_all(configs, progress=progress, jobs=jobs, on_finished=record)
         done = [c for c in configs if not _needs_training(c)]
         if not done:
             raise ValueError(f"none of the {len(configs)} runs has finished (under {root!r}"
@@ -301,13 +305,37 @@ def _needs_training(cfg: TrainConfig) -> bool:
 
 
 def _train_in_worker(cfg: TrainConfig) -> str:
-    train(cfg, progress=False)
+    with sigterm_as_interrupt():  # stopped by the campaign (or kill): the run leaves no half-written file
+        train(cfg, progress=False)
     return cfg.out_dir
 
 
-def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool) -> None:
+WORKER_GRACE_S = 30.0  # a stopped worker's time to leave its checkpoint folder whole, then SIGKILL
+
+
+def _stop_workers(ex: Any) -> None:
+    """After Ctrl-C or SIGTERM of the campaign: SIGTERM to every worker still training (a Ctrl-C
+    at a terminal reached them already; a ``kill`` of this process did not), each given
+    :data:`WORKER_GRACE_S` to stop at a step boundary, so none trains on unseen."""
+    import multiprocessing
+
+    ex.shutdown(wait=False, cancel_futures=True)
+    workers = multiprocessing.active_children()
+    for p in workers:
+        p.join(timeout=2.0)        # those that had the Ctrl-C are stopping on their own
+        if p.is_alive():
+            p.terminate()
+    for p in workers:
+        p.join(timeout=WORKER_GRACE_S)
+        if p.is_alive():
+            p.kill()
+
+
+def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool,
+                        on_finished: Optional[Callable[[TrainConfig], None]] = None) -> None:
     """Trains ``todo`` in ``jobs`` spawned processes, each with its share of the threads (a run's
-    numbers do not depend on its thread count), one progress bar over the runs."""
+    numbers do not depend on its thread count), one progress bar over the runs; ``on_finished``
+    is called (here, in this process) with each run's config as it finishes."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
@@ -317,26 +345,44 @@ def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool) 
         corpus_for(c, quiet=not progress)
     # a run's threads (or the default) are the budget of all: each worker gets its share
     todo = [dataclasses.replace(c, threads=max(1, (c.threads or get_num_threads()) // jobs)) for c in todo]
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn")) as ex:
-        futures = [ex.submit(_train_in_worker, c) for c in todo]
+    ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        futures = {ex.submit(_train_in_worker, c): c for c in todo}
         with tqdm(total=len(futures), desc=f"training runs ({jobs} at a time)", unit="run", disable=not progress) as bar:
             for f in as_completed(futures):
                 bar.set_postfix_str(os.path.basename(f.result()))  # a worker's error is raised here
+                if on_finished is not None:
+                    on_finished(futures[f])
                 bar.update()
+    except KeyboardInterrupt:
+        _stop_workers(ex)
+        raise
+    finally:  # after a worker's error, as without one, the runs under way finish first
+        ex.shutdown(wait=True)
 
 
-def run_all(configs: Sequence[TrainConfig], progress: bool = True, jobs: int = 1) -> List[List[Dict[str, Any]]]:
+def run_all(configs: Sequence[TrainConfig], progress: bool = True, jobs: int = 1,
+            on_finished: Optional[Callable[[TrainConfig], None]] = None) -> List[List[Dict[str, Any]]]:
     """Trains (or resumes, or skips when finished) every run; returns each run's log. ``jobs`` > 1
     trains that many runs at a time in separate processes, each run's threads (or the default)
-    shared among them (on 2
-    cores two 1-thread runs give 1.6x the runs per hour of one 2-thread run); the logs are the
-    same whatever ``jobs``, timing fields aside."""
+    shared among them (on 2 cores two 1-thread runs give 1.6x the runs per hour of one 2-thread
+    run); the logs are the same whatever ``jobs``, timing fields aside. ``on_finished(config)``
+    is called as each run this call trains finishes (a campaign records it then, so that a
+    campaign killed later loses none of it)."""
     if int(jobs) < 1:
         raise ValueError(f"jobs must be at least 1, got {jobs}")
     todo = [c for c in configs if _needs_training(c)]
     if int(jobs) > 1 and len(todo) > 1:
-        _train_in_processes(todo, int(jobs), progress)
-    return [train(cfg, progress=progress).log if _needs_training(cfg) else read_log(cfg.out_dir) for cfg in configs]
+        _train_in_processes(todo, int(jobs), progress, on_finished)
+    logs = []
+    for cfg in configs:
+        if _needs_training(cfg):
+            logs.append(train(cfg, progress=progress).log)
+            if on_finished is not None:
+                on_finished(cfg)
+        else:
+            logs.append(read_log(cfg.out_dir))
+    return logs
 
 
 def _evaluated(log: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
