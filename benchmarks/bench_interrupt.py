@@ -11,7 +11,8 @@ Parts (each case in a subprocess, so that no SIGINT reaches this process):
    Jacobian of the last position's output over T_jac tokens, a jvp over T_jvp tokens and
    loss_and_grad T; SIGINT from a timer thread ``--delay`` s into the call; seconds until
    the call raised KeyboardInterrupt. Each repeated ``--reps`` times (median and max).
-2. A training run (``sinklab train``) of two sizes: ``small`` (d 32, 2 layers, C 32: steps of
+2. A training run (``sinklab train``), SIGINT and SIGTERM (``kill``: handled as Ctrl-C), of two
+   sizes: ``small`` (d 32, 2 layers, C 32: steps of
    milliseconds) and ``default`` (``sinklab train --example``'s model: d 256, 4 layers, C 256,
    8192 tokens a step); SIGINT ``--train-wait`` s after start; seconds to process exit, and the
    duration of one optimizer step (a step is atomic until the C step checks for Ctrl-C inside
@@ -65,6 +66,7 @@ CALLS_CHILD = textwrap.dedent("""
     import json, os, signal, sys, threading, time
     import numpy as np
     import sinklab as sl
+    import tqdm.auto  # noqa: F401  (the calls' lazy import, done here: a SIGINT inside an import is Python's case, not ours)
 
     gguf, T, T_jac, T_jvp, delay, reps = sys.argv[1], *map(int, sys.argv[2:5]), float(sys.argv[5]), int(sys.argv[6])
     model = sl.load(gguf, quiet=True)
@@ -153,10 +155,10 @@ def check_gaps(gguf: str, T: int, T_jac: int, T_jvp: int) -> Dict[str, List[floa
 
 
 # ------------------------------------------------------------------------------------ processes
-def _ctrl_c(proc: subprocess.Popen, group: bool) -> float:
-    """SIGINT to the process (or its group); seconds until it exited."""
+def _ctrl_c(proc: subprocess.Popen, group: bool, sig: int = signal.SIGINT) -> float:
+    """SIGINT (or ``sig``) to the process (or its group); seconds until it exited."""
     t = time.perf_counter()
-    os.killpg(proc.pid, signal.SIGINT) if group else proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, sig) if group else proc.send_signal(sig)
     try:
         proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
@@ -176,8 +178,9 @@ def _leftovers(folder: str) -> List[str]:
     return [os.path.join(d, n) for d, ds, fs in os.walk(folder) for n in ds + fs if ".tmp" in n]
 
 
-def train_run(size: str, wait: float, tmp: str, quick: bool) -> Dict[str, Any]:
-    """One ``sinklab train`` run SIGINTed ``wait`` s after its start."""
+def train_run(size: str, wait: float, tmp: str, quick: bool, sig: int = signal.SIGINT) -> Dict[str, Any]:
+    """One ``sinklab train`` run sent ``sig`` (SIGINT; SIGTERM is handled the same way) ``wait`` s
+    after its start."""
     from sinklab.train.run import TrainConfig
 
     cfg = TrainConfig().to_dict()
@@ -192,10 +195,10 @@ def train_run(size: str, wait: float, tmp: str, quick: bool) -> Dict[str, Any]:
         json.dump(cfg, f)
     p = _cli(["train", path, "--no-resume"], {"SINKLAB_TEST_STEP_PAUSE": ""})
     time.sleep(wait)
-    secs = _ctrl_c(p, group=False)
+    secs = _ctrl_c(p, group=False, sig=sig)
     err = p.stderr.read()
     log = os.path.join(cfg["out_dir"], "log.jsonl")
-    return {"size": size, "exit_s": secs, "rc": p.returncode, "message": err.strip().splitlines()[-1:],
+    return {"size": size, "signal": signal.Signals(sig).name, "exit_s": secs, "rc": p.returncode, "message": err.strip().splitlines()[-1:],
             "leftovers": _leftovers(cfg["out_dir"]), "log_lines": sum(1 for _ in open(log)) if os.path.exists(log) else 0}
 
 
@@ -375,10 +378,10 @@ def main() -> None:
                     print(f"  {name:24s} {_fmt(lat)}")
                 part["calls"] = calls
                 part["train"] = []
-                for size in ("small", "default"):
-                    r = train_run(size, wait, tmp, q)
+                for size, sig in ((z, g) for z in ("small", "default") for g in (signal.SIGINT, signal.SIGTERM)):
+                    r = train_run(size, wait, tmp, q, sig)
                     part["train"].append(r)
-                    print(f"sinklab train ({size}, one step {steps[size]:.3f} s), SIGINT {wait:g} s in -> exit "
+                    print(f"sinklab train ({size}, one step {steps[size]:.3f} s), {r['signal']} {wait:g} s in -> exit "
                           f"{r['rc']}: {r['exit_s']:.3f} s; {r['log_lines']} log line(s); half-written files left: "
                           f"{len(r['leftovers'])}; {' '.join(r['message'])}")
                 part["sweep"] = []

@@ -92,19 +92,19 @@ def _wait_for(cond, proc, timeout=120.0) -> None:
         time.sleep(0.01)
 
 
-def _ctrl_c(proc: subprocess.Popen, group: bool = False):
-    """SIGINT to the process (or its whole group, as a terminal's Ctrl-C); returns (seconds to
-    exit, exit status, stderr)."""
+def _ctrl_c(proc: subprocess.Popen, group: bool = False, sig: int = signal.SIGINT, timeout: float = 60.0):
+    """SIGINT (or ``sig``) to the process (or its whole group, as a terminal's Ctrl-C); returns
+    (seconds to exit, exit status, stderr)."""
     t = time.perf_counter()
     if group:
-        os.killpg(proc.pid, signal.SIGINT)
+        os.killpg(proc.pid, sig)
     else:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
     try:
-        proc.wait(timeout=60)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        raise AssertionError("the process did not exit within 60 s of SIGINT")
+        raise AssertionError(f"the process did not exit within {timeout:g} s of {signal.Signals(sig).name}")
     return time.perf_counter() - t, proc.returncode, proc.stderr.read()
 
 
@@ -264,15 +264,8 @@ def test_sigterm_of_a_two_job_campaign_records_each_finished_run_and_leaves_no_w
     _wait_for(lambda: rec.is_dir() and any(rec.iterdir()), p, timeout=300)
     assert p.poll() is None, "the campaign had ended: the record was not written as the run finished"
     below = _descendants(p.pid)
-    t = time.perf_counter()
-    p.send_signal(signal.SIGTERM)
-    try:
-        p.wait(timeout=120)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        raise AssertionError("the campaign did not exit within 120 s of SIGTERM")
-    secs, err = time.perf_counter() - t, p.stderr.read()
-    assert p.returncode == 143, (p.returncode, err[-2000:])
+    secs, rc, err = _ctrl_c(p, sig=signal.SIGTERM, timeout=120.0)
+    assert rc == 143, (rc, err[-2000:])
     assert "sinklab: interrupted: terminated (SIGTERM)" in err and "Traceback" not in err, err
     deadline = time.time() + 5.0
     while any(_alive(q) for q in below) and time.time() < deadline:
