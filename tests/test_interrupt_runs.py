@@ -250,10 +250,12 @@ def test_a_long_optimizer_step_stops_within_a_second(sig, raised):
     assert res["latency_s"] < BOUND_S, res
 
 
-def test_sigterm_of_a_two_job_campaign_records_each_finished_run_and_leaves_no_worker(tmp_path):
-    """`kill` of `sinklab experiment table2 --jobs 2` (steps slowed by the test hook): a run's
-    record is written as it finishes, while the others train; SIGTERM then ends the CLI with 143
-    and a line saying so, its workers stopped (none left training) with no half-written file, and
+@pytest.mark.parametrize("how", ["kill", "ctrl-c"])
+def test_a_stopped_two_job_campaign_records_each_finished_run_and_leaves_no_worker(tmp_path, how):
+    """`sinklab experiment table2 --jobs 2` (steps slowed by the test hook): a run's record is
+    written as it finishes, while the others train. Then ``kill`` (SIGTERM to the CLI alone: exit
+    143) or a terminal's Ctrl-C (SIGINT to the whole group: exit 130) ends it with a line saying how
+    many runs finished, its workers stopped (none left training) with no half-written file, and
     every finished run recorded."""
     from sinklab.train.records import finished_config
 
@@ -264,14 +266,19 @@ def test_sigterm_of_a_two_job_campaign_records_each_finished_run_and_leaves_no_w
     _wait_for(lambda: rec.is_dir() and any(rec.iterdir()), p, timeout=300)
     assert p.poll() is None, "the campaign had ended: the record was not written as the run finished"
     below = _descendants(p.pid)
-    secs, rc, err = _ctrl_c(p, sig=signal.SIGTERM, timeout=120.0)
-    assert rc == 143, (rc, err[-2000:])
-    assert "sinklab: interrupted: terminated (SIGTERM)" in err and "Traceback" not in err, err
+    if how == "kill":
+        secs, rc, err = _ctrl_c(p, sig=signal.SIGTERM, timeout=120.0)
+        assert rc == 143 and "sinklab: interrupted: terminated (SIGTERM); " in err, (rc, err[-2000:])
+    else:
+        secs, rc, err = _ctrl_c(p, group=True, timeout=120.0)
+        assert rc == 130 and "sinklab: interrupted: " in err, (rc, err[-2000:])
+    assert f"of 4 runs finished and recorded in {rec}; run the same command again" in err, err
+    assert "Traceback" not in err, err
     deadline = time.time() + 5.0
     while any(_alive(q) for q in below) and time.time() < deadline:
         time.sleep(0.05)
     assert not [q for q in below if _alive(q)], "a worker outlived the campaign"
-    assert secs < 10.0, f"{secs:.1f} s from SIGTERM to exit"  # workers stop at a step boundary, not run's end
+    assert secs < 10.0, f"{secs:.1f} s from the signal to exit"  # workers stop at a step boundary, not run's end
     assert not _temporaries(str(root))
     runs = sorted(d.name for d in root.iterdir() if d.is_dir())
     done = sorted(d for d in runs if finished_config(str(root / d)) is not None)

@@ -240,13 +240,15 @@ def run_with_records(configs: Sequence[TrainConfig], root: str, adopt: Sequence[
     """:func:`run_all` (``jobs`` runs at a time) after adopting finished runs from ``adopt`` and
     ``records_dir``, writing a record of each run into ``records_dir`` (with its loss on the
     first n tokens for each n of ``common``) as it finishes, and of every finished run at the end,
-    also when a run fails or is interrupted part-way (Ctrl-C, or SIGTERM under the CLI). Returns (configs, logs) of the finished runs: all of them, or with
-    ``train_missing=False`` (nothing trained or resumed) only those already finished, in order.
-    Raises ValueError when that leaves none."""
+    also when a run fails or is interrupted part-way (Ctrl-C, or SIGTERM under the CLI: the
+    KeyboardInterrupt then says how many runs finished). Returns (configs, logs) of the finished
+    runs: all of them, or with ``train_missing=False`` (nothing trained or resumed) only those
+    already finished, in order. Raises ValueError when that leaves none."""
     sources = list(adopt) + ([records_dir] if records_dir and os.path.isdir(records_dir) else [])
     if sources:
         os.makedirs(root, exist_ok=True)
         adopt_runs(configs, sources)
+
     def record(cfg: TrainConfig) -> None:
         if records_dir:
             records.write_records([cfg], records_dir, common)
@@ -259,6 +261,13 @@ def run_with_records(configs: Sequence[TrainConfig], root: str, adopt: Sequence[
             raise ValueError(f"none of the {len(configs)} runs has finished (under {root!r}"
                              f"{f' or recorded in {records_dir!r}' if records_dir else ''})")
         return done, [read_log(c.out_dir) for c in done]
+    except KeyboardInterrupt as e:
+        said = f"{e.args[0]}; " if e.args and e.args[0] else ""
+        n_done = sum(not _needs_training(c) for c in configs)
+        e.args = (f"{said}{n_done} of {len(configs)} runs finished"
+                  + (f" and recorded in {records_dir}" if records_dir else "")
+                  + "; run the same command again to resume the others from their checkpoints",)
+        raise
     finally:
         if records_dir:
             records.write_records(configs, records_dir, common)
