@@ -97,3 +97,28 @@ def test_report_section_readings_follow_the_intervals(smollm2_model, monkeypatch
     assert md.count("**Reading.**") == 1 and f"without kept tokens perplexity {BW.plain_window(d0)}" in md
     assert d0.value == pytest.approx(np.mean(np.asarray(res["nll"])[:, 0, 0] - np.asarray(res["nll_full"])))
     assert set(BW.figures({"m": res})) == {"beyond_windowed.png"}
+
+
+GEMMA_T, GEMMA_W = 640, 128  # past Gemma 3's own 512-key window: its local layers' windows are in play
+
+
+@pytest.mark.parametrize("k", [0, 4])
+def test_gemma3_windowed_past_its_own_window_matches_transformers(gemma3_path, gemma3_model, hf_gguf_reference, k):
+    """Gemma 3 (local layers with their own 512-key window, global layers without): the override
+    window and the k kept keys apply to both layer types (``Model.run``'s rule), which
+    transformers is given as one mask per layer type ({"full_attention", "sliding_attention"})."""
+    torch = rm.require("torch")
+    from sinklab.analysis.long_context import long_texts
+
+    x = long_texts(gemma3_model, GEMMA_T, 1)[0]
+    rows = 48
+    got = gemma3_model.run(x, window=GEMMA_W, keep_first=k, logits_from=GEMMA_T - rows, progress=False).logits
+    ref_model = hf_gguf_reference(gemma3_path)
+    ref_model.config._attn_implementation = "eager"
+    mask = mask_4d(torch, GEMMA_T, GEMMA_W, k)
+    with torch.no_grad():
+        ref = ref_model(input_ids=torch.from_numpy(np.asarray(x, np.int64)[None]), use_cache=False,
+                        attention_mask={"full_attention": mask, "sliding_attention": mask}).logits[0, -rows:].float().numpy()
+    rm.assert_close(f"gemma-3 logits T={GEMMA_T} w={GEMMA_W} k={k}", got, ref)
+    nll, nll_ref = nll_rows(got[:-1], x[-rows + 1:]), nll_rows(ref[:-1], x[-rows + 1:])
+    assert np.max(np.abs(nll - nll_ref)) < 1e-3
