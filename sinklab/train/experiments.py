@@ -40,6 +40,7 @@ import shutil
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ..analysis.stats import over_seeds
+from ..progress import progress_bar
 from ..runtime import get_num_threads, sigterm_as_interrupt
 from ..viz.reference import sink_T, uniform_first_importance
 from . import criteria, records
@@ -348,8 +349,6 @@ def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool,
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    from tqdm.auto import tqdm
-
     for c in {corpus_key(c): c for c in todo}.values():  # each corpus prepared once, here, not raced by the workers
         corpus_for(c, quiet=not progress)
     # a run's threads (or the default) are the budget of all: each worker gets its share
@@ -357,7 +356,8 @@ def _train_in_processes(todo: Sequence[TrainConfig], jobs: int, progress: bool,
     ex = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
     try:
         futures = {ex.submit(_train_in_worker, c): c for c in todo}
-        with tqdm(total=len(futures), desc=f"training runs ({jobs} at a time)", unit="run", disable=not progress) as bar:
+        with progress_bar(total=len(futures), progress=progress, desc=f"training runs ({jobs} at a time)",
+                          unit="run") as bar:
             for f in as_completed(futures):
                 bar.set_postfix_str(os.path.basename(f.result()))  # a worker's error is raised here
                 if on_finished is not None:
