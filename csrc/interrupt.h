@@ -4,8 +4,8 @@
  * also sets the core's interrupt flag (read between layers by sl_check_interrupt) and chains to
  * Python's handler, then restores it. SIGTERM is guarded the same way where Python handles it
  * (sinklab.runtime.sigterm_as_interrupt: the CLI, a campaign's workers). A signal that is ignored
- * (SIG_IGN) or left to the default action is not touched. Include after Python.h (it defines the POSIX feature macros that
- * struct sigaction needs under -std=c11). */
+ * (SIG_IGN) or left to the default action is not touched. Include after Python.h (it defines
+ * the POSIX feature macros that struct sigaction needs under -std=c11). */
 #ifndef SL_INTERRUPT_H
 #define SL_INTERRUPT_H
 
@@ -34,12 +34,12 @@ typedef struct {
  * only calls from that thread are guarded, since only it runs Python's signal handlers. */
 void sl_sigint_init(void);
 
-/* Call with the GIL held, after sl_ctx_begin(ctx): guards the call (ctx->interruptible set) when
- * it runs on the main thread and Python handles SIGINT or SIGTERM. */
 /* Whether guards also take SIGTERM (set while sinklab.runtime.sigterm_as_interrupt installs
  * Python's handler for it); returns the previous setting. Main thread, GIL held. */
 int sl_set_guard_sigterm(int on);
 
+/* Call with the GIL held, after sl_ctx_begin(ctx): guards the call (ctx->interruptible set) when
+ * it runs on the main thread and Python handles SIGINT (or SIGTERM, see above). */
 void sl_sigint_guard_begin(sl_sigint_guard *g, sl_ctx *ctx);
 void sl_sigint_guard_end(sl_sigint_guard *g);
 
