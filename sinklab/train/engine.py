@@ -261,8 +261,8 @@ class Trainer:
         o = self.optimizer
         groups = min(self.grad_groups, ids.shape[0])
         # Ctrl-C: the C step either stops before the update (KeyboardInterrupt, nothing changed) or
-        # applies it whole; a SIGINT (or SIGTERM) that lands as it returns is held until step_count agrees with
-        # the weights, so an interrupted trainer is always at a step boundary.
+        # applies it whole; a SIGINT (or SIGTERM) that lands as it returns is held until step_count
+        # agrees with the weights, so an interrupted trainer is always at a step boundary.
         group_grads = None
         if groups > 1:
             assert self._group_grads is not None      # allocated for grad_groups > 1 in __init__

@@ -326,7 +326,7 @@ WORKER_GRACE_S = 30.0  # a stopped worker's time to leave its checkpoint folder 
 def _stop_workers(ex: Any) -> None:
     """After Ctrl-C or SIGTERM of the campaign: SIGTERM to every worker still training (a Ctrl-C
     at a terminal reached them already; a ``kill`` of this process did not), each given
-    :data:`WORKER_GRACE_S` to stop at a step boundary, so none trains on unseen."""
+    :data:`WORKER_GRACE_S` to stop at a step boundary, so that none goes on training unwatched."""
     import multiprocessing
 
     ex.shutdown(wait=False, cancel_futures=True)
