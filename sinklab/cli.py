@@ -293,19 +293,19 @@ def cmd_experiment(args) -> int:
     res = run_experiment(args.name, args.profile, root=args.root, out=args.out, progress=not args.quiet,
                          threads=args.threads, seeds=args.seeds, adopt=args.adopt, records_dir=args.records,
                          jobs=args.jobs, train_missing=not args.no_train)
-    n = len(res["seeds"])
     if args.name == "table2":
         print(res["markdown"])
         print()
         print(res["differences_markdown"])
     else:
         for run in res["runs"]:
+            n = len(run.get("seeds") or res["seeds"])    # a partial campaign's contexts differ
             sd = lambda k: ("" if run["sd"][k][-1] is None else  # noqa: E731
                             f" ± {100 * run['sd'][k][-1]:.2f}" if "sink" in k else f" ± {run['sd'][k][-1]:.4f}")
             print(f"C = {run['context']}: sink rate {100 * run['sink_0.3'][-1]:.2f}{sd('sink_0.3')}% (eps 0.3), "
                   f"{100 * run['sink_0.8'][-1]:.2f}{sd('sink_0.8')}% (eps 0.8), val loss {run['val_loss'][-1]:.4f}"
                   f"{sd('val_loss')} after {run['tokens'][-1]:,} tokens "
-                  f"(mean ± sd over {n} seed{'s' if n != 1 else ''})")
+                  f"({'one seed' if n == 1 else f'mean ± sd over {n} seeds'})")
     print(f"wrote {res['figure']}")
     print()
     print(res["reading"])

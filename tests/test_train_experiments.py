@@ -567,6 +567,24 @@ def test_readings_name_each_groups_seed_count_while_a_campaign_is_partial():
     assert K.table2_reading(synth_table2(PAPERLIKE))[0].startswith("Over 3 seeds (mean ± sd;")
 
 
+def test_the_cli_names_each_contexts_seed_count_while_fig5_is_partial(monkeypatch, capsys):
+    """`sinklab experiment fig5` prints one line per context: a context with one finished seed
+    beside contexts with three is "one seed", not "mean ± sd over 3 seeds"."""
+    from sinklab import cli
+
+    def run(seeds, C):
+        return {"context": C, "seeds": seeds, "tokens": [1000], "sink_0.3": [0.1], "sink_0.8": [0.0],
+                "val_loss": [4.0], "sd": {k: [None if len(seeds) == 1 else 0.01]
+                                          for k in ("sink_0.3", "sink_0.8", "val_loss")}}
+
+    fake = {"seeds": [0, 1, 2], "runs": [run([0, 1, 2], 128), run([0], 512)], "figure": "f.png", "reading": "r"}
+    monkeypatch.setattr(X, "run_experiment", lambda *a, **kw: fake)
+    assert cli.main(["experiment", "fig5", "--profile", "quick", "--no-train", "--quiet"]) == 0
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("C = ")]
+    assert lines[0].endswith("(mean ± sd over 3 seeds)") and " ± 1.00%" in lines[0], lines
+    assert lines[1].endswith("(one seed)") and "±" not in lines[1], lines
+
+
 def synth_table2(conds, drop=()):
     """A Table 2 summary made by table2_summary from made-up logs: ``conds[(masking, fixed)]``
     = per seed (sink_bos, sink_text, loss_bos, loss_text), sink rates as fractions."""
