@@ -89,12 +89,14 @@ def test_report_section_readings_follow_the_intervals(smollm2_model, monkeypatch
     assert BW.kept(Interval(0.02, 0.0, 0.05, 3), Interval(1.0, 0.9, 1.1, 3)) == "restores"
     assert BW.kept(Interval(0.2, 0.1, 0.3, 3), Interval(1.0, 0.9, 1.1, 3)) == "helps"
     assert BW.kept(Interval(0.9, 0.8, 1.0, 3), Interval(0.0, -0.1, 0.1, 3)) == "no detectable help"
+    assert BW.kept(Interval(1.8, 1.5, 2.1, 3), Interval(-1.2, -1.5, -0.9, 3)) == "hurts"  # Gemma 3 past its window
     monkeypatch.setattr(BW, "settings", lambda quick: {"T": 64, "windows": (8,), "keeps": (0, 1), "n_texts": 2,
                                                        "n_scored": 16})
     res = BW.compute(smollm2_model, True, False)
     md = BW.markdown({"m": res})
     d0 = Interval.from_dict(res["delta"]["8"]["0"])
     assert md.count("**Reading.**") == 1 and f"without kept tokens perplexity {BW.plain_window(d0)}" in md
+    assert "first 1 kept (first text token): " in md      # SmolLM2 has no ⟨bos⟩: k = 1 is that token alone
     assert d0.value == pytest.approx(np.mean(np.asarray(res["nll"])[:, 0, 0] - np.asarray(res["nll_full"])))
     assert set(BW.figures({"m": res})) == {"beyond_windowed.png"}
 

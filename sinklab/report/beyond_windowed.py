@@ -64,7 +64,7 @@ def reading(name: str, res: Dict[str, Any]) -> str:
     parts = []
     for w in res["windows"]:
         d0 = _iv(res, "delta", w, 0)
-        ks = [f"first {k} kept ({'⟨bos⟩' if res['bos'] and k == 1 else 'incl. the ' + first}): "
+        ks = [f"first {k} kept ({first if k == 1 else 'incl. the ' + first}): "
               f"{kept(_iv(res, 'delta', w, k), _iv(res, 'gain', w, k))} ({_ratio(_iv(res, 'delta', w, k))})"
               for k in res["keeps"] if k]
         parts.append(f"w = {w}: without kept tokens perplexity {plain_window(d0)} ({_ratio(d0)}); " + "; ".join(ks))
