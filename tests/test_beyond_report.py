@@ -46,6 +46,13 @@ def test_files_and_sections(report):
             assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, f
             assert f"]({f})" in md
     assert md.count("**Reading.**") == len(beyond.BEYOND_SECTIONS)
+    # the summary table: a row per section, a cell per model, each cell the section's criterion's word
+    glance = beyond.summary_table(res)
+    assert glance in md and len(glance.splitlines()) == 2 + len(beyond.BEYOND_SECTIONS)
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in glance.splitlines()[2:]}
+    ma, kg = res["massive"]["results"][model.name], res["key_geometry"]["results"][model.name]
+    assert rows[MA.SUMMARY].startswith({"massive": "yes", "outliers": "outliers", "none": "no"}[MA.classify(ma)])
+    assert rows[KG.SUMMARY].startswith(KG.winner(kg))
 
 
 def test_massive_numbers_against_transformers(report, hf_run):

@@ -632,3 +632,16 @@ def test_results_checkers_fail_on_bad_rows(results):
         "benchmarks/bench_sgemm.py has no --no-such-flag ('benchmarks/bench_sgemm.py --no-such-flag')"]
     assert slug("Robustness: fuzzing, sanitizers, valgrind") == "robustness-fuzzing-sanitizers-valgrind"
     assert "Under contention" in headings(results) and "Under no contention" not in headings(results)
+
+
+def test_the_beyond_pages_give_the_committed_reports_computed_readings():
+    """docs/beyond/report.md shows the committed beyond-the-paper report's summary table as the
+    code computes it from that report's numbers (notebooks/results/beyond/beyond.json), so a
+    page cannot keep a reading the numbers no longer give."""
+    import json
+
+    from sinklab.report.beyond import summary_table
+
+    res = json.loads((ROOT / "notebooks" / "results" / "beyond" / "beyond.json").read_text(encoding="utf-8"))
+    page = (DOCS / "beyond" / "report.md").read_text(encoding="utf-8")
+    assert summary_table(res) in page, summary_table(res)

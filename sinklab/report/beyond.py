@@ -12,7 +12,9 @@ Each section is a module of this package named ``beyond_`` + the section's name 
 - ``markdown(results) -> str``: the section's body for ``results`` keyed by model name: the
   question it answers, the literature it stands for and what differs, the models side by side
   with intervals, and a reading computed from the numbers and their intervals;
-- ``figures(results) -> {file name: Figure}``.
+- ``figures(results) -> {file name: Figure}``;
+- ``SUMMARY`` and ``summary(result) -> str``: the row label and one model's reading in one cell
+  of the report's summary table (:func:`summary_table`).
 
 Every (section, model) result is kept in ``out/cache/`` under a key of the section, the model's
 sha256, the preset and the sinklab version: a rerun after an interruption computes only what is
@@ -35,6 +37,7 @@ from ..io.registry import sha256_path
 from ..progress import progress_bar
 from ..results import save_json, to_jsonable
 from ..system import write_atomic
+from .core import table
 from .run import anchor, versions
 
 BEYOND_SECTIONS = ("massive", "key_geometry", "secondary", "multidoc", "windowed", "ablation", "patching")
@@ -138,6 +141,16 @@ def reproduce_beyond(models: Union[str, Sequence[str]] = BEYOND_MODELS, out: str
     return res
 
 
+def summary_table(res: Dict[str, Any], mods: Optional[Dict[str, ModuleType]] = None) -> str:
+    """The readings at a glance: one row per section, one column per model, each cell computed
+    from that section's numbers and intervals (``summary`` of the section's module)."""
+    meta = res["meta"]
+    mods = mods or {k: section_module(k) for k in meta["sections"]}
+    names = [m["name"] for m in meta["models"]]
+    rows = [[mods[k].SUMMARY] + [mods[k].summary(res[k]["results"][n]) for n in names] for k in meta["sections"]]
+    return table(["section"] + names, rows)
+
+
 def beyond_markdown(res: Dict[str, Any], mods: Optional[Dict[str, ModuleType]] = None) -> str:
     """``beyond.md`` from what :func:`reproduce_beyond` returned."""
     meta = res["meta"]
@@ -151,6 +164,8 @@ def beyond_markdown(res: Dict[str, Any], mods: Optional[Dict[str, ModuleType]] =
     lines += [f"| {m['name']} | `{m['sha256'][:16]}…` | {m['tokenizer_adds_bos']} |" for m in meta["models"]]
     lines += ["", f"Preset: {'quick' if meta['quick'] else 'full'}; sinklab {v['sinklab']}, NumPy {v['numpy']}, "
                   f"{v['simd']} kernels, {v['threads']} thread{'s' if v['threads'] != 1 else ''}; {meta['seconds_total']:.0f} s in all.", ""]
+    lines += ["The readings at a glance (each cell computed from the section's intervals; the sections below give "
+              "the numbers and what each word means):", "", summary_table(res, mods), ""]
     lines += [f"- [{res[k]['title']}]({anchor(res[k]['title'])})" for k in meta["sections"]]
     for k in meta["sections"]:
         sec = res[k]

@@ -15,6 +15,7 @@ from ..viz.figures_beyond import head_ablation_figure
 from .core import table
 
 TITLE = "Sink-head ablation against matched controls"
+SUMMARY = "top sink heads off vs matched heads (ΔNLL difference)"
 
 EPS = 0.3  # a sink head: mean a_0 over prompts above this (the paper's ε for Table 1)
 
@@ -76,6 +77,13 @@ def reading(name: str, res: Dict[str, Any], ablation: str = "zero") -> str:
             f"{_iv(res, 'dnll_difference').fmt('.3f')}; {100 * res['exceed']:.0f} % of {len(res['random_heads'])} "
             f"draws hurt at least as much).")
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table): sink heads against matched
+    heads, by each ablation."""
+    how = {"more": "hurts more", "less": "hurts less", "no detectable difference": "no detectable difference"}
+    return "; ".join(f"{a}: {how[comparison(r)]} ({_iv(r, 'dnll_difference').fmt('+.2f')} nats)"
+                     for a, r in _by_ablation(res))
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

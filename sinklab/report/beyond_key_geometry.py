@@ -15,6 +15,7 @@ from ..viz.figures_beyond import sink_map_figure
 from .core import num, table
 
 TITLE = "The sink key's geometry: norm or angle"
+SUMMARY = "sink key: norm or angle"
 
 EPS = 0.3  # a sink head: mean a_0 over prompts above this (the paper's ε for Table 1)
 
@@ -69,6 +70,14 @@ def reading(name: str, res: Dict[str, Any]) -> str:
             f"{gap.fmt('.2f')} nats {how}: norm share {share.fmt('.2f')}, ‖k₀‖ / mean ‖kⱼ‖ = {ratio.fmt('.2f')}, "
             f"cosine gap {Interval.from_dict(res['cos_gap']).fmt('.2f')}{sign}.")
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table)."""
+    w = winner(res)
+    if w == "no sink heads":
+        return "no sink heads"
+    return (f"{w} (norm share {Interval.from_dict(res['norm_share']).fmt('.2f')}; ‖k₀‖ "
+            f"{Interval.from_dict(res['norm_ratio']).fmt('.2f')} of the others')")
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

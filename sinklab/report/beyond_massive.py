@@ -15,6 +15,7 @@ from ..viz.figures_beyond import massive_activations_figure
 from .core import num, pct_ci, table
 
 TITLE = "Massive activations (Sun et al., 2024)"
+SUMMARY = "massive activations (top \\|x\\| / median)"
 
 # Sun et al. call an activation massive when its magnitude exceeds 100 and is about 1,000 times
 # the median magnitude; both bars are applied to the lower ends of the intervals
@@ -86,6 +87,12 @@ def reading(name: str, res: Dict[str, Any]) -> str:
                  f"MLP output (neuron sum against the C capture: {nr['check']:.1e} relative)")
     return text + "."
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table)."""
+    kind = {"massive": "yes", "outliers": "outliers only", "none": "no"}[classify(res)]
+    return (f"{kind}: stream {res['summary']['max_ratio_layer']}, {Interval.from_dict(res['ratio']).fmt(',.0f')}×, "
+            f"at {where(res)}, dimension {res['top_dim']}")
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

@@ -13,6 +13,7 @@ from ..viz.figures_secondary import document_sinks_figure
 from .core import num, pct_ci, table
 
 TITLE = "Sinks across concatenated documents"
+SUMMARY = "a ⟨bos⟩ id at every document boundary"
 
 EPS = 0.3
 # A boundary token is "a sink like position 0" when the interval of its mean a over position 0's
@@ -104,6 +105,14 @@ def reading(name: str, res: Dict[str, Any]) -> str:
              "like other keys": ". Without separators, a document's first token is like any other"}[kp]
     return text + "."
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table)."""
+    sep = res["separated"]
+    word = {"sink like position 0": "a sink", "attracts": "attracts, no sink", "repels": "less than other tokens",
+            "like other keys": "like other tokens"}[boundary_kind(sep)]
+    return (f"{code(res['sep_token'], in_table=True)} at a boundary: {word} "
+            f"(a / a₀ {_iv(sep['start_over_first']).fmt('.2f')})")
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

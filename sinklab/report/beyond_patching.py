@@ -14,6 +14,7 @@ from ..viz.figures_patching import patching_figure
 from .core import num, table
 
 TITLE = "Activation patching: where the answer's information sits"
+SUMMARY = "patching (IOI name swap)"
 
 THRESHOLD = 0.5  # a cell "carries" the answer when its interval lies above this recovered share
 NONE_BELOW = 0.05  # position 0 carries none of it when every layer's interval lies within ±this
@@ -90,6 +91,13 @@ def reading(name: str, res: Dict[str, Any]) -> str:
                             f"(largest mean {top:.3f})"}[share]
     return f"{name}: {where}; {moved}; {sink}."
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table)."""
+    last = last_position_layer(res)
+    at = (f"from layer {last} (layers {res['layers'][0]}–{res['layers'][-1]} patched)" if last is not None
+          else "at no patched layer")
+    return f"last position carries the answer {at}; position 0: {sink_share(res)}"
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

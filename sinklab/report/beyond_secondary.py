@@ -13,6 +13,7 @@ from ..viz.figures_secondary import class_enrichment_figure, secondary_map_figur
 from .core import and_list, num, pct_ci, table
 
 TITLE = "Secondary sinks: attention mass beyond the first token"
+SUMMARY = "secondary sinks"
 
 EPS = 0.3        # a secondary sink head: some key k >= 1 has a_k above this (Gu et al.'s ε)
 N_EXAMPLES = 3   # strongest secondary heads listed per model
@@ -83,6 +84,12 @@ def reading(name: str, res: Dict[str, Any]) -> str:
                  f"key in prompt 0 is {t['token']!r} ({t['class']}, a = {t['a']:.2f})")
     return text + "."
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table)."""
+    more = enriched(res)["more"]
+    return (f"T = {res['T']}: position 0 {pct_ci(_iv(res['first_share']))} of the mass; {pct_ci(_iv(res['secondary_rate']))} of heads "
+            f"with a secondary a_k > {EPS}; more than uniform: {and_list(more) if more else 'none'}")
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []

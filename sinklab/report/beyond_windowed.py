@@ -13,6 +13,7 @@ from ..viz.figures_beyond import windowed_figure
 from .core import table
 
 TITLE = "Windowed attention with and without sink tokens (StreamingLLM)"
+SUMMARY = "windowed attention: perplexity ratio, k first tokens kept"
 
 EXPLODES = math.log(2.0)   # ΔNLL above this over the whole interval: perplexity more than doubles
 NEAR_FULL = math.log(1.1)  # ΔNLL below this over the whole interval: within 10 % of full attention
@@ -70,6 +71,14 @@ def reading(name: str, res: Dict[str, Any]) -> str:
         parts.append(f"w = {w}: without kept tokens perplexity {plain_window(d0)} ({_ratio(d0)}); " + "; ".join(ks))
     return f"{name} (position 0 = {first}): " + ". ".join(parts) + "."
 
+
+def summary(res: Dict[str, Any]) -> str:
+    """The reading in one table cell (the report's summary table): the smallest window."""
+    w = min(res["windows"])
+    d0 = _iv(res, "delta", w, 0)
+    ks = [f"k {k}: {_ratio(_iv(res, 'delta', w, k))}, {kept(_iv(res, 'delta', w, k), _iv(res, 'gain', w, k))}"
+          for k in res["keeps"] if k]
+    return f"w = {w}, T = {res['T']}: k 0: {_ratio(d0)}, {plain_window(d0)}; " + "; ".join(ks)
 
 def markdown(results: Dict[str, Dict[str, Any]]) -> str:
     rows = []
