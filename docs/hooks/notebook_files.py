@@ -66,7 +66,7 @@ def result_png(path: str) -> bytes:
     f = ROOT / path
     if not f.is_file():
         raise FileNotFoundError(f"{path} is not in the repository (RESULT_FIGURES in docs/hooks/notebook_files.py "
-                                "names it; rerun `sinklab reproduce --beyond --quick` and commit its figures)")
+                                "names it; rerun `sinklab reproduce --beyond` and commit its figures)")
     return f.read_bytes()
 
 

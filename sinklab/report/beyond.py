@@ -163,7 +163,10 @@ def beyond_markdown(res: Dict[str, Any], mods: Optional[Dict[str, ModuleType]] =
              "| model | file sha256 | tokenizer adds ⟨bos⟩ |", "|---|---|---|"]
     lines += [f"| {m['name']} | `{m['sha256'][:16]}…` | {m['tokenizer_adds_bos']} |" for m in meta["models"]]
     lines += ["", f"Preset: {'quick' if meta['quick'] else 'full'}; sinklab {v['sinklab']}, NumPy {v['numpy']}, "
-                  f"{v['simd']} kernels, {v['threads']} thread{'s' if v['threads'] != 1 else ''}; {meta['seconds_total']:.0f} s in all.", ""]
+                  f"{v['simd']} kernels, {v['threads']} thread{'s' if v['threads'] != 1 else ''}; "
+                  f"{sum(res[k]['seconds'] for k in meta['sections']):.0f} s of compute over the sections, this run "
+                  f"{meta['seconds_total']:.0f} s (a resumed run reads the rest from its cache, computed at the "
+                  f"thread counts of the runs that made it).", ""]
     lines += ["The readings at a glance (each cell computed from the section's intervals; the sections below give "
               "the numbers and what each word means):", "", summary_table(res, mods), ""]
     lines += [f"- [{res[k]['title']}]({anchor(res[k]['title'])})" for k in meta["sections"]]
